@@ -1,0 +1,15 @@
+"""bayes_latency: hierarchical Bayesian latency coefficients for vLLM simulators.
+
+Layers (imports run downward only): ``physics`` (pure numpy) -> ``data`` / ``synth`` / ``priors``
+-> ``model`` (PyMC) -> ``checks`` / ``export`` -> ``cli``. See ``docs/ARCHITECTURE.md``.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("bayes_latency")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+local"
+
+MODEL_VERSION = "1"
+"""Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""

@@ -1,0 +1,128 @@
+"""The ``bayes-latency`` command: simulate, ingest, fit, check, export, demo.
+
+Each subcommand parses its arguments here and calls one library function; errors of the package
+(:class:`~bayes_latency.errors.BayesLatencyError`) become a one-line message and exit code 2,
+failed quality gates (convergence, diagnostics) exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bayes_latency.errors import BayesLatencyError, ConvergenceError
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from bayes_latency.synth.fleet import simulate_fleet
+
+    folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
+    print(f"simulated {len(folders)} experiments into {args.out}")
+    return 0
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from bayes_latency.data.experiment import ingest
+
+    report = ingest([Path(p) for p in args.paths], Path(args.out),
+                    config=Path(args.config) if args.config else None)
+    print(report.format())
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from bayes_latency.model.estimator import fit_command
+
+    return fit_command(args)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from bayes_latency.checks.diagnostics import check_command
+
+    return check_command(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from bayes_latency.export import export_command
+
+    return export_command(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from bayes_latency.demo import run_demo
+
+    return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``bayes-latency`` (one subparser per subcommand)."""
+    p = argparse.ArgumentParser(prog="bayes-latency", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="write a synthetic fleet of real-format experiments")
+    s.add_argument("--fleet", default="demo", help="fleet preset (demo, tiny, small)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=_cmd_simulate)
+
+    s = sub.add_parser("ingest", help="turn traces / experiment folders into tables")
+    s.add_argument("paths", nargs="+", help="trace files or experiment folders")
+    s.add_argument("--config", help="serving config YAML (for loose trace files)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_ingest)
+
+    s = sub.add_parser("fit", help="fit the hierarchical model to an ingested table folder")
+    s.add_argument("tables", help="folder written by `ingest` (or an observations.parquet)")
+    s.add_argument("--out", required=True, help="posterior file (.nc)")
+    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
+    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "pathfinder", "laplace"])
+    s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
+    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--tune", type=int, default=1000)
+    s.add_argument("--chains", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-rhat", type=float, default=1.01)
+    s.set_defaults(func=_cmd_fit)
+
+    s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")
+    s.add_argument("posterior")
+    s.add_argument("--tables", help="ingested tables for predictive checks")
+    s.add_argument("--out", help="folder for the report and plots")
+    s.set_defaults(func=_cmd_check)
+
+    s = sub.add_parser("export", help="coefficients for a simulator configuration")
+    s.add_argument("posterior")
+    s.add_argument("--model", required=True, help="known model name or config.json path")
+    s.add_argument("--gpu", required=True)
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--draws", type=int, default=0)
+    s.add_argument("--format", default="json", choices=["json", "blis"])
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_export)
+
+    s = sub.add_parser("demo", help="the whole path on the built-in synthetic fleet")
+    s.add_argument("--out", default="results/")
+    s.add_argument("--fleet", default="demo")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--draws", type=int, default=1000)
+    s.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConvergenceError as e:
+        print(f"bayes-latency: fit did not converge: {e}", file=sys.stderr)
+        return 1
+    except BayesLatencyError as e:
+        print(f"bayes-latency: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,527 @@
+"""``LatencyModel``: the one estimator of bayes_latency.
+
+>>> m = LatencyModel().fit(observations)          # doctest: +SKIP
+>>> m.coefficients("llama-2-70b", "H100", 4)       # beta(sample, term), alpha(sample, alpha_term)
+>>> m.save("posterior.nc"); LatencyModel.load("posterior.nc")
+
+The fitted result is an ``xarray.DataTree`` (groups ``posterior``, ``sample_stats``,
+``constant_data``, ``summaries``, ``log_likelihood``) with attrs ``bayes_latency_version``,
+``model_version``, ``priors_hash``, ``data_hash``, ``terms``, ``method``, ``variant``,
+``sampler`` and ``approximate``. Loading a file made by another model version or other priors
+raises :class:`~bayes_latency.errors.ModelMismatchError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pandas as pd
+import pymc as pm
+import xarray as xr
+
+from bayes_latency import MODEL_VERSION, __version__
+from bayes_latency.data.report import IngestReport
+from bayes_latency.errors import (
+    BayesLatencyError,
+    ConfigError,
+    ConvergenceError,
+    ModelMismatchError,
+)
+from bayes_latency.model.hierarchy import VARIANTS, Design, build_model, prior_arrays
+from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
+from bayes_latency.model.summaries import ConfigSummary, feature_columns, fit_rows, summarize
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
+
+METHODS = ("laplace-hierarchy", "full")
+SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
+#: Convergence gates applied by :meth:`LatencyModel.convergence`.
+GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
+LOGLIK_ROWS = 1000
+
+
+def _hash_frame(df: pd.DataFrame) -> str:
+    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
+    return hashlib.sha256(h.tobytes()).hexdigest()[:16]
+
+
+def config_id(model: str, gpu: str, tp: int) -> str:
+    """The configuration key used in the observation table."""
+    return f"{model}|{gpu}|tp{int(tp)}"
+
+
+class LatencyModel:
+    """Hierarchical Bayesian model of iteration times (beta) and request overheads (alpha).
+
+    Parameters
+    ----------
+    priors
+        A :class:`bayes_latency.priors.PriorSet`, a path to a prior YAML, or None for
+        ``priors/default.yaml``.
+    terms
+        Beta terms (default: the BLIS ``trained-physics`` set of :mod:`bayes_latency.physics.basis`).
+    method
+        ``"laplace-hierarchy"`` (per-configuration likelihood summaries under the hierarchy; fast
+        and exact up to a quadratic expansion of each configuration's likelihood) or ``"full"``
+        (every row in the likelihood).
+    sampler
+        ``"nutpie"`` (default), ``"pymc"``, ``"numpyro"`` (NUTS) or ``"laplace"`` (a Gaussian at
+        the posterior mode in unconstrained space: fast, **approximate**, labelled as such).
+    variant
+        ``"hierarchy"`` (default), ``"no_ard"``, ``"complete_pooling"`` or ``"no_pooling"``.
+    """
+
+    def __init__(self, priors: object = None, terms: tuple = DEFAULT_TERMS,
+                 method: str = "laplace-hierarchy", sampler: str = "nutpie",
+                 variant: str = "hierarchy") -> None:
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
+        if sampler not in SAMPLERS:
+            raise ConfigError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
+        if variant not in VARIANTS:
+            raise ConfigError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+        if not hasattr(priors, "log_mean_sd"):
+            from bayes_latency.priors import load_priors
+
+            priors = load_priors(priors)
+        self.priors = priors
+        self.terms = tuple(term_names(terms))
+        self.alpha_terms = tuple(ALPHA_TERMS)
+        self.coefs = self.terms + self.alpha_terms
+        self.method, self.sampler, self.variant = method, sampler, variant
+        self.result: xr.DataTree | None = None
+        self.design: Design | None = None
+        self.summaries: list[ConfigSummary] | None = None
+        self.report = IngestReport(source="fit")
+        self._noise: dict[str, dict[str, NoiseParams]] = {}
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ building
+    def _scale(self) -> np.ndarray:
+        return np.asarray([self.priors.prior_median(c) for c in self.coefs], dtype=float)
+
+    def _prepare(self, observations: pd.DataFrame) -> pd.DataFrame:
+        missing = [c for c in feature_columns(self.coefs) + ["value_us", "kind", "role", "config_id",
+                                                             "model", "gpu", "tp", "n_steps"]
+                   if c not in observations.columns]
+        if missing:
+            raise ConfigError(f"observation table lacks columns {missing} needed by terms {self.coefs}")
+        rows = fit_rows(observations, self.report)
+        if rows.empty:
+            raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
+        configs = (rows[["config_id", "model", "gpu", "tp"]].drop_duplicates("config_id")
+                   .set_index("config_id").sort_index())
+        configs["tp"] = configs["tp"].astype(int)
+        self.design = Design(self.coefs, self.terms, self.alpha_terms, configs)
+        self._data_hash = _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"]
+                                           + feature_columns(self.coefs)])
+        return rows
+
+    def build(self, observations: pd.DataFrame) -> pm.Model:
+        """The PyMC model for ``observations`` (computes stage-1 summaries when needed)."""
+        rows = self._prepare(observations)
+        self._rows = rows
+        t0 = time.perf_counter()
+        self.summaries = summarize(rows, self.coefs, self._scale())
+        self.timings["summaries_s"] = time.perf_counter() - t0
+        bad = [s.config_id for s in self.summaries if not s.converged]
+        if bad:
+            self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
+        if self.method == "laplace-hierarchy":
+            self._noise = {s.config_id: s.noise for s in self.summaries}
+            return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries)
+        return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries,
+                           rows=rows)
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 1000, chains: int = 2,
+            seed: int = 0, progress: bool = False) -> LatencyModel:
+        """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after."""
+        model = self.build(observations)
+        t0 = time.perf_counter()
+        with model:
+            if self.sampler == "laplace":
+                post = _laplace_draws(model, draws * chains, chains, seed)
+                dt = xr.DataTree.from_dict({"posterior": post})
+            elif self.sampler == "nutpie":
+                import nutpie
+
+                compiled = nutpie.compile_pymc_model(model)
+                dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
+                                   cores=min(chains, 2), seed=seed, progress_bar=progress,
+                                   adaptation="low_rank")
+            else:
+                kw: dict = {"nuts_sampler": self.sampler}
+                if self.sampler == "pymc":
+                    kw["compute_convergence_checks"] = False
+                dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
+                               random_seed=seed, progressbar=progress, **kw)
+        self.timings["sampling_s"] = time.perf_counter() - t0
+        self.result = self._assemble(dt, model)
+        self._add_loglik(seed)
+        return self
+
+    def _assemble(self, dt: xr.DataTree, model: pm.Model) -> xr.DataTree:
+        groups: dict[str, xr.Dataset] = {"posterior": dt["posterior"].to_dataset()}
+        if "sample_stats" in dt:
+            ss = dt["sample_stats"].to_dataset()
+            ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
+            groups["sample_stats"] = ss
+        d = self.design
+        const = xr.Dataset(
+            {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
+             "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
+             "config_tp": ("config", d.configs["tp"].to_numpy().astype(int))},
+            coords={"config": list(d.configs.index)})
+        groups["constant_data"] = const
+        groups["summaries"] = self._noise_dataset()
+        out = xr.DataTree.from_dict(groups)
+        out.attrs.update({
+            "bayes_latency_version": __version__, "model_version": MODEL_VERSION,
+            "priors_hash": self.priors.hash, "data_hash": self._data_hash,
+            "terms": json.dumps(list(self.terms)), "alpha_terms": json.dumps(list(self.alpha_terms)),
+            "method": self.method, "variant": self.variant, "sampler": self.sampler,
+            "approximate": "true" if self.sampler == "laplace" else "false",
+            "timings": json.dumps(self.timings), "fit_report": json.dumps(self.report.to_dict()),
+        })
+        return out
+
+    def _noise_dataset(self) -> xr.Dataset:
+        """Noise parameters per (config, kind) and, on the fast path, the stage-1 summaries."""
+        cfgs = list(self.design.configs.index)
+        kinds = sorted({k for n in self._noise.values() for k in n} | set(self._rows["kind"].unique()))
+        arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
+        for i, c in enumerate(cfgs):
+            for j, k in enumerate(kinds):
+                p = self._noise.get(c, {}).get(k)
+                if p is not None:
+                    arr["sigma"][i, j], arr["tau"][i, j], arr["nu"][i, j] = p.sigma, p.tau, p.nu
+        ds = xr.Dataset({f"noise_{w}": (("config", "kind"), a) for w, a in arr.items()},
+                        coords={"config": cfgs, "kind": kinds})
+        if self.summaries:
+            by = {s.config_id: s for s in self.summaries}
+            ds["theta_hat"] = (("config", "coef"), np.stack([by[c].theta_hat for c in cfgs]))
+            ds["grad"] = (("config", "coef"), np.stack([by[c].grad for c in cfgs]))
+            ds["info"] = (("config", "coef", "coef2"), np.stack([by[c].info for c in cfgs]))
+            ds = ds.assign_coords(coef=list(self.coefs), coef2=list(self.coefs))
+        return ds
+
+    # ------------------------------------------------------------------ posterior access
+    def _post(self) -> xr.Dataset:
+        if self.result is None:
+            raise BayesLatencyError("the model is not fitted; call fit() or load()")
+        return self.result["posterior"].to_dataset()
+
+    def noise(self, cfg: str, kind: str) -> NoiseParams:
+        """Noise parameters of (configuration, kind); the fleet median for unseen ones."""
+        if not self._noise:
+            self._noise_from_result()
+        p = self._noise.get(cfg, {}).get(kind)
+        if p is not None:
+            return p
+        vals = [n[kind] for n in self._noise.values() if kind in n]
+        if not vals:
+            return NoiseParams(sigma=0.1, tau=0.0, nu=5.0)
+        return NoiseParams(sigma=float(np.median([v.sigma for v in vals])),
+                           tau=float(np.median([v.tau for v in vals])),
+                           nu=float(np.median([v.nu for v in vals])))
+
+    def _noise_from_result(self) -> None:
+        ds = self.result["summaries"].to_dataset()
+        post = self._post()
+        self._noise = {}
+        for c in ds["config"].values:
+            d = {}
+            for k in ds["kind"].values:
+                if self.method == "full" and "noise_sigma" in post:
+                    sig = float(post["noise_sigma"].sel(config=c, kind=k).mean())
+                    tau = float(post["noise_tau"].sel(config=c, kind=k).mean())
+                    nu = float(post["noise_nu"].sel(kind=k).mean())
+                    d[str(k)] = NoiseParams(sig, tau if k == "step_window" else 0.0, nu)
+                else:
+                    s = float(ds["noise_sigma"].sel(config=c, kind=k))
+                    if np.isfinite(s):
+                        d[str(k)] = NoiseParams(s, float(ds["noise_tau"].sel(config=c, kind=k)),
+                                                float(ds["noise_nu"].sel(config=c, kind=k)))
+            self._noise[str(c)] = d
+
+    def _canonical(self, model: str, gpu: str) -> tuple[str, str]:
+        from bayes_latency.physics.architecture import load_architecture
+        from bayes_latency.physics.hardware import load_gpu
+
+        levels_m = list(self.design.models)
+        levels_g = list(self.design.gpus)
+        if model not in levels_m:
+            model = load_architecture(model).name
+        if gpu not in levels_g:
+            gpu = load_gpu(gpu).name
+        return model, gpu
+
+    def coefficients(self, model: str, gpu: str, tp: int, n_draws: int | None = None,
+                     seed: int = 0) -> xr.Dataset:
+        """Posterior draws of beta and alpha for any configuration.
+
+        Levels (model, GPU, TP degree) seen in the data use their fitted effects; unseen levels
+        draw their effect from the population distribution ``N(0, sigma_level)``, so the bands of
+        an unseen configuration widen honestly.
+
+        Returns
+        -------
+        xr.Dataset
+            ``beta (sample, term)`` and ``alpha (sample, alpha_term)``; attrs say which levels
+            were unseen.
+        """
+        model, gpu = self._canonical(model, gpu)
+        post = self._post().stack(sample=("chain", "draw"))
+        S = post.sizes["sample"]
+        rng = np.random.default_rng(seed)
+        pa = prior_arrays(self.priors, self.coefs, [gpu])
+        K = len(self.coefs)
+        unseen = []
+        if self.variant == "no_pooling":
+            cid = config_id(model, gpu, tp)
+            if cid not in self.design.configs.index:
+                raise ConfigError(f"the no_pooling variant cannot speak for unseen configuration {cid}")
+            logt = np.log(np.concatenate([post["beta"].sel(config=cid).values,
+                                          post["alpha"].sel(config=cid).values], axis=0)).T
+        else:
+            logt = post["mu"].values.T + pa.gpu_offset[0][None, :]
+            if self.variant != "complete_pooling":
+                for level, value in (("model", model), ("gpu", gpu), ("tp", int(tp))):
+                    eff = post[f"eff_{level}"]
+                    levels = list(eff[level].values)
+                    if value in levels:
+                        logt = logt + eff.sel({level: value}).values.T
+                    else:
+                        unseen.append(level)
+                        sig = post[f"sigma_{level}"].values.T  # (S, K)
+                        logt = logt + sig * rng.standard_normal((S, K))
+            if self.variant != "no_ard":
+                logt = logt + np.log(post["relevance"].values.T)
+        theta = np.exp(logt)
+        if n_draws is not None and n_draws < S:
+            idx = np.sort(rng.choice(S, size=n_draws, replace=False))
+            theta = theta[idx]
+        nb = len(self.terms)
+        ds = xr.Dataset({"beta": (("sample", "term"), theta[:, :nb]),
+                         "alpha": (("sample", "alpha_term"), theta[:, nb:])},
+                        coords={"term": list(self.terms), "alpha_term": list(self.alpha_terms)})
+        ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "unseen_levels": ",".join(unseen),
+                         "config_id": config_id(model, gpu, tp)})
+        return ds
+
+    def _theta_rows(self, observations: pd.DataFrame, n_draws: int, seed: int) -> np.ndarray:
+        """(S, n, K) coefficient draws for each row's configuration."""
+        out = np.empty((n_draws, len(observations), len(self.coefs)))
+        cfg = observations["config_id"].to_numpy()
+        for c in pd.unique(cfg):
+            m = cfg == c
+            first = observations.loc[m].iloc[0]
+            ds = self.coefficients(str(first["model"]), str(first["gpu"]), int(first["tp"]),
+                                   n_draws=n_draws, seed=seed)
+            th = np.concatenate([ds["beta"].values, ds["alpha"].values], axis=1)
+            out[:, m, :] = th[:, None, :]
+        return out
+
+    def predict(self, observations: pd.DataFrame, n_draws: int = 200, seed: int = 0) -> xr.DataArray:
+        """Posterior draws of each row's expected value (µs), without observation noise."""
+        X = observations[feature_columns(self.coefs)].to_numpy(dtype=float)
+        th = self._theta_rows(observations, n_draws, seed)
+        mu = np.einsum("snk,nk->sn", th, X)
+        return xr.DataArray(mu, dims=("sample", "obs"),
+                            coords={"obs": observations["obs_id"].to_numpy()}, name="mu_us")
+
+    def _row_noise(self, observations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        scale = np.empty(len(observations))
+        nu = np.empty(len(observations))
+        n = observations["n_steps"].to_numpy(dtype=float)
+        for (c, k), idx in observations.groupby(["config_id", "kind"]).indices.items():
+            p = self.noise(str(c), str(k))
+            scale[idx] = p.scale(n[idx])
+            nu[idx] = p.nu
+        return scale, nu
+
+    def sample_posterior_predictive(self, observations: pd.DataFrame, n_draws: int = 200,
+                                    seed: int = 0) -> xr.DataArray:
+        """Posterior predictive draws (µs) of each row, with the fitted heavy-tailed noise."""
+        mu = self.predict(observations, n_draws=n_draws, seed=seed)
+        scale, nu = self._row_noise(observations)
+        rng = np.random.default_rng(seed + 1)
+        vals = student_t_draws(rng, np.log(np.maximum(mu.values, 1e-12)), scale[None, :], nu[None, :])
+        return mu.copy(data=vals).rename("y_us")
+
+    def pointwise_loglik(self, observations: pd.DataFrame, seed: int = 0) -> xr.DataArray:
+        """``log p(y_i | theta)`` for every posterior draw (chain, draw, obs)."""
+        post = self._post()
+        C, D = post.sizes["chain"], post.sizes["draw"]
+        X = observations[feature_columns(self.coefs)].to_numpy(dtype=float)
+        log_y = np.log(observations["value_us"].to_numpy(dtype=float))
+        scale, nu = self._row_noise(observations)
+        cfg = observations["config_id"].to_numpy()
+        ll = np.empty((C * D, len(observations)), dtype=np.float32)
+        for c in pd.unique(cfg):
+            m = cfg == c
+            th = np.concatenate([post["beta"].sel(config=c).values.reshape(C * D, -1),
+                                 post["alpha"].sel(config=c).values.reshape(C * D, -1)], axis=1)
+            ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m])
+        return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs"),
+                            coords={"obs": observations["obs_id"].astype(str).to_numpy()}, name="obs")
+
+    def _add_loglik(self, seed: int) -> None:
+        rows = self._rows
+        if len(rows) > LOGLIK_ROWS:
+            rows = rows.sample(n=LOGLIK_ROWS, random_state=seed).sort_index()
+        ll = self.pointwise_loglik(rows)
+        self.result["log_likelihood"] = xr.DataTree(xr.Dataset({"obs": ll}))
+
+    # ------------------------------------------------------------------ checks
+    def convergence(self, gates: dict | None = None) -> dict:
+        """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
+        gates = {**GATES, **(gates or {})}
+        post = self._post()
+        var_names = [v for v in ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu",
+                                 "sigma_tp") if v in post]
+        rhat = az.rhat(post[var_names])
+        ess = az.ess(post[var_names], method="bulk")
+        max_rhat = float(max(float(rhat[v].max()) for v in var_names))
+        min_ess = float(min(float(ess[v].min()) for v in var_names))
+        div = 0
+        if "sample_stats" in self.result and "diverging" in self.result["sample_stats"]:
+            div = int(self.result["sample_stats"]["diverging"].values.sum())
+        approx = self.result.attrs.get("approximate") == "true"
+        failures = []
+        if not approx:
+            if not max_rhat <= gates["max_rhat"]:
+                failures.append(f"max R-hat {max_rhat:.4f} > {gates['max_rhat']}")
+            if not min_ess >= gates["min_ess_bulk"]:
+                failures.append(f"min bulk ESS {min_ess:.0f} < {gates['min_ess_bulk']:.0f}")
+            if div > gates["max_divergences"]:
+                failures.append(f"{div} divergent transitions")
+        return {"max_rhat": max_rhat, "min_ess_bulk": min_ess, "divergences": div,
+                "approximate": approx, "passed": not failures, "failures": failures}
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``)."""
+        if self.result is None:
+            raise BayesLatencyError("nothing to save: the model is not fitted")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".zarr":
+            self.result.to_zarr(path, mode="w")
+        else:
+            self.result.to_netcdf(path, engine="h5netcdf")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, priors: object = None) -> LatencyModel:
+        """Load a saved fit; refuses files made by another model version or other priors."""
+        path = Path(path)
+        if not path.exists():
+            raise BayesLatencyError(f"posterior file {path} does not exist")
+        try:
+            dt = xr.open_datatree(path, engine="zarr" if path.suffix == ".zarr" else "h5netcdf").load()
+        except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
+            raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
+        a = dt.attrs
+        if a.get("model_version") != MODEL_VERSION:
+            raise ModelMismatchError(
+                f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
+                f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
+        terms = tuple(json.loads(a["terms"]))
+        m = cls(priors=priors, terms=terms, method=a["method"], sampler=a["sampler"],
+                variant=a["variant"])
+        if a.get("priors_hash") != m.priors.hash:
+            raise ModelMismatchError(
+                f"{path} was fitted with priors {a.get('priors_hash')}, but the priors given now hash "
+                f"to {m.priors.hash}; pass the priors file used for the fit (--priors).")
+        const = dt["constant_data"].to_dataset()
+        configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
+                                "gpu": const["config_gpu"].values.astype(str),
+                                "tp": const["config_tp"].values.astype(int)},
+                               index=pd.Index(const["config"].values.astype(str), name="config_id"))
+        m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
+        m.result = dt
+        m._data_hash = a.get("data_hash")
+        m.timings = json.loads(a.get("timings", "{}"))
+        m._noise_from_result()
+        return m
+
+
+def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
+    """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
+    import pytensor
+
+    mode = pm.find_MAP(progressbar=False, seed=seed)
+    ip = model.initial_point()
+    vars_ = model.value_vars
+    flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
+    hess_fn = model.compile_fn(model.d2logp(vars=vars_), point_fn=True)
+    pt_map = {v.name: mode[v.name] for v in vars_}
+    H = -np.asarray(hess_fn(pt_map))
+    w, V = np.linalg.eigh(0.5 * (H + H.T))
+    w = np.clip(w, 1e-8, None)
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, len(flat)))
+    draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
+    # map unconstrained draws to all model variables
+    names = [v.name for v in model.unobserved_RVs]
+    fn = pytensor.function(vars_, [model[nm] for nm in names], on_unused_input="ignore")
+    sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
+    shapes = [ip[v.name].shape for v in vars_]
+    out = {nm: [] for nm in names}
+    for row in draws:
+        parts, i = [], 0
+        for sz, shp in zip(sizes, shapes, strict=True):
+            parts.append(row[i:i + sz].reshape(shp))
+            i += sz
+        for nm, val in zip(names, fn(*parts), strict=True):
+            out[nm].append(val)
+    per = n // chains
+    ds = {}
+    for nm in names:
+        arr = np.asarray(out[nm])[: per * chains]
+        arr = arr.reshape((chains, per) + arr.shape[1:])
+        dims = ["chain", "draw"] + list(model.named_vars_to_dims.get(nm, [f"{nm}_dim_{j}" for j in range(arr.ndim - 2)]))
+        ds[nm] = (dims, arr)
+    coords = {k: list(v) for k, v in model.coords.items() if v is not None}
+    return xr.Dataset(ds, coords={k: v for k, v in coords.items()
+                                  if any(k in d[0] for d in ds.values())})
+
+
+def load_observations(path: str | Path) -> pd.DataFrame:
+    """The observation table from an ingest folder or a Parquet file."""
+    path = Path(path)
+    f = path / "observations.parquet" if path.is_dir() else path
+    if not f.exists():
+        raise BayesLatencyError(f"no observation table at {f}; run `bayes-latency ingest` first")
+    return pd.read_parquet(f)
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """``bayes-latency fit``: fit, save, and exit 1 when the convergence gates fail."""
+    obs = load_observations(args.tables)
+    m = LatencyModel(priors=args.priors, method=args.method, sampler=args.sampler)
+    t0 = time.perf_counter()
+    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed)
+    out = m.save(args.out)
+    conv = m.convergence({"max_rhat": args.max_rhat})
+    print(m.report.format())
+    print(f"fitted {len(m.design.configs)} configurations, {len(m._rows):,} rows in "
+          f"{time.perf_counter() - t0:.1f} s ({m.method}, {m.sampler}); saved {out}")
+    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
+          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
+                                                  if conv["approximate"] else ""))
+    if not conv["passed"]:
+        raise ConvergenceError("; ".join(conv["failures"]))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(fit_command(argparse.Namespace()))

@@ -1,0 +1,87 @@
+"""The observation-level likelihood, shared by every fitting path.
+
+Every observation row ``i`` of the observation table is a measured duration ``y_i`` (µs) whose
+expected value is linear in the coefficients of its configuration ``c``:
+
+    mu_i = x_i . theta_c          (x_i: the row's ``x_<term>`` features, theta_c = [beta_c, alpha_c])
+
+Errors are multiplicative and heavy-tailed, so the likelihood is a Student-t on the log scale:
+
+    log y_i ~ StudentT(nu_k, log mu_i, s_i),   s_i^2 = sigma_{c,k}^2 / n_i + tau_{c,k}^2 / n_i^2
+
+with ``k`` the row's kind, ``n_i`` the number of steps it spans (the noise of a sum of ``n``
+independent step times shrinks like ``1/sqrt(n)``) and ``tau`` the timing error of the two anchors
+of a ``step_window`` row (zero for other kinds). Alpha rows have ``n_i = 1``.
+
+This module is numpy-only (no PyMC): it is used by the per-configuration summaries, by the
+posterior predictive draws and by pointwise log-likelihoods for LOO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+#: Kinds whose rows are fitted, and the coefficient block they inform.
+FIT_ROLES = ("beta", "alpha")
+#: Kinds with an anchor-timing error term ``tau``.
+WINDOW_KINDS = frozenset({"step_window"})
+
+
+@dataclass(frozen=True)
+class NoiseParams:
+    """Noise of one (configuration, kind): log-scale sd per step, anchor error, Student-t dof."""
+
+    sigma: float
+    tau: float
+    nu: float
+
+    def scale(self, n_steps: np.ndarray) -> np.ndarray:
+        """Per-row log-scale ``s_i`` for rows spanning ``n_steps`` steps."""
+        n = np.maximum(np.asarray(n_steps, dtype=float), 1.0)
+        return np.sqrt(self.sigma**2 / n + self.tau**2 / n**2)
+
+
+def student_t_logpdf(r: np.ndarray, nu: float | np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Log density of a Student-t residual ``r`` with dof ``nu`` and scale ``s``."""
+    nu = np.asarray(nu, dtype=float)
+    z2 = (r / s) ** 2
+    return (special.gammaln((nu + 1) / 2) - special.gammaln(nu / 2)
+            - 0.5 * np.log(nu * np.pi) - np.log(s) - (nu + 1) / 2 * np.log1p(z2 / nu))
+
+
+def row_loglik(log_y: np.ndarray, X: np.ndarray, theta: np.ndarray, scale: np.ndarray,
+               nu: np.ndarray) -> np.ndarray:
+    """Pointwise log-likelihood of rows for one or many coefficient draws.
+
+    Parameters
+    ----------
+    log_y
+        ``(n,)`` log of the observed values (µs).
+    X
+        ``(n, K)`` features.
+    theta
+        ``(K,)`` or ``(S, K)`` or ``(S, n, K)`` coefficients (draws first).
+    scale, nu
+        ``(n,)`` per-row Student-t scale and dof.
+
+    Returns
+    -------
+    np.ndarray
+        ``(n,)`` or ``(S, n)`` log densities.
+    """
+    if theta.ndim == 3:
+        mu = np.einsum("snk,nk->sn", theta, X)
+    else:
+        mu = theta @ X.T
+    mu = np.maximum(mu, 1e-12)
+    return student_t_logpdf(log_y - np.log(mu), nu, scale)
+
+
+def student_t_draws(rng: np.random.Generator, mean_log: np.ndarray, scale: np.ndarray,
+                    nu: np.ndarray) -> np.ndarray:
+    """Draws of ``exp(log mean + s * t_nu)``: predictive values with multiplicative noise."""
+    t = rng.standard_t(np.broadcast_to(nu, mean_log.shape))
+    return np.exp(mean_log + scale * t)

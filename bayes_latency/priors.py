@@ -49,10 +49,11 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "gamma": ("alpha", "beta"),
     "beta": ("alpha", "beta"),
     "exponential": ("lam",),
+    "logistic_gate": ("loc", "scale", "sharpness"),
 }
 """Known distributions and their (all required) parameters."""
 
-_POSITIVE = {"median", "sigma", "alpha", "beta", "lam"}
+_POSITIVE = {"median", "sigma", "alpha", "beta", "lam", "scale", "sharpness"}
 _POSITIVE_SUPPORT = ("halfnormal", "gamma", "exponential", "lognormal")
 HIERARCHY_EFFECTS: tuple[str, ...] = ("model", "gpu", "tp")
 """Crossed effects whose scales ``hierarchy`` must give."""
@@ -275,7 +276,7 @@ def parse_priors(raw: Any, source: str = "<dict>", terms: Sequence[str] = DEFAUL
     # ard
     if "ard" not in raw:
         raise _fail(src, "section 'ard'", "ard", "missing")
-    ard = _check_dist(raw["ard"], src, "ard", allowed=("beta",))
+    ard = _check_dist(raw["ard"], src, "ard", allowed=("logistic_gate", "beta"))
 
     # noise
     raw_n = raw.get("noise")

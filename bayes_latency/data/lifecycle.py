@@ -1,0 +1,325 @@
+"""Readers of inference-perf results: lifecycle metrics, ``exp-config.yaml`` and ``profile.yaml``.
+
+Format: ``shared/specs/vllm-trace-format.md`` section 8. ``results/summary_lifecycle_metrics.json``
+and ``results/stage_<N>_lifecycle_metrics.json`` hold, per run and per load stage, distributions
+``{mean, min, p0.1, ..., median, ..., p90, p95, p99, p99.9, max}`` (seconds / tokens; null when
+the count is 0) of the request latency (E2E), TTFT, TPOT, normalised TPOT and ITL, plus counts,
+rates and prompt / output length distributions.
+
+Per-token fields: in the real runs the client logged about two timestamps per generated token, so
+``time_per_output_token`` and ``inter_token_latency`` are about half the real decode interval. The
+column ``decode_interval_s = (mean E2E - mean TTFT) / (mean output length - 1)`` is the mean decode
+interval per token that does not suffer from it (NaN when the mean output length is <= 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from bayes_latency.data.report import IngestReport
+from bayes_latency.errors import TraceFormatError
+
+__all__ = ["LIFECYCLE_COLUMNS", "METRICS", "STATS", "read_lifecycle_dir", "read_lifecycle_file",
+           "read_exp_config", "read_profile"]
+
+#: Short metric name -> key under ``successes.latency``.
+METRICS: dict[str, str] = {
+    "ttft": "time_to_first_token",
+    "e2e": "request_latency",
+    "tpot": "time_per_output_token",
+    "itl": "inter_token_latency",
+    "ntpot": "normalized_time_per_output_token",
+}
+#: Statistic column suffix -> key of the distribution.
+STATS: dict[str, str] = {"mean": "mean", "median": "median", "p90": "p90", "p99": "p99"}
+
+#: Columns of the lifecycle table.
+LIFECYCLE_COLUMNS: tuple[str, ...] = (
+    ("experiment_id", "stage", "stage_index", "model", "tp", "count", "successes", "failures",
+     "requested_rate", "achieved_rate", "send_duration_s", "schedule_delay_mean_s")
+    + tuple(f"{m}_{s}_s" for m in METRICS for s in STATS)
+    + ("prompt_len_mean", "output_len_mean", "input_tokens_per_sec", "output_tokens_per_sec",
+       "requests_per_sec", "failure_latency_mean_s", "decode_interval_s")
+)
+_STAGE_RE = re.compile(r"^stage_(\d+)_lifecycle_metrics\.json$")
+
+
+def _num(d: Any, *keys: str) -> float:
+    """``d[k1][k2]...`` as a finite float, NaN if absent, null or not a number."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return math.nan
+        d = d[k]
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        return math.nan
+    try:
+        v = float(d)
+    except OverflowError:
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read: {exc}", file=str(path)) from exc
+    except (ValueError, RecursionError) as exc:
+        raise TraceFormatError(f"not valid JSON: {exc}", file=str(path)) from exc
+
+
+def read_lifecycle_file(path: str | Path, experiment_id: str = "", stage: str = "summary",
+                        report: IngestReport | None = None) -> dict[str, Any]:
+    """One row (dict of :data:`LIFECYCLE_COLUMNS` except model / tp) from a lifecycle JSON file.
+
+    Raises
+    ------
+    TraceFormatError
+        If the file cannot be read, is not JSON, is not an object or has neither
+        ``load_summary`` nor ``successes``.
+    """
+    path = Path(path)
+    doc = _load_json(path)
+    if not isinstance(doc, dict) or not ({"load_summary", "successes"} & set(doc)):
+        raise TraceFormatError("not a lifecycle metrics object (no load_summary / successes)",
+                               file=str(path))
+    if report is not None:
+        for section in ("load_summary", "successes", "failures"):
+            if not isinstance(doc.get(section), dict):
+                report.notes.append(f"{path.name}: section {section!r} missing")
+    ls, su, fa = doc.get("load_summary"), doc.get("successes"), doc.get("failures")
+    row: dict[str, Any] = {
+        "experiment_id": experiment_id,
+        "stage": stage,
+        "stage_index": None if stage == "summary" else int(stage),
+        "count": _num(ls, "count"),
+        "successes": _num(su, "count"),
+        "failures": _num(fa, "count"),
+        "requested_rate": _num(ls, "requested_rate"),
+        "achieved_rate": _num(ls, "achieved_rate"),
+        "send_duration_s": _num(ls, "send_duration"),
+        "schedule_delay_mean_s": _num(ls, "schedule_delay", "mean"),
+    }
+    lat = su.get("latency") if isinstance(su, dict) else None
+    for m, key in METRICS.items():
+        for s, skey in STATS.items():
+            row[f"{m}_{s}_s"] = _num(lat, key, skey)
+    row["prompt_len_mean"] = _num(su, "prompt_len", "mean")
+    row["output_len_mean"] = _num(su, "output_len", "mean")
+    row["input_tokens_per_sec"] = _num(su, "throughput", "input_tokens_per_sec")
+    row["output_tokens_per_sec"] = _num(su, "throughput", "output_tokens_per_sec")
+    row["requests_per_sec"] = _num(su, "throughput", "requests_per_sec")
+    row["failure_latency_mean_s"] = _num(fa, "request_latency", "mean")
+    out_len = row["output_len_mean"]
+    row["decode_interval_s"] = (
+        (row["e2e_mean_s"] - row["ttft_mean_s"]) / (out_len - 1.0)
+        if out_len > 1.0 else math.nan)
+    return row
+
+
+def read_lifecycle_dir(exp_dir: str | Path, experiment_id: str | None = None
+                       ) -> tuple[pd.DataFrame, IngestReport]:
+    """Read the summary and per-stage lifecycle metrics of one inference-perf run.
+
+    Parameters
+    ----------
+    exp_dir
+        Experiment folder holding ``results/`` (or the ``results`` folder itself).
+        ``exp-config.yaml`` next to ``results/`` is used, when present, for ``model`` and ``tp``.
+    experiment_id
+        Value of the ``experiment_id`` column (default: the experiment folder name).
+
+    Returns
+    -------
+    (pandas.DataFrame, IngestReport)
+        One row per (experiment_id, stage), summary first then stages 0, 1, ...; columns
+        :data:`LIFECYCLE_COLUMNS`: ``stage`` is text (``"summary"``, ``"0"``, ``"1"`` ...) and
+        ``stage_index`` nullable Int64 (NA for the summary); counts and rates as floats
+        (``requested_rate`` / ``achieved_rate`` only exist for stages); for each metric in
+        :data:`METRICS` (``ttft, e2e, tpot, itl, ntpot``) ``<m>_mean_s, <m>_median_s, <m>_p90_s,
+        <m>_p99_s`` in seconds (NaN when the file has no successes); ``decode_interval_s``.
+        A stage file that cannot be parsed is skipped and counted ``bad_file``.
+
+    Raises
+    ------
+    TraceFormatError
+        If the folder has no lifecycle file at all, or none that can be read.
+    """
+    exp_dir = Path(exp_dir)
+    results = exp_dir / "results" if (exp_dir / "results").is_dir() else exp_dir
+    root = exp_dir if results != exp_dir else exp_dir.parent
+    if experiment_id is None:
+        experiment_id = (exp_dir if results != exp_dir else exp_dir.parent).name
+    report = IngestReport(source=str(exp_dir))
+    if not results.is_dir():
+        raise TraceFormatError("no results folder", file=str(exp_dir))
+    files: list[tuple[str, Path]] = []
+    summary = results / "summary_lifecycle_metrics.json"
+    if summary.exists():
+        files.append(("summary", summary))
+    stages = []
+    for p in results.iterdir():
+        m = _STAGE_RE.match(p.name)
+        if m:
+            stages.append((int(m.group(1)), p))
+    files.extend((str(i), p) for i, p in sorted(stages))
+    if not files:
+        raise TraceFormatError("no summary_/stage_N_lifecycle_metrics.json files",
+                               file=str(results))
+    model, tp = None, None
+    cfg_path = root / "exp-config.yaml"
+    if cfg_path.exists():
+        try:
+            cfg = read_exp_config(cfg_path)
+            model, tp = cfg.get("model"), cfg.get("tp")
+        except TraceFormatError as exc:
+            report.drop("bad_file")
+            report.notes.append(f"exp-config.yaml ignored: {exc}")
+    rows = []
+    for stage, path in files:
+        report.read["files"] += 1
+        try:
+            row = read_lifecycle_file(path, experiment_id=experiment_id, stage=stage,
+                                      report=report)
+        except TraceFormatError as exc:
+            report.drop("bad_file")
+            report.notes.append(str(exc))
+            continue
+        row["model"], row["tp"] = model, tp
+        rows.append(row)
+    if not rows:
+        raise TraceFormatError("no readable lifecycle metrics file", file=str(results))
+    df = pd.DataFrame(rows)
+    df["stage"] = df["stage"].astype("str")
+    df["stage_index"] = pd.array(df["stage_index"].tolist(), dtype="Int64")
+    df["tp"] = pd.array(df["tp"].tolist(), dtype="Int64")
+    df["model"] = df["model"].astype("object")
+    for c in LIFECYCLE_COLUMNS:
+        if c not in ("experiment_id", "stage", "stage_index", "model", "tp"):
+            df[c] = df[c].astype(np.float64)
+    df = df[list(LIFECYCLE_COLUMNS)]
+    report.kept["lifecycle_rows"] += len(df)
+    return df, report
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read: {exc}", file=str(path)) from exc
+    except yaml.YAMLError as exc:
+        raise TraceFormatError(f"not valid YAML: {exc}", file=str(path)) from exc
+
+
+def _pos_int(value: Any, path: Path, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value != int(value) or value <= 0:
+        raise TraceFormatError(f"expected a positive integer, got {value!r}", file=str(path),
+                               field=field)
+    return int(value)
+
+
+def _pos_num(value: Any, path: Path, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or not math.isfinite(value):
+        raise TraceFormatError(f"expected a positive number, got {value!r}", file=str(path),
+                               field=field)
+    return float(value)
+
+
+def read_exp_config(path: str | Path) -> dict[str, Any]:
+    """Read an ``exp-config.yaml`` (server settings of a run).
+
+    Returns
+    -------
+    dict
+        All keys of the file, plus normalised ``model`` (str), ``tp`` (from
+        ``tensor_parallelism``, default 1) and, when present, ``max_model_len``,
+        ``max_num_batched_tokens``, ``max_num_seqs`` as ints.
+
+    Raises
+    ------
+    TraceFormatError
+        If unreadable, not a mapping, without ``model``, or with a non-positive-integer knob
+        (names the field).
+    """
+    path = Path(path)
+    doc = _load_yaml(path)
+    if not isinstance(doc, dict):
+        raise TraceFormatError("expected a mapping", file=str(path))
+    out = dict(doc)
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise TraceFormatError("missing or invalid model", file=str(path), field="model")
+    out["model"] = model
+    tp = doc.get("tensor_parallelism", doc.get("tp", 1))
+    out["tp"] = _pos_int(tp, path, "tensor_parallelism")
+    for k in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+        if k in doc:
+            out[k] = _pos_int(doc[k], path, k)
+    return out
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """Read an inference-perf ``profile.yaml`` (shared-prefix workload, constant-rate stages).
+
+    Returns
+    -------
+    dict
+        ``system_prompt_len, question_len, output_len, num_groups`` (unique system prompts),
+        ``users_per_group`` (users per system prompt), ``stages`` (list of ``(rate, duration_s)``
+        tuples), and ``data_type``, ``load_type``, ``streaming``, ``api_type``, ``ignore_eos``,
+        ``model_name``, ``multi_turn`` when present (else None).
+
+    Raises
+    ------
+    TraceFormatError
+        If unreadable, not a mapping, not a shared-prefix workload, or a required field is
+        missing / invalid (the error names it, e.g. ``data.shared_prefix.output_len``).
+    """
+    path = Path(path)
+    doc = _load_yaml(path)
+    if not isinstance(doc, dict):
+        raise TraceFormatError("expected a mapping", file=str(path))
+    data = doc.get("data")
+    sp = data.get("shared_prefix") if isinstance(data, dict) else None
+    if not isinstance(sp, dict):
+        raise TraceFormatError("no shared_prefix workload", file=str(path),
+                               field="data.shared_prefix")
+    out: dict[str, Any] = {}
+    for name, key in (("system_prompt_len", "system_prompt_len"),
+                      ("question_len", "question_len"), ("output_len", "output_len"),
+                      ("num_groups", "num_unique_system_prompts"),
+                      ("users_per_group", "num_users_per_system_prompt")):
+        out[name] = _pos_int(sp.get(key), path, f"data.shared_prefix.{key}")
+    load = doc.get("load")
+    stages = load.get("stages") if isinstance(load, dict) else None
+    if not isinstance(stages, list) or not stages:
+        raise TraceFormatError("no load stages", file=str(path), field="load.stages")
+    out["stages"] = []
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            raise TraceFormatError("stage is not a mapping", file=str(path),
+                                   field=f"load.stages[{i}]")
+        out["stages"].append((_pos_num(st.get("rate"), path, f"load.stages[{i}].rate"),
+                              _pos_num(st.get("duration"), path, f"load.stages[{i}].duration")))
+    api = doc.get("api") if isinstance(doc.get("api"), dict) else {}
+    server = doc.get("server") if isinstance(doc.get("server"), dict) else {}
+    out["data_type"] = data.get("type")
+    out["load_type"] = load.get("type")
+    out["streaming"] = api.get("streaming")
+    out["api_type"] = api.get("type")
+    out["ignore_eos"] = server.get("ignore_eos")
+    out["model_name"] = server.get("model_name")
+    out["multi_turn"] = sp.get("enable_multi_turn_chat")
+    return out

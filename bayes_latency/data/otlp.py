@@ -1,0 +1,892 @@
+"""Streaming reader of vLLM journey + step tracing exported as OTLP JSON Lines.
+
+The file format is described in ``shared/specs/vllm-trace-format.md`` (sections 1-6): each line is
+one OTLP/JSON ``ExportTraceServiceRequest`` written by an OTel Collector ``file`` exporter. Three
+scopes matter:
+
+``vllm.api`` (``llm_request`` spans)
+    One per request on the API server: arrival / departure / abort events (API monotonic clock, s).
+``vllm.scheduler`` (``llm_core`` spans)
+    One per request in the engine: ``journey.*`` events (engine monotonic clock, ns).
+``vllm.scheduler.step`` (``scheduler_steps_<N>`` spans)
+    ``step.BATCH_SUMMARY`` events of sampled steps and ``step.REQUEST_SNAPSHOT`` events of rich steps.
+
+The reader streams the file line by line (one ``json.loads`` per line) and accumulates plain Python
+column lists, so memory grows only with the number of output rows. Tables are built once at the end.
+
+Bad-input policy
+----------------
+- A line that is not valid JSON: dropped, counted ``malformed_json``; a JSON value that is not an
+  object with a ``resourceSpans`` list: dropped, counted ``not_otlp``. Up to five ``file:line``
+  examples of each reason go to ``report.notes``.
+- A span or event with a field of the wrong type (including an attribute value that cannot be
+  converted to the field's type, a non-finite float or an int outside int64) is dropped and counted
+  ``bad_field:<field>`` (e.g. ``bad_field:step.id``); a record missing a field it cannot do without
+  is dropped and counted ``missing_field:<field>``. Other missing attributes become nulls.
+- Array / kvlist / bytes attribute values of known keys are skipped (the field becomes null) and
+  counted ``non_scalar_attribute``; unknown attribute keys and unknown span fields are ignored.
+- Spans of unknown scopes are counted ``unknown_scope`` (not an error); unknown event names
+  ``unknown_event``; repeated spans (same ``traceId``, ``spanId``) ``duplicate_span`` (the first in
+  file order is kept); repeated events ``duplicate_event`` (see below); events the OTel SDK said it
+  dropped (``droppedEventsCount``) ``sdk_dropped_events``.
+- The only exception raised is :class:`~bayes_latency.errors.TraceFormatError`, for a file that
+  cannot be read at all or that holds no valid OTLP line.
+
+Report counters
+---------------
+``read``: ``lines`` (non-blank), ``blank_lines``, ``spans``, ``events`` (events of accepted spans),
+and per kind ``api_spans``, ``core_spans``, ``step_spans``.
+``kept``: one counter per output table (``steps``, ``journey_events``, ``requests``, ``snapshots``,
+``api_spans``) plus counts of rows that are kept but flagged: ``incomplete_request`` (not all of
+QUEUED/SCHEDULED/FIRST_TOKEN/FINISHED, status ``incomplete`` unless aborted), ``aborted_request``,
+``ts_backwards`` (journey timestamps decrease along the (step, ts) order; column ``ts_backwards``),
+``api_only_span`` (API span joined to no engine span: engine-rejected or engine side not sampled;
+it stays in ``api_spans`` but has no row in ``requests``) and ``core_without_api``.
+``dropped``: reasons above.
+
+Journey event order and duplicates
+----------------------------------
+Events of a request are ordered by ``(step, ts_monotonic_ns, event rank, remaining fields)``, which
+makes the tables independent of line order. Exact repeats of ``(request_id, event, step,
+ts_monotonic_ns)`` are dropped as ``duplicate_event``; so are second occurrences of the
+once-per-request events QUEUED, FIRST_TOKEN and FINISHED (the first in that order is kept).
+SCHEDULED and PREEMPTED may legitimately repeat (preemption and resume).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bayes_latency.data.report import IngestReport
+from bayes_latency.errors import TraceFormatError
+
+__all__ = [
+    "OtlpTables",
+    "read_otlp",
+    "STEP_COLUMNS",
+    "STEP_INT_COLUMNS",
+    "JOURNEY_COLUMNS",
+    "REQUEST_COLUMNS",
+    "SNAPSHOT_COLUMNS",
+    "API_SPAN_COLUMNS",
+    "JOURNEY_EVENTS",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Field specifications
+# ---------------------------------------------------------------------------------------------
+_INT, _FLOAT, _STR = 0, 1, 2
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_NON_SCALAR = ("arrayValue", "kvlistValue", "bytesValue")
+_MAX_EXAMPLES = 5
+_ABSENT = object()
+
+#: Attributes of ``step.BATCH_SUMMARY`` in the order of the real ``batch_summaries.parquet``.
+STEP_COLUMNS: tuple[str, ...] = (
+    "step.id", "step.ts_start_ns", "step.ts_end_ns", "step.duration_us",
+    "queue.running_depth", "queue.waiting_depth",
+    "batch.num_prefill_reqs", "batch.num_decode_reqs", "batch.scheduled_tokens",
+    "batch.prefill_tokens", "batch.decode_tokens", "batch.num_finished", "batch.num_preempted",
+    "kv.usage_gpu_ratio", "kv.blocks_total_gpu", "kv.blocks_free_gpu",
+)
+#: Integer (nullable ``Int64``) columns of the steps table.
+STEP_INT_COLUMNS: tuple[str, ...] = tuple(c for c in STEP_COLUMNS if c != "kv.usage_gpu_ratio")
+_STEP_SPEC = {c: (_FLOAT if c == "kv.usage_gpu_ratio" else _INT) for c in STEP_COLUMNS}
+
+_SNAPSHOT_ATTRS: tuple[str, ...] = (
+    "request.phase", "request.num_prompt_tokens", "request.num_computed_tokens",
+    "request.num_output_tokens", "request.num_preemptions", "request.scheduled_tokens_this_step",
+    "kv.blocks_allocated_gpu", "kv.blocks_cached_gpu", "request.effective_prompt_len",
+)
+_SNAPSHOT_SPEC = {c: (_STR if c == "request.phase" else _INT) for c in _SNAPSHOT_ATTRS}
+_SNAPSHOT_SPEC.update({"step.id": _INT, "request.id": _STR})
+#: Columns of the snapshots table.
+SNAPSHOT_COLUMNS: tuple[str, ...] = ("experiment_id", "step_id", "request_id") + _SNAPSHOT_ATTRS
+
+#: Journey event types in their within-step rank order.
+JOURNEY_EVENTS: tuple[str, ...] = ("QUEUED", "SCHEDULED", "PREEMPTED", "FIRST_TOKEN", "FINISHED")
+_EVENT_RANK = {e: i for i, e in enumerate(JOURNEY_EVENTS)}
+_ONCE_EVENTS = ("QUEUED", "FIRST_TOKEN", "FINISHED")
+_JOURNEY_SPEC = {
+    "event.type": _STR, "ts.monotonic": _FLOAT, "ts.monotonic_ns": _INT, "scheduler.step": _INT,
+    "phase": _STR, "prefill.done_tokens": _INT, "prefill.total_tokens": _INT,
+    "decode.done_tokens": _INT, "decode.max_tokens": _INT, "num_preemptions": _INT,
+    "schedule.kind": _STR, "finish.status": _STR,
+}
+#: Columns of the journey_events table (contract).
+JOURNEY_COLUMNS: tuple[str, ...] = (
+    "experiment_id", "request_id", "event", "step", "ts_monotonic_ns", "phase", "prefill_done",
+    "prefill_total", "decode_done", "decode_max", "num_preemptions", "schedule_kind",
+    "finish_status",
+)
+# attribute -> journey column (besides event / ts)
+_JOURNEY_MAP = (
+    ("scheduler.step", "step"), ("phase", "phase"), ("prefill.done_tokens", "prefill_done"),
+    ("prefill.total_tokens", "prefill_total"), ("decode.done_tokens", "decode_done"),
+    ("decode.max_tokens", "decode_max"), ("num_preemptions", "num_preemptions"),
+    ("schedule.kind", "schedule_kind"), ("finish.status", "finish_status"),
+)
+_JOURNEY_INT = ("step", "prefill_done", "prefill_total", "decode_done", "decode_max",
+                "num_preemptions")
+_JOURNEY_STR = ("phase", "schedule_kind", "finish_status")
+
+_API_SPEC = {
+    "gen_ai.request.id": _STR, "http.route": _STR, "gen_ai.response.model": _STR,
+    "gen_ai.usage.prompt_tokens": _INT, "gen_ai.request.temperature": _FLOAT,
+    "gen_ai.request.top_p": _FLOAT, "gen_ai.request.max_tokens": _INT, "gen_ai.request.n": _INT,
+}
+_API_EVENT_SPEC = {"event.ts.monotonic": _FLOAT, "reason": _STR, "error": _STR}
+_API_EVENTS = ("api.ARRIVED", "api.HANDOFF_TO_CORE", "api.FIRST_RESPONSE_FROM_CORE",
+               "api.DEPARTED", "api.ABORTED")
+_CORE_SPEC = {"gen_ai.request.id": _STR}
+
+#: Columns of the api_spans table (one row per ``llm_request`` span).
+API_SPAN_COLUMNS: tuple[str, ...] = (
+    "experiment_id", "api_request_id", "trace_id", "span_id", "http_route", "model",
+    "prompt_tokens", "max_tokens", "n", "temperature", "top_p", "arrival_s", "handoff_s",
+    "first_response_s", "departed_s", "aborted_s", "abort_reason", "status_code", "aborted",
+    "request_id",
+)
+#: Columns of the requests table (contract, plus ``ts_backwards``).
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "experiment_id", "request_id", "api_request_id", "trace_id", "arrival_s", "departed_s",
+    "queued_ns", "queued_step", "first_scheduled_ns", "first_scheduled_step", "n_scheduled",
+    "first_token_ns", "first_token_step", "finished_ns", "finished_step", "n_preemptions",
+    "prompt_tokens", "output_tokens", "max_tokens", "status", "aborted", "complete",
+    "ts_backwards",
+)
+_FINISH_STATUS = {"stopped": "stopped", "length": "length", "aborted": "aborted",
+                  "error": "error", "ignored": "error"}
+
+_SCOPE_API, _SCOPE_CORE, _SCOPE_STEP = "vllm.api", "vllm.scheduler", "vllm.scheduler.step"
+_RE_HEX8 = re.compile(r"-[0-9a-fA-F]{8}$")
+_RE_INDEX = re.compile(r"-\d+$")
+
+
+class _Bad(Exception):
+    """Internal: a record has a field of the wrong type (``args[0]`` = field name)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Value coercion
+# ---------------------------------------------------------------------------------------------
+_USUAL_TYPE = {_INT: "intValue", _FLOAT: "doubleValue", _STR: "stringValue"}
+
+
+def _to_int(raw: Any) -> int | None:
+    """Coerce an OTLP attribute value to a Python int in int64 range, or None if impossible."""
+    t = type(raw)
+    if t is int:
+        v = raw
+    elif t is str:
+        try:
+            v = int(raw)
+        except ValueError:
+            try:
+                f = float(raw)
+            except ValueError:
+                return None
+            if not math.isfinite(f) or not f.is_integer():
+                return None
+            v = int(f)
+    elif t is float:
+        if not math.isfinite(raw) or not raw.is_integer():
+            return None
+        v = int(raw)
+    else:  # bool, None, containers
+        return None
+    if v < _INT64_MIN or v > _INT64_MAX:
+        return None
+    return v
+
+
+def _to_float(raw: Any) -> float | None:
+    """Coerce an OTLP attribute value to a finite float, or None if impossible."""
+    t = type(raw)
+    if t is float or t is int:
+        try:
+            v = float(raw)
+        except OverflowError:
+            return None
+    elif t is str:
+        try:
+            v = float(raw)
+        except ValueError:
+            return None
+    else:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _parse_attrs(attrs: Any, spec: dict[str, int], report: IngestReport) -> dict[str, Any]:
+    """Extract the attributes named in ``spec`` from an OTLP attribute list.
+
+    Raises
+    ------
+    _Bad
+        With the offending field name when the list or a known attribute has the wrong type.
+    """
+    out: dict[str, Any] = {}
+    if attrs is None:
+        return out
+    if type(attrs) is not list:
+        raise _Bad("attributes")
+    spec_get = spec.get
+    for kv in attrs:
+        if type(kv) is not dict:
+            raise _Bad("attributes")
+        key = kv.get("key")
+        kind = spec_get(key) if type(key) is str else None
+        if kind is None or key in out:  # unknown key, or repeated key (first one wins)
+            continue
+        val = kv.get("value")
+        if type(val) is not dict:
+            raise _Bad(key)
+        # fast path: the value type that the field normally has
+        raw = val.get(_USUAL_TYPE[kind], _ABSENT)
+        if raw is _ABSENT:
+            if "intValue" in val:
+                raw = val["intValue"]
+            elif "doubleValue" in val:
+                raw = val["doubleValue"]
+            elif "stringValue" in val:
+                raw = val["stringValue"]
+            elif "boolValue" in val:
+                raw = val["boolValue"]
+            elif not val:
+                continue  # empty AnyValue = unset
+            elif any(k in val for k in _NON_SCALAR):
+                report.drop("non_scalar_attribute")
+                continue
+            else:
+                raise _Bad(key)
+        t = type(raw)
+        if kind == _INT:
+            if t is str:
+                try:
+                    v = int(raw)
+                except ValueError:
+                    v = _to_int(raw)
+            elif t is int:
+                v = raw
+            else:
+                v = _to_int(raw)
+            if v is None or v < _INT64_MIN or v > _INT64_MAX:
+                raise _Bad(key)
+        elif kind == _FLOAT:
+            if t is float and raw - raw == 0.0:  # finite
+                v = raw
+            else:
+                v = _to_float(raw)
+                if v is None:
+                    raise _Bad(key)
+        elif t is str:
+            v = raw
+        else:
+            raise _Bad(key)
+        out[key] = v
+    return out
+
+
+def _status_code(status: Any) -> int | None:
+    """OTLP span status code (``{"code": 2}``, ``"2"`` or ``"STATUS_CODE_ERROR"``), or None."""
+    if type(status) is not dict:
+        return None
+    code = status.get("code")
+    if code is None:
+        return 0
+    if type(code) is str:
+        named = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+        if code in named:
+            return named[code]
+    return _to_int(code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public result
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class OtlpTables:
+    """Tables read from one OTLP JSON Lines trace file.
+
+    Attributes
+    ----------
+    steps
+        One row per ``step.BATCH_SUMMARY``: :data:`STEP_COLUMNS` (nullable ``Int64`` except
+        ``kv.usage_gpu_ratio`` float) + ``experiment_id``; sorted by ``step.id``.
+    journey_events
+        One row per journey event: :data:`JOURNEY_COLUMNS`; sorted by request, step, time.
+    requests
+        One row per engine request (``llm_core`` span): :data:`REQUEST_COLUMNS`.
+    snapshots
+        One row per ``step.REQUEST_SNAPSHOT``: :data:`SNAPSHOT_COLUMNS`.
+    api_spans
+        One row per ``llm_request`` span: :data:`API_SPAN_COLUMNS`.
+    report
+        Counts of what was read, kept and dropped.
+    """
+
+    steps: pd.DataFrame
+    journey_events: pd.DataFrame
+    requests: pd.DataFrame
+    snapshots: pd.DataFrame
+    api_spans: pd.DataFrame
+    report: IngestReport = field(default_factory=IngestReport)
+
+
+# ---------------------------------------------------------------------------------------------
+# Accumulator
+# ---------------------------------------------------------------------------------------------
+class _Acc:
+    """Column lists filled while streaming; turned into DataFrames by :meth:`tables`."""
+
+    def __init__(self, source: str, report: IngestReport) -> None:
+        self.source = source
+        self.report = report
+        self.seen_spans: set[tuple[str, str]] = set()
+        self.steps: dict[str, list] = {c: [] for c in STEP_COLUMNS}
+        self.snaps: dict[str, list] = {c: [] for c in ("step_id", "request_id") + _SNAPSHOT_ATTRS}
+        self.je: dict[str, list] = {c: [] for c in JOURNEY_COLUMNS if c != "experiment_id"}
+        self.api: dict[str, list] = {c: [] for c in API_SPAN_COLUMNS
+                                     if c not in ("experiment_id", "request_id")}
+        # core spans: request_id -> (span key for ordering, trace_id, span_id, parent_span_id)
+        self.cores: dict[str, tuple[str, str, str | None]] = {}
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def span(self, sp: Any, scope: Any) -> None:
+        rep = self.report
+        rep.read["spans"] += 1
+        if type(sp) is not dict:
+            rep.drop("bad_field:span")
+            return
+        name = sp.get("name")
+        if type(scope) is not str:
+            # no usable scope name: fall back on the span name
+            if name == "llm_request":
+                scope = _SCOPE_API
+            elif name == "llm_core":
+                scope = _SCOPE_CORE
+            elif type(name) is str and name.startswith("scheduler_steps"):
+                scope = _SCOPE_STEP
+        if scope not in (_SCOPE_API, _SCOPE_CORE, _SCOPE_STEP):
+            rep.drop("unknown_scope")
+            return
+        trace_id, span_id = sp.get("traceId"), sp.get("spanId")
+        if type(trace_id) is not str:
+            rep.drop("bad_field:traceId")
+            return
+        if type(span_id) is not str:
+            rep.drop("bad_field:spanId")
+            return
+        events = sp.get("events")
+        if events is None:
+            events = []
+        elif type(events) is not list:
+            rep.drop("bad_field:events")
+            return
+        key = (trace_id, span_id)
+        if key in self.seen_spans:
+            rep.drop("duplicate_span")
+            return
+        try:
+            if scope == _SCOPE_API:
+                attrs = _parse_attrs(sp.get("attributes"), _API_SPEC, rep)
+            elif scope == _SCOPE_CORE:
+                attrs = _parse_attrs(sp.get("attributes"), _CORE_SPEC, rep)
+            else:
+                attrs = {}
+            parent = sp.get("parentSpanId")
+            if parent is not None and type(parent) is not str:
+                raise _Bad("parentSpanId")
+        except _Bad as bad:
+            rep.drop(f"bad_field:{bad.args[0]}")
+            return
+        self.seen_spans.add(key)
+        dropped_ev = _to_int(sp.get("droppedEventsCount", 0))
+        if dropped_ev:
+            rep.drop("sdk_dropped_events", max(dropped_ev, 0))
+        rep.read["events"] += len(events)
+        if scope == _SCOPE_API:
+            rep.read["api_spans"] += 1
+            self._api_span(sp, attrs, trace_id, span_id, events)
+        elif scope == _SCOPE_CORE:
+            rep.read["core_spans"] += 1
+            self._core_span(attrs, trace_id, span_id, parent or None, events)
+        else:
+            rep.read["step_spans"] += 1
+            self._step_span(events)
+
+    # -- vllm.api ------------------------------------------------------------------------------
+    def _api_span(self, sp: dict, attrs: dict, trace_id: str, span_id: str, events: list) -> None:
+        rep = self.report
+        times: dict[str, float | None] = {}
+        reason = None
+        for ev in events:
+            if type(ev) is not dict:
+                rep.drop("bad_field:event")
+                continue
+            name = ev.get("name")
+            if type(name) is not str:
+                rep.drop("bad_field:name")
+                continue
+            if name not in _API_EVENTS:
+                rep.drop("unknown_event")
+                continue
+            try:
+                ea = _parse_attrs(ev.get("attributes"), _API_EVENT_SPEC, rep)
+            except _Bad as bad:
+                rep.drop(f"bad_field:{bad.args[0]}")
+                continue
+            if name in times:
+                rep.drop("duplicate_event")
+                continue
+            times[name] = ea.get("event.ts.monotonic")
+            if name == "api.ABORTED":
+                reason = ea.get("reason")
+        code = _status_code(sp.get("status"))
+        a = self.api
+        a["api_request_id"].append(attrs.get("gen_ai.request.id"))
+        a["trace_id"].append(trace_id)
+        a["span_id"].append(span_id)
+        a["http_route"].append(attrs.get("http.route"))
+        a["model"].append(attrs.get("gen_ai.response.model"))
+        a["prompt_tokens"].append(attrs.get("gen_ai.usage.prompt_tokens"))
+        a["max_tokens"].append(attrs.get("gen_ai.request.max_tokens"))
+        a["n"].append(attrs.get("gen_ai.request.n"))
+        a["temperature"].append(attrs.get("gen_ai.request.temperature"))
+        a["top_p"].append(attrs.get("gen_ai.request.top_p"))
+        a["arrival_s"].append(times.get("api.ARRIVED"))
+        a["handoff_s"].append(times.get("api.HANDOFF_TO_CORE"))
+        a["first_response_s"].append(times.get("api.FIRST_RESPONSE_FROM_CORE"))
+        a["departed_s"].append(times.get("api.DEPARTED"))
+        a["aborted_s"].append(times.get("api.ABORTED"))
+        a["abort_reason"].append(reason)
+        a["status_code"].append(code)
+        a["aborted"].append(code == 2 or "api.ABORTED" in times)
+
+    # -- vllm.scheduler ------------------------------------------------------------------------
+    def _core_span(self, attrs: dict, trace_id: str, span_id: str, parent: str | None,
+                   events: list) -> None:
+        rep = self.report
+        rid = attrs.get("gen_ai.request.id")
+        if rid is None:
+            rep.drop("missing_field:gen_ai.request.id")
+            return
+        prev = self.cores.get(rid)
+        if prev is None or (trace_id, span_id) < (prev[0], prev[1]):
+            self.cores[rid] = (trace_id, span_id, parent)
+        je = self.je
+        for ev in events:
+            if type(ev) is not dict:
+                rep.drop("bad_field:event")
+                continue
+            name = ev.get("name")
+            if type(name) is not str:
+                rep.drop("bad_field:name")
+                continue
+            try:
+                ea = _parse_attrs(ev.get("attributes"), _JOURNEY_SPEC, rep)
+            except _Bad as bad:
+                rep.drop(f"bad_field:{bad.args[0]}")
+                continue
+            etype = name[8:] if name.startswith("journey.") else ea.get("event.type")
+            if etype not in _EVENT_RANK:
+                rep.drop("unknown_event")
+                continue
+            ts = ea.get("ts.monotonic_ns")
+            if ts is None:
+                sec = ea.get("ts.monotonic")
+                if sec is None:
+                    rep.drop("missing_field:ts.monotonic_ns")
+                    continue
+                ts = round(sec * 1e9)
+                if ts < _INT64_MIN or ts > _INT64_MAX:
+                    rep.drop("bad_field:ts.monotonic")
+                    continue
+            je["request_id"].append(rid)
+            je["event"].append(etype)
+            je["ts_monotonic_ns"].append(ts)
+            for attr, col in _JOURNEY_MAP:
+                je[col].append(ea.get(attr))
+
+    # -- vllm.scheduler.step ---------------------------------------------------------------------
+    def _step_span(self, events: list) -> None:
+        rep = self.report
+        steps, snaps = self.steps, self.snaps
+        for ev in events:
+            if type(ev) is not dict:
+                rep.drop("bad_field:event")
+                continue
+            name = ev.get("name")
+            if name == "step.BATCH_SUMMARY":
+                try:
+                    ea = _parse_attrs(ev.get("attributes"), _STEP_SPEC, rep)
+                except _Bad as bad:
+                    rep.drop(f"bad_field:{bad.args[0]}")
+                    continue
+                if "step.id" not in ea:
+                    rep.drop("missing_field:step.id")
+                    continue
+                for c in STEP_COLUMNS:
+                    steps[c].append(ea.get(c))
+            elif name == "step.REQUEST_SNAPSHOT":
+                try:
+                    ea = _parse_attrs(ev.get("attributes"), _SNAPSHOT_SPEC, rep)
+                except _Bad as bad:
+                    rep.drop(f"bad_field:{bad.args[0]}")
+                    continue
+                if "step.id" not in ea:
+                    rep.drop("missing_field:step.id")
+                    continue
+                if "request.id" not in ea:
+                    rep.drop("missing_field:request.id")
+                    continue
+                snaps["step_id"].append(ea["step.id"])
+                snaps["request_id"].append(ea["request.id"])
+                for c in _SNAPSHOT_ATTRS:
+                    snaps[c].append(ea.get(c))
+            elif type(name) is not str:
+                rep.drop("bad_field:name")
+            else:
+                rep.drop("unknown_event")
+
+    # -- final tables --------------------------------------------------------------------------
+    def tables(self, experiment_id: str) -> OtlpTables:
+        rep = self.report
+        steps = self._steps_table(experiment_id)
+        snaps = self._snapshots_table(experiment_id)
+        je = self._journey_table(experiment_id)
+        api = self._api_table(experiment_id)
+        requests = self._requests_table(experiment_id, je, api)
+        rep.kept["steps"] += len(steps)
+        rep.kept["snapshots"] += len(snaps)
+        rep.kept["journey_events"] += len(je)
+        rep.kept["requests"] += len(requests)
+        rep.kept["api_spans"] += len(api)
+        return OtlpTables(steps=steps, journey_events=je, requests=requests, snapshots=snaps,
+                          api_spans=api, report=rep)
+
+    def _steps_table(self, experiment_id: str) -> pd.DataFrame:
+        cols = {c: (pd.array(v, dtype="Float64").astype("float64") if c == "kv.usage_gpu_ratio"
+                    else pd.array(v, dtype="Int64"))
+                for c, v in self.steps.items()}
+        df = pd.DataFrame(cols)
+        df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
+        if len(df):
+            df = _sort_all(df, first=["step.id"])
+            dup = df.duplicated(subset=["step.id"], keep="first")
+            if dup.any():
+                self.report.drop("duplicate_step", int(dup.sum()))
+                df = df[~dup]
+        return df.reset_index(drop=True)
+
+    def _snapshots_table(self, experiment_id: str) -> pd.DataFrame:
+        s = self.snaps
+        cols: dict[str, Any] = {
+            "experiment_id": pd.Series([experiment_id] * len(s["step_id"]), dtype="str"),
+            "step_id": pd.array(s["step_id"], dtype="Int64"),
+            "request_id": pd.Series(s["request_id"], dtype="str"),
+        }
+        for c in _SNAPSHOT_ATTRS:
+            cols[c] = (pd.Series(s[c], dtype="object") if c == "request.phase"
+                       else pd.array(s[c], dtype="Int64"))
+        df = pd.DataFrame(cols)
+        if len(df):
+            df = _sort_all(df, first=["step_id", "request_id"])
+            dup = df.duplicated(subset=["step_id", "request_id"], keep="first")
+            if dup.any():
+                self.report.drop("duplicate_snapshot", int(dup.sum()))
+                df = df[~dup]
+        return df.reset_index(drop=True)
+
+    def _journey_table(self, experiment_id: str) -> pd.DataFrame:
+        j = self.je
+        n = len(j["event"])
+        cols: dict[str, Any] = {
+            "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
+            "request_id": pd.Series(j["request_id"], dtype="str"),
+            "event": pd.Series(j["event"], dtype="str"),
+            "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
+        }
+        for c in _JOURNEY_INT:
+            cols[c] = pd.array(j[c], dtype="Int64")
+        for c in _JOURNEY_STR:
+            cols[c] = pd.Series(j[c], dtype="object")
+        df = pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
+        if n == 0:
+            return df
+        df["_rank"] = df["event"].map(_EVENT_RANK).astype(np.int64)
+        df = _sort_all(df, first=["request_id", "step", "ts_monotonic_ns", "_rank"])
+        dup = df.duplicated(subset=["request_id", "event", "step", "ts_monotonic_ns"])
+        once = df["event"].isin(_ONCE_EVENTS) & df.duplicated(subset=["request_id", "event"])
+        bad = dup | once
+        if bad.any():
+            self.report.drop("duplicate_event", int(bad.sum()))
+            df = df[~bad]
+        return df.drop(columns="_rank").reset_index(drop=True)
+
+    def _api_table(self, experiment_id: str) -> pd.DataFrame:
+        a = self.api
+        n = len(a["span_id"])
+        cols: dict[str, Any] = {"experiment_id": pd.Series([experiment_id] * n, dtype="str")}
+        for c in API_SPAN_COLUMNS[1:-1]:
+            v = a[c]
+            if c in ("prompt_tokens", "max_tokens", "n", "status_code"):
+                cols[c] = pd.array(v, dtype="Int64")
+            elif c in ("temperature", "top_p", "arrival_s", "handoff_s", "first_response_s",
+                       "departed_s", "aborted_s"):
+                cols[c] = np.asarray([np.nan if x is None else x for x in v], dtype=float)
+            elif c == "aborted":
+                cols[c] = np.asarray(v, dtype=bool)
+            else:
+                cols[c] = pd.Series(v, dtype="object")
+        cols["request_id"] = pd.Series([None] * n, dtype="object")
+        df = pd.DataFrame(cols)
+        if n:
+            df = df.sort_values(["trace_id", "span_id"], kind="stable").reset_index(drop=True)
+        return df
+
+    def _requests_table(self, experiment_id: str, je: pd.DataFrame,
+                        api: pd.DataFrame) -> pd.DataFrame:
+        rep = self.report
+        rids = sorted(self.cores)
+        n = len(rids)
+        # ---- join engine spans to API spans ----
+        api_by_span: dict[str, int] = {}
+        api_by_id: dict[str, int] = {}
+        for i, (sid, aid) in enumerate(zip(api["span_id"], api["api_request_id"], strict=True)):
+            api_by_span.setdefault(sid, i)
+            if isinstance(aid, str):
+                api_by_id.setdefault(aid, i)
+        api_idx = np.full(n, -1, dtype=np.int64)
+        for k, rid in enumerate(rids):
+            _trace, _span, parent = self.cores[rid]
+            i = api_by_span.get(parent, -1) if parent else -1
+            if i < 0:
+                base = _RE_HEX8.sub("", rid)
+                i = api_by_id.get(base, -1)
+                if i < 0 and base.startswith("cmpl-"):
+                    i = api_by_id.get(_RE_INDEX.sub("", base), -1)
+            api_idx[k] = i
+        joined = api_idx >= 0
+        if len(api):
+            engine_of_api = np.full(len(api), None, dtype=object)
+            for k in np.flatnonzero(joined):
+                if engine_of_api[api_idx[k]] is None:
+                    engine_of_api[api_idx[k]] = rids[k]
+            api["request_id"] = pd.Series(engine_of_api, dtype="object")
+            n_api_only = int(pd.isna(api["request_id"]).sum())
+            if n_api_only:
+                rep.kept["api_only_span"] += n_api_only
+        if n - int(joined.sum()):
+            rep.kept["core_without_api"] += n - int(joined.sum())
+
+        def from_api(col: str, default: Any) -> list:
+            vals = api[col].to_numpy(dtype=object) if len(api) else np.array([], dtype=object)
+            return [vals[i] if i >= 0 else default for i in api_idx]
+
+        out = pd.DataFrame({
+            "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
+            "request_id": pd.Series(rids, dtype="str"),
+            "api_request_id": pd.Series(from_api("api_request_id", None), dtype="object"),
+            "trace_id": pd.Series([self.cores[r][0] for r in rids], dtype="str"),
+            "arrival_s": np.asarray(from_api("arrival_s", np.nan), dtype=float),
+            "departed_s": np.asarray(from_api("departed_s", np.nan), dtype=float),
+        })
+        api_aborted = np.asarray(from_api("aborted", False), dtype=bool)
+        api_prompt = pd.array(from_api("prompt_tokens", None), dtype="Int64")
+        api_max = pd.array(from_api("max_tokens", None), dtype="Int64")
+
+        # ---- per-request facts from the journey (je is sorted and deduplicated) ----
+        pos = {r: k for k, r in enumerate(rids)}
+        firsts = je.drop_duplicates(subset=["request_id", "event"], keep="first")
+        row_of = firsts["request_id"].map(pos).to_numpy(dtype=np.int64)
+        ev_of = firsts["event"].to_numpy(dtype=object)
+
+        def first_of(event: str, col: str) -> pd.arrays.IntegerArray:
+            sel = ev_of == event
+            vals = pd.array([None] * n, dtype="Int64")
+            if sel.any():
+                vals[row_of[sel]] = firsts.loc[sel, col].astype("Int64").array
+            return vals
+
+        for event, prefix in (("QUEUED", "queued"), ("SCHEDULED", "first_scheduled"),
+                              ("FIRST_TOKEN", "first_token"), ("FINISHED", "finished")):
+            out[f"{prefix}_ns"] = first_of(event, "ts_monotonic_ns")
+            out[f"{prefix}_step"] = first_of(event, "step")
+        je_row = je["request_id"].map(pos).to_numpy(dtype=np.int64)
+        je_ev = je["event"].to_numpy(dtype=object)
+
+        def count_of(event: str) -> np.ndarray:
+            return np.bincount(je_row[je_ev == event], minlength=n).astype(np.int64)
+
+        n_sched, n_pre_ev = count_of("SCHEDULED"), count_of("PREEMPTED")
+        max_pre = np.zeros(n, dtype=np.int64)
+        npre = je["num_preemptions"].to_numpy(dtype=float, na_value=np.nan)
+        ok = ~np.isnan(npre)
+        np.maximum.at(max_pre, je_row[ok], npre[ok].astype(np.int64))
+        out["n_scheduled"] = n_sched
+        out["n_preemptions"] = np.maximum(n_pre_ev, max_pre)
+
+        def first_non_null(col: str) -> pd.arrays.IntegerArray:
+            sub = je.loc[je[col].notna(), ["request_id", col]].drop_duplicates("request_id")
+            vals = pd.array([None] * n, dtype="Int64")
+            if len(sub):
+                vals[sub["request_id"].map(pos).to_numpy(dtype=np.int64)] = \
+                    sub[col].astype("Int64").array
+            return vals
+
+        prompt = first_non_null("prefill_total")
+        out["prompt_tokens"] = pd.array(np.where(prompt.isna(), api_prompt, prompt),
+                                        dtype="Int64")
+        out["output_tokens"] = first_of("FINISHED", "decode_done")
+        mx = first_non_null("decode_max")
+        out["max_tokens"] = pd.array(np.where(mx.isna(), api_max, mx), dtype="Int64")
+        fin_list = np.full(n, None, dtype=object)
+        sel = ev_of == "FINISHED"
+        fin_list[row_of[sel]] = firsts.loc[sel, "finish_status"].to_numpy(dtype=object)
+        has = {e: count_of(e) > 0 for e in ("QUEUED", "SCHEDULED", "FIRST_TOKEN", "FINISHED")}
+        complete = has["QUEUED"] & has["SCHEDULED"] & has["FIRST_TOKEN"] & has["FINISHED"]
+        aborted = api_aborted | np.asarray([s == "aborted" for s in fin_list], dtype=bool)
+        status = []
+        for k in range(n):
+            if aborted[k]:
+                status.append("aborted")
+            elif not complete[k]:
+                status.append("incomplete")
+            else:
+                status.append(_FINISH_STATUS.get(fin_list[k], "error")
+                              if isinstance(fin_list[k], str) else "error")
+        out["status"] = pd.Series(status, dtype="str")
+        out["aborted"] = aborted
+        out["complete"] = complete
+        # ---- timestamps going backwards along the (step, ts) order ----
+        back = np.zeros(n, dtype=bool)
+        if len(je):
+            ts = je["ts_monotonic_ns"].to_numpy(dtype=np.int64)
+            dec = np.zeros(len(je), dtype=bool)
+            dec[1:] = (ts[1:] < ts[:-1]) & (je_row[1:] == je_row[:-1])
+            back[je_row[dec]] = True
+        out["ts_backwards"] = back
+        for name, cnt in (("incomplete_request", int(((~complete) & (~aborted)).sum())),
+                          ("aborted_request", int(aborted.sum())),
+                          ("ts_backwards", int(back.sum()))):
+            if cnt:
+                rep.kept[name] += cnt
+        return out[list(REQUEST_COLUMNS)]
+
+
+def _sort_all(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:
+    """Sort by ``first`` then by every other column (deterministic, independent of input order).
+
+    The other columns only matter for rows tied on ``first``, so they are used only when ties
+    exist (sorting by many object columns is slow).
+    """
+    df = df.sort_values(first, kind="stable", na_position="first")
+    if df.duplicated(subset=first).any():
+        rest = [c for c in df.columns if c not in first]
+        df = df.sort_values(first + rest, kind="stable", na_position="first")
+    return df
+
+
+def _default_experiment_id(path: Path) -> str:
+    """``EXP`` for ``EXP/traces.jsonl`` (experiment folder layout), else the file stem."""
+    if path.name.startswith("traces.") and path.parent.name:
+        return path.parent.name
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    return Path(name).stem
+
+
+def _note_example(report: IngestReport, counts: dict[str, int], reason: str, where: str) -> None:
+    """Add ``where`` to the notes for the first few occurrences of ``reason``."""
+    counts[reason] = counts.get(reason, 0) + 1
+    if counts[reason] <= _MAX_EXAMPLES:
+        report.notes.append(f"{reason}: {where}")
+
+
+def read_otlp(path: str | Path, experiment_id: str | None = None,
+              report: IngestReport | None = None) -> OtlpTables:
+    """Read an OTLP JSON Lines trace file (journey + step tracing) into tables.
+
+    Parameters
+    ----------
+    path
+        ``traces.jsonl`` / ``traces.json`` (optionally gzip-compressed, ``.gz``).
+    experiment_id
+        Value of the ``experiment_id`` column; default: the parent folder name for
+        ``EXP/traces.*``, else the file stem.
+    report
+        Report to add counts to (a new one if None); also returned as ``tables.report``.
+
+    Returns
+    -------
+    OtlpTables
+        ``steps``, ``journey_events``, ``requests``, ``snapshots``, ``api_spans`` and ``report``.
+
+    Raises
+    ------
+    TraceFormatError
+        If the file cannot be read or holds no valid OTLP line.
+    """
+    path = Path(path)
+    report = report if report is not None else IngestReport(source=str(path))
+    if not report.source:
+        report.source = str(path)
+    exp = experiment_id if experiment_id is not None else _default_experiment_id(path)
+    acc = _Acc(str(path), report)
+    examples: dict[str, int] = {}
+    n_valid = 0
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if not raw.strip():
+                    report.read["blank_lines"] += 1
+                    continue
+                report.read["lines"] += 1
+                try:
+                    doc = json.loads(raw)
+                except (ValueError, RecursionError):
+                    report.drop("malformed_json")
+                    _note_example(report, examples, "malformed_json", f"{path}:{lineno}")
+                    continue
+                rss = doc.get("resourceSpans") if type(doc) is dict else None
+                if type(rss) is not list:
+                    report.drop("not_otlp")
+                    _note_example(report, examples, "not_otlp", f"{path}:{lineno}")
+                    continue
+                n_valid += 1
+                for rs in rss:
+                    sss = rs.get("scopeSpans") if type(rs) is dict else None
+                    if type(sss) is not list:
+                        report.drop("bad_field:resourceSpans")
+                        continue
+                    for ss in sss:
+                        if type(ss) is not dict:
+                            report.drop("bad_field:scopeSpans")
+                            continue
+                        scope = ss.get("scope")
+                        scope_name = scope.get("name") if type(scope) is dict else None
+                        spans = ss.get("spans")
+                        if spans is None:
+                            continue
+                        if type(spans) is not list:
+                            report.drop("bad_field:spans")
+                            continue
+                        for sp in spans:
+                            acc.span(sp, scope_name)
+    except (OSError, EOFError) as exc:  # missing file, directory, bad gzip stream ...
+        raise TraceFormatError(f"cannot read trace file: {exc}", file=str(path)) from exc
+    if n_valid == 0:
+        raise TraceFormatError("no valid OTLP JSON line (expected objects with 'resourceSpans')",
+                               file=str(path))
+    return acc.tables(exp)

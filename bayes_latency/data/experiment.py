@@ -1,0 +1,443 @@
+"""Ingest: trace files and experiment folders -> the Parquet tables of ``docs/ARCHITECTURE.md``.
+
+Called by ``bayes-latency ingest TRACE_FILES_OR_FOLDERS... [--config SERVING.yaml] --out DIR``.
+
+Inputs
+------
+- **Experiment folder** ``EXP/``: ``serving.yaml`` (else ``exp-config.yaml``, else ``--config``),
+  ``traces.jsonl`` (or ``traces.json``, optionally ``.gz``), optional ``kv_events.jsonl``,
+  ``results/`` (inference-perf lifecycle metrics) and ``profile.yaml``.
+- **Trace file** (OTLP JSON Lines): features need ``--config``; without it every table except
+  ``observations`` is written (batches rebuilt with the default serving knobs) and the report
+  says so.
+
+Serving YAML (``serving.yaml``)
+-------------------------------
+A flat mapping::
+
+    experiment_id: llama-2-7b-h100-tp1-general   # default: folder name (or file stem)
+    model: llama-2-7b        # known short name / HF name, or a config.json path (relative to the YAML)
+    gpu: H100                # GPU name, or a datasheet YAML path (relative to the YAML)
+    tp: 1
+    workload: general        # free label (default: "")
+    max_num_batched_tokens: 2048
+    max_num_seqs: 128
+    max_model_len: 4096
+    block_size: 16
+    prefix_caching: true     # and any other ServingConfig knob (vLLM names accepted)
+
+Knobs may also sit under a nested ``serving:`` mapping. inference-perf's ``exp-config.yaml``
+(``model``, ``tensor_parallelism``, ``max_num_batched_tokens``, ``max_num_seqs``,
+``max_model_len``) is accepted too, with an added ``gpu`` key.
+
+Outputs (in ``--out``)
+----------------------
+``steps``, ``journey_events``, ``requests``, ``batches``, ``iterations``, ``observations``,
+``lifecycle`` and ``kv_events`` (when any input has them) as ``<name>.parquet``, all keyed by
+``experiment_id``; ``ingest_report.json`` (total and per-experiment counts) and
+``reconstruction_report.json`` (per experiment). Experiments are processed one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from bayes_latency.data.observations import build_observations, empty_observations
+from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
+from bayes_latency.data.report import IngestReport
+from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
+
+__all__ = [
+    "TABLES",
+    "build_iterations",
+    "ingest",
+    "ingest_experiment",
+    "load_serving_yaml",
+    "load_tables",
+    "serving_config",
+]
+
+TABLES: tuple[str, ...] = ("steps", "journey_events", "requests", "batches", "iterations",
+                           "lifecycle", "kv_events", "observations")
+"""Table names written by :func:`ingest` (``lifecycle`` / ``kv_events`` only when present)."""
+
+_TRACE_NAMES = ("traces.jsonl", "traces.json", "traces.jsonl.gz", "traces.json.gz")
+_CONFIG_NAMES = ("serving.yaml", "serving.yml", "exp-config.yaml")
+
+
+def load_serving_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a serving YAML (or an inference-perf ``exp-config.yaml`` plus a ``gpu`` key).
+
+    Parameters
+    ----------
+    path
+        The YAML file (format in the module docstring).
+
+    Returns
+    -------
+    dict
+        A flat mapping with ``experiment_id`` (default: the folder name for ``serving.yaml`` /
+        ``exp-config.yaml``, else the file stem), ``model`` and ``gpu`` (paths relative to the
+        YAML made absolute), ``tp`` (int, default 1), ``workload`` (default ``""``) and the
+        serving knobs as given (feed it to :func:`serving_config`).
+
+    Raises
+    ------
+    ConfigError
+        Unreadable file, not a mapping, or missing / invalid ``model`` or ``gpu`` (named).
+    """
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read serving config: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: serving config must be a mapping")
+    return _normalise(doc, path)
+
+
+def _normalise(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Flatten, default and resolve the fields of a serving mapping read from ``path``."""
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k == "serving" and isinstance(v, dict):
+            out.update(v)
+        else:
+            out[str(k)] = v
+    if "tensor_parallelism" in out and "tp" not in out:
+        out["tp"] = out.pop("tensor_parallelism")
+    out.setdefault("tp", 1)
+    for key in ("model", "gpu"):
+        val = out.get(key)
+        if not isinstance(val, str) or not val.strip():
+            raise ConfigError(f"{path}: field {key!r} is missing or not a string "
+                              f"(a known name or a path relative to the YAML)")
+        cand = path.parent / val
+        if cand.is_file():
+            out[key] = str(cand.resolve())
+    if not out.get("experiment_id"):
+        out["experiment_id"] = (path.parent.name if path.name in _CONFIG_NAMES
+                                and path.parent.name else path.stem)
+    out["experiment_id"] = str(out["experiment_id"])
+    out["workload"] = str(out.get("workload") or "")
+    return out
+
+
+def serving_config(cfg: dict[str, Any], source: str | None = None) -> Any:
+    """:class:`~bayes_latency.physics.serving.ServingConfig` of a :func:`load_serving_yaml` dict."""
+    from bayes_latency.physics.serving import ServingConfig
+
+    return ServingConfig.from_dict(cfg, source=source)
+
+
+def _find(folder: Path, names: Sequence[str]) -> Path | None:
+    for n in names:
+        if (folder / n).is_file():
+            return folder / n
+    return None
+
+
+def build_iterations(steps: pd.DataFrame, batches: pd.DataFrame,
+                     report: IngestReport | None = None) -> pd.DataFrame:
+    """The ``iterations`` table from sampled steps and rebuilt batches.
+
+    One row per step ``i`` with ``i`` and ``i + 1`` sampled: ``iteration_us = (ts_start(i+1) -
+    ts_start(i)) / 1000``, ``schedule_cpu_us = step.duration_us(i)``, the batch columns of the
+    rebuilt step ``i`` and ``ctx_approximated`` (False). Pairs whose start times do not increase
+    are dropped (``non_positive_gap``).
+    """
+    cols = ["experiment_id", "step_id", "iteration_us", "schedule_cpu_us", *BATCH_COLUMNS,
+            "ctx_approximated"]
+    frames = []
+    for eid, st in steps.groupby("experiment_id", sort=False):
+        st = st.dropna(subset=["step.id", "step.ts_start_ns"]).drop_duplicates("step.id")
+        st = st.sort_values("step.id")
+        sid = st["step.id"].to_numpy(dtype=np.int64)
+        ts = st["step.ts_start_ns"].to_numpy(dtype=np.int64)
+        nxt = np.flatnonzero(np.diff(sid) == 1)
+        gap = (ts[nxt + 1] - ts[nxt]) / 1e3
+        bad = ~(gap > 0)
+        if bad.any() and report is not None:
+            report.drop("non_positive_gap", int(bad.sum()))
+        nxt, gap = nxt[~bad], gap[~bad]
+        b = batches[batches["experiment_id"] == eid].set_index("step_id")
+        keep = np.isin(sid[nxt], b.index.to_numpy())
+        nxt, gap = nxt[keep], gap[keep]
+        bb = b.loc[sid[nxt]]
+        df = pd.DataFrame({
+            "experiment_id": str(eid), "step_id": sid[nxt], "iteration_us": gap,
+            "schedule_cpu_us": st["step.duration_us"].to_numpy(dtype=float, na_value=np.nan)[nxt],
+        })
+        for c in BATCH_COLUMNS:
+            df[c] = bb[c].to_numpy(dtype=float)
+        df["ctx_approximated"] = bb["ctx_approximated"].to_numpy(dtype=bool)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: str | None = None,
+                      folder: Path | None = None) -> tuple[dict[str, pd.DataFrame], IngestReport,
+                                                           dict[str, Any]]:
+    """Read and process one experiment (a trace file, and its folder when given).
+
+    Parameters
+    ----------
+    trace
+        OTLP JSON Lines trace file.
+    cfg
+        :func:`load_serving_yaml` dict, or None (no observations; default serving knobs for the
+        reconstruction).
+    experiment_id
+        Id of the experiment (default: ``cfg["experiment_id"]``, else the reader's default).
+    folder
+        Experiment folder, for ``kv_events.jsonl`` and ``results/``.
+
+    Returns
+    -------
+    tables : dict[str, pandas.DataFrame]
+    report : IngestReport
+    reconstruction : dict
+        :meth:`ReconstructionReport.to_dict`.
+    """
+    from bayes_latency.data.otlp import read_otlp
+    from bayes_latency.data.steps import iterations_from_steps
+    from bayes_latency.physics.serving import ServingConfig
+
+    eid = experiment_id or (cfg or {}).get("experiment_id")
+    report = IngestReport(source=str(folder or trace))
+    tabs = read_otlp(trace, experiment_id=eid, report=report)
+    eid = eid or (str(tabs.steps["experiment_id"].iloc[0]) if len(tabs.steps) else None) or (
+        str(tabs.requests["experiment_id"].iloc[0]) if len(tabs.requests) else trace.stem)
+    serving = serving_config(cfg, source=str(trace)) if cfg else ServingConfig()
+    if cfg is None:
+        report.notes.append("no serving config: batches rebuilt with the default serving knobs "
+                            f"(max_num_batched_tokens={serving.max_num_batched_tokens}, "
+                            f"prefix_caching={serving.prefix_caching}); no observations written")
+    out: dict[str, pd.DataFrame] = {"steps": tabs.steps, "journey_events": tabs.journey_events,
+                                    "requests": tabs.requests}
+    recon: dict[str, Any] = {}
+    if len(tabs.journey_events):
+        batches, _, rrep = reconstruct_batches(tabs.journey_events, tabs.requests, serving,
+                                               tabs.steps, with_members=False)
+        rrep.experiment_id = eid
+        batches["experiment_id"] = eid
+        recon = rrep.to_dict()
+        report.kept["batches"] += len(batches)
+        if rrep.n_compared and rrep.agreement < 0.9:
+            report.notes.append(f"reconstruction agrees with only {rrep.agreement:.1%} of the "
+                                f"{rrep.n_compared} sampled steps (journey sampling < 1, or "
+                                f"serving knobs wrong?)")
+        iterations = build_iterations(tabs.steps, batches, report) if len(tabs.steps) else \
+            build_iterations(pd.DataFrame(columns=["experiment_id", "step.id"]), batches)
+    else:
+        batches = pd.DataFrame(columns=["experiment_id", "step_id", "sampled", *BATCH_COLUMNS,
+                                        "ctx_approximated"])
+        iterations = iterations_from_steps(tabs.steps, block_size=serving.block_size,
+                                           report=report)
+        report.notes.append("no journeys: no batches rebuilt; iterations from step summaries "
+                            "(ctx_approximated)")
+    out["batches"], out["iterations"] = batches, iterations
+    report.kept["iterations"] += len(iterations)
+    if folder is not None:
+        kv = _find(folder, ("kv_events.jsonl", "kv_events.jsonl.gz"))
+        if kv is not None:
+            from bayes_latency.data.kvevents import read_kv_events
+
+            kvdf = read_kv_events(kv, report=report)
+            kvdf.insert(0, "experiment_id", eid)
+            out["kv_events"] = kvdf
+        if (folder / "results").is_dir():
+            from bayes_latency.data.lifecycle import read_lifecycle_dir
+
+            try:
+                lc, lrep = read_lifecycle_dir(folder, experiment_id=eid)
+                report.merge(lrep)
+                out["lifecycle"] = lc
+            except TraceFormatError as exc:
+                report.drop("lifecycle:unreadable")
+                report.notes.append(f"lifecycle metrics skipped: {exc}")
+    if cfg is not None:
+        from bayes_latency.physics.architecture import load_architecture
+        from bayes_latency.physics.hardware import load_gpu
+
+        arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
+        serving.check_against(arch, source=str(trace))
+        obs, orep = build_observations(
+            {"steps": tabs.steps, "requests": tabs.requests,
+             "journey_events": tabs.journey_events, "batches": batches},
+            serving, arch, gpu, experiment_id=eid, workload=cfg.get("workload", ""))
+        report.kept.update({f"observations:{k}": v for k, v in orep.kept.items()})
+        report.dropped.update({f"observations:{k}": v for k, v in orep.dropped.items()})
+        report.notes.extend(orep.notes)
+        out["observations"] = obs
+    return out, report, recon
+
+
+def _inputs(paths: Sequence[Path], config: Path | None
+            ) -> list[tuple[Path, dict[str, Any] | None, Path | None, str | None]]:
+    """(trace, cfg, folder, experiment_id) per experiment."""
+    shared = load_serving_yaml(config) if config is not None else None
+    loose = [p for p in paths if not Path(p).is_dir()]
+    items = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            trace = _find(p, _TRACE_NAMES)
+            if trace is None:
+                raise TraceFormatError(f"experiment folder has no trace file "
+                                       f"({', '.join(_TRACE_NAMES)})", file=str(p))
+            cfg_path = _find(p, _CONFIG_NAMES)
+            cfg = load_serving_yaml(cfg_path) if cfg_path is not None and \
+                cfg_path.name != "exp-config.yaml" else None
+            if cfg is None and cfg_path is not None:  # exp-config.yaml: knobs, maybe no gpu
+                with open(cfg_path, encoding="utf-8") as fh:
+                    doc = yaml.safe_load(fh) or {}
+                if isinstance(doc, dict) and ("gpu" in doc or shared is not None):
+                    merged = {**(shared or {}), **doc}
+                    merged["experiment_id"] = p.name
+                    tmp = dict(merged)
+                    cfg = _normalise(tmp, cfg_path)
+            if cfg is None and shared is not None:
+                cfg = dict(shared, experiment_id=p.name)
+            eid = cfg["experiment_id"] if cfg else p.name
+            items.append((trace, cfg, p, eid))
+        elif p.is_file():
+            eid = shared["experiment_id"] if shared is not None and len(loose) == 1 else None
+            cfg = dict(shared, experiment_id=eid) if shared is not None and eid else (
+                dict(shared) if shared is not None else None)
+            if cfg is not None and eid is None:
+                cfg.pop("experiment_id", None)
+            items.append((p, cfg, None, eid))
+        else:
+            raise TraceFormatError("no such file or folder", file=str(p))
+    return items
+
+
+def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> IngestReport:
+    """Turn trace files and experiment folders into the Parquet tables.
+
+    Parameters
+    ----------
+    paths
+        Trace files (OTLP JSON Lines) and / or experiment folders.
+    out
+        Output folder (created).
+    config
+        Serving YAML for loose trace files (and for folders without ``serving.yaml``).
+
+    Returns
+    -------
+    IngestReport
+        Total counts; per-experiment ones are in ``out/ingest_report.json``.
+
+    Raises
+    ------
+    ConfigError
+        Bad serving config, or two inputs with the same experiment id.
+    TraceFormatError
+        Unreadable input.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    total = IngestReport(source=str(out))
+    per_exp: dict[str, Any] = {}
+    recon: dict[str, Any] = {}
+    acc: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
+    no_obs = []
+    for trace, cfg, folder, eid in _inputs([Path(p) for p in paths], config):
+        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+        ids = set()
+        for name in ("steps", "requests", "batches"):
+            df = tables.get(name)
+            if df is not None and len(df):
+                ids.update(df["experiment_id"].astype(str).unique().tolist())
+        eid = eid or (sorted(ids)[0] if ids else trace.stem)
+        if eid in per_exp:
+            raise ConfigError(f"experiment id {eid!r} appears twice in the inputs "
+                              f"(set experiment_id in the serving YAML)")
+        per_exp[eid] = rep.to_dict()
+        if rec:
+            recon[eid] = rec
+        if "observations" not in tables:
+            no_obs.append(eid)
+        for name, df in tables.items():
+            acc[name].append(df)
+        total.merge(rep)
+        del tables
+    if no_obs:
+        total.notes.append(f"no serving config for {', '.join(no_obs)}: observations not built "
+                           f"(pass --config SERVING.yaml)")
+    written = []
+    for name in TABLES:
+        frames = [f for f in acc[name] if f is not None and len(f)]
+        if not frames:
+            if name in ("lifecycle", "kv_events"):
+                continue
+            if name == "observations":
+                if len(no_obs) == len(per_exp):
+                    continue
+                df = empty_observations()
+            else:
+                df = next((f for f in acc[name] if f is not None), pd.DataFrame())
+        else:
+            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        _to_parquet(df, out / f"{name}.parquet")
+        written.append(name)
+    total.notes.append(f"wrote {', '.join(written)} to {out}")
+    with open(out / "ingest_report.json", "w", encoding="utf-8") as fh:
+        json.dump({"total": total.to_dict(), "experiments": per_exp}, fh, indent=2, default=str)
+    with open(out / "reconstruction_report.json", "w", encoding="utf-8") as fh:
+        json.dump(recon, fh, indent=2, default=str)
+    for eid, rec in recon.items():
+        agree = rec.get("agreement")
+        if agree is not None:
+            total.notes.append(f"reconstruction {eid}: {agree:.1%} of {rec['n_compared']} "
+                               f"sampled steps match")
+    return total
+
+
+def _to_parquet(df: pd.DataFrame, path: Path) -> None:
+    """Write a table; object columns of mixed types are stored as strings."""
+    df = df.reset_index(drop=True)
+    try:
+        df.to_parquet(path, index=False)
+    except (TypeError, ValueError, ArithmeticError):
+        df = df.copy()
+        for c in df.columns:
+            if df[c].dtype == object:
+                df[c] = df[c].astype("string")
+        df.to_parquet(path, index=False)
+
+
+def load_tables(folder: str | Path) -> dict[str, pd.DataFrame]:
+    """Read every ``<name>.parquet`` of an ingest output folder.
+
+    Returns
+    -------
+    dict[str, pandas.DataFrame]
+        Table name -> table.
+
+    Raises
+    ------
+    BayesLatencyError
+        If the folder does not exist or holds no Parquet table.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BayesLatencyError(f"{folder}: no such table folder")
+    tables = {p.stem: pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))}
+    if not tables:
+        raise BayesLatencyError(f"{folder}: no Parquet table (run `bayes-latency ingest` first)")
+    return tables

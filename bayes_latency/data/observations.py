@@ -1,0 +1,640 @@
+"""The observation table: every measured duration as a linear functional of per-step features.
+
+Each row is ``value_us ≈ Σ_j beta_j · x_j`` (or ``Σ alpha_k · x_alpha_k``), where ``x`` is the sum
+(or mean) of the per-step basis (:func:`~bayes_latency.physics.basis.basis_matrix`) over the steps
+the row spans. Row kinds (``docs/ARCHITECTURE.md``):
+
+``iteration`` (role ``beta``)
+    Step ``i`` with both ``i`` and ``i+1`` sampled: ``(ts_start(i+1) - ts_start(i)) / 1000``.
+``step_window`` (role ``beta``)
+    The step timeline cut at *anchors* (estimates of step start times) into non-overlapping
+    windows ``[a, b)``: value ``anchor(b) - anchor(a)``, features the sum of the basis over
+    ``a..b-1``. Anchors are exact for sampled steps (``step.ts_start_ns``); otherwise they come
+    from journey events: the earliest ``SCHEDULED``/``PREEMPTED`` at ``s`` (inside ``s``'s
+    ``schedule()``, just after the start) or else the latest ``FIRST_TOKEN``/``FINISHED`` at
+    ``s-1`` (just before ``s`` starts). Both are bias-corrected by their median offset to the
+    exact starts of sampled steps when at least :data:`MIN_CALIBRATION` pairs exist, and
+    ``anchor_error_us`` is the 95th percentile of the remaining absolute error (summed over the
+    two ends). Windows of one step between two exact anchors are ``iteration`` rows instead, so
+    no step is counted twice.
+``request_prefill`` / ``request_decode`` (role ``ppc``)
+    ``FIRST_TOKEN - SCHEDULED`` over steps ``first_scheduled..first_token`` and ``FINISHED -
+    FIRST_TOKEN`` over ``first_token+1..finished``: overlapping sums, for predictive checks only.
+``alpha_arrival`` / ``alpha_departure`` (role ``alpha``)
+    ``QUEUED - api.ARRIVED`` (feature ``x_alpha_arrival`` = 1) and ``api.DEPARTED - FINISHED``
+    (``x_alpha_post_decode`` = 1, ``x_alpha_per_token`` = output tokens).
+``scheduler_cpu`` (role ``aux``)
+    ``step.duration_us`` of sampled steps (CPU time of ``schedule()``) with that step's features.
+``benchmark_mean`` (role ``beta``, aggregate ``mean``)
+    Static-batch microbenchmarks (:func:`observations_from_microbench`).
+
+Rows that cannot be used are dropped and counted in the :class:`IngestReport` (never silently):
+windows or iterations spanning an idle engine (``idle_gap``: no request alive across a step
+boundary, or ``empty_step``: a step with nothing scheduled), whose time per µs of ideal roofline
+time (the sum of the roofline features) exceeds :data:`LONG_GAP_FACTOR` times the median
+(``long_gap``: an idle period the request journeys did not reveal), or whose value is not positive
+(``nonpositive_value``); alpha rows with missing or negative times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
+from bayes_latency.data.report import IngestReport
+from bayes_latency.physics.basis import (
+    ALPHA_TERMS,
+    DEFAULT_TERMS,
+    basis_matrix,
+    get_term,
+    term_names,
+)
+
+__all__ = [
+    "BASE_COLUMNS",
+    "EXTRA_COLUMNS",
+    "LONG_GAP_FACTOR",
+    "MIN_CALIBRATION",
+    "build_observations",
+    "empty_observations",
+    "observation_columns",
+    "observations_from_iterations",
+    "observations_from_microbench",
+]
+
+BASE_COLUMNS: tuple[str, ...] = (
+    "obs_id", "kind", "experiment_id", "workload", "model", "gpu", "tp", "config_id", "value_us",
+    "n_steps", "step_first", "step_last", "aggregate", "role", "max_num_batched_tokens",
+    "max_num_seqs", "ep",
+)
+"""Contract columns before the feature columns."""
+EXTRA_COLUMNS: tuple[str, ...] = ("anchor_exact", "anchor_error_us", "ctx_approximated")
+"""Columns after the features: both window anchors exact, their timing error bound (µs), and
+whether the features use approximated contexts (batches from summaries, not journeys)."""
+LONG_GAP_FACTOR = 10.0
+"""Timeline rows whose time per µs of roofline time exceeds this multiple of the median are
+dropped (``long_gap``)."""
+MIN_CALIBRATION = 5
+"""Minimum (event, exact start) pairs to bias-correct journey-event anchors."""
+
+_KIND_ROLE = {"iteration": "beta", "step_window": "beta", "benchmark_mean": "beta",
+              "request_prefill": "ppc", "request_decode": "ppc", "scheduler_cpu": "aux",
+              "alpha_arrival": "alpha", "alpha_departure": "alpha"}
+
+
+def observation_columns(terms: Sequence[str] = DEFAULT_TERMS) -> list[str]:
+    """All columns of the observation table for a term set, in order."""
+    return (list(BASE_COLUMNS) + [f"x_{t}" for t in term_names(terms)]
+            + [f"x_{a}" for a in ALPHA_TERMS] + list(EXTRA_COLUMNS))
+
+
+def empty_observations(terms: Sequence[str] = DEFAULT_TERMS) -> pd.DataFrame:
+    """An observation table with no rows and the right columns and dtypes."""
+    return _finish([], terms)
+
+
+def _finish(frames: list[pd.DataFrame], terms: Sequence[str]) -> pd.DataFrame:
+    cols = observation_columns(terms)
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    for c in cols:
+        if c not in df.columns:
+            df[c] = np.nan
+    df = df[cols]
+    xcols = [c for c in cols if c.startswith("x_")]
+    df[xcols] = df[xcols].astype("float64").fillna(0.0)
+    for c in ("value_us", "anchor_error_us"):
+        df[c] = df[c].astype("float64")
+    for c in ("n_steps", "tp", "max_num_batched_tokens", "max_num_seqs", "ep"):
+        df[c] = df[c].astype("int64")
+    for c in ("step_first", "step_last"):
+        df[c] = df[c].astype("Int64")
+    for c in ("anchor_exact", "ctx_approximated"):
+        df[c] = df[c].fillna(False).astype(bool)
+    for c in ("obs_id", "kind", "experiment_id", "workload", "model", "gpu", "config_id",
+              "aggregate", "role"):
+        df[c] = df[c].astype(str)
+    return df.reset_index(drop=True)
+
+
+def _rows(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[str], *,
+          n_steps: Any = 1, step_first: Any = None, step_last: Any = None,
+          alpha: Mapping[str, Any] | None = None, aggregate: str = "sum",
+          anchor_exact: Any = False, anchor_error_us: Any = np.nan,
+          ctx_approximated: Any = False) -> pd.DataFrame:
+    """Observation rows of one kind (configuration columns are added by the caller)."""
+    n = len(values)
+    d: dict[str, Any] = {"kind": kind, "value_us": np.asarray(values, dtype=float),
+                         "n_steps": n_steps, "step_first": step_first, "step_last": step_last,
+                         "aggregate": aggregate, "role": _KIND_ROLE[kind],
+                         "anchor_exact": anchor_exact, "anchor_error_us": anchor_error_us,
+                         "ctx_approximated": ctx_approximated}
+    df = pd.DataFrame(d, index=range(n))
+    names = term_names(terms)
+    feats = np.zeros((n, len(names))) if X is None else np.asarray(X, dtype=float).reshape(n, -1)
+    for j, t in enumerate(names):
+        df[f"x_{t}"] = feats[:, j]
+    for a in ALPHA_TERMS:
+        df[f"x_{a}"] = 0.0 if alpha is None or a not in alpha else alpha[a]
+    return df
+
+
+def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gpu: Any,
+           serving: Any) -> pd.DataFrame:
+    """Add configuration columns and obs ids (``experiment/kind/k``)."""
+    model, gname, tp = str(arch.name), str(gpu.name), int(serving.tp)
+    df["experiment_id"], df["workload"] = experiment_id, workload
+    df["model"], df["gpu"], df["tp"] = model, gname, tp
+    df["config_id"] = f"{model}|{gname}|tp{tp}"
+    df["max_num_batched_tokens"] = int(serving.max_num_batched_tokens)
+    df["max_num_seqs"] = int(serving.max_num_seqs)
+    df["ep"] = int(serving.ep)
+    k = df.groupby("kind", sort=False).cumcount().to_numpy()
+    df["obs_id"] = [f"{experiment_id}/{kd}/{i}" for kd, i in zip(df["kind"], k, strict=True)]
+    return df
+
+
+def _steps_of(tables: Mapping[str, Any], name: str, experiment_id: str) -> pd.DataFrame | None:
+    df = tables.get(name) if isinstance(tables, Mapping) else getattr(tables, name, None)
+    if df is None:
+        return None
+    if "experiment_id" in df.columns and experiment_id is not None and len(df):
+        sel = df["experiment_id"].astype(str) == str(experiment_id)
+        if sel.any():
+            df = df[sel]
+    return df
+
+
+# ------------------------------------------------------------------------------- timeline
+def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int
+                     ) -> np.ndarray:
+    """``idle[i]``: no request alive across the boundary between step ``s0+i`` and the next.
+
+    A request is alive from the step its QUEUED event falls in (the next one when it was queued
+    after that step's last token was emitted, i.e. while the engine was idle) until its
+    FINISHED step (excluded).
+    """
+    idle = np.zeros(n, dtype=bool)
+    if requests is None or not len(requests):
+        return idle
+    fin_ev = ev[ev["event"].isin(["FIRST_TOKEN", "FINISHED"])]
+    end_ts = fin_ev.groupby("step")["ts_monotonic_ns"].max()
+    q_step = requests["queued_step"].astype("float64")
+    fs = requests["first_scheduled_step"].astype("float64")
+    q_step = q_step.fillna(fs - 1).to_numpy()
+    q_ns = requests["queued_ns"].astype("float64").to_numpy()
+    e_ts = pd.Series(q_step).map(end_ts).astype("float64").to_numpy()
+    start = np.where(np.isfinite(e_ts) & np.isfinite(q_ns) & (q_ns > e_ts), q_step + 1, q_step)
+    fin = requests["finished_step"].astype("float64").to_numpy()
+    fin = np.where(np.isfinite(fin), fin, s0 + n + 1)
+    ok = np.isfinite(start)
+    lo = np.clip(start[ok] - s0, 0, n).astype(np.int64)
+    hi = np.clip(fin[ok] - s0, 0, n).astype(np.int64)
+    keep = hi > lo
+    carry = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(carry, lo[keep], 1)
+    np.add.at(carry, hi[keep], -1)
+    carry = np.cumsum(carry)[:n]
+    return carry == 0
+
+
+def _event_anchors(steps: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int,
+                   report: IngestReport, idle_at: np.ndarray
+                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Step-start estimates for indices ``0..n`` (index ``i`` = start of step ``s0 + i``).
+
+    ``idle_at[i]``: the engine was idle just before index ``i`` (not used for calibration).
+    Returns ``{"exact": (t, err), "scheduled": (t, err), "finished": (t, err)}`` with times in
+    ns (NaN where unknown) and error bounds in µs.
+    """
+    m = n + 1
+    t = np.full(m, np.nan)
+    if steps is not None and len(steps):
+        sid = steps["step.id"].to_numpy(dtype=np.int64)
+        ts = steps["step.ts_start_ns"].to_numpy(dtype=float, na_value=np.nan)
+        ok = (sid >= s0) & (sid <= s0 + n) & np.isfinite(ts)
+        t[sid[ok] - s0] = ts[ok]
+    out = {"exact": (t, np.where(np.isfinite(t), 0.0, np.nan))}
+    sch = ev[ev["event"].isin(["SCHEDULED", "PREEMPTED"])].groupby("step")["ts_monotonic_ns"].min()
+    fin = ev[ev["event"].isin(["FIRST_TOKEN", "FINISHED"])].groupby("step")["ts_monotonic_ns"].max()
+    for name, ser, shift in (("scheduled", sch, 0), ("finished", fin, 1)):
+        st = ser.index.to_numpy(dtype=np.int64) + shift
+        vals = ser.to_numpy(dtype=float)
+        ok = (st >= s0) & (st <= s0 + n)
+        idx, vals = st[ok] - s0, vals[ok]
+        cal = np.isfinite(t[idx]) & ~idle_at[idx]
+        off = vals[cal] - t[idx[cal]]
+        if len(off) >= MIN_CALIBRATION:
+            med = float(np.median(off))
+            bound = float(np.quantile(np.abs(off - med), 0.95)) / 1e3
+            report.notes.append(f"anchors from {name} events: median offset {med / 1e3:.1f} us, "
+                                f"95% error {bound:.1f} us ({len(off)} calibration pairs)")
+        else:
+            med = 0.0
+            bound = float(np.max(np.abs(off))) / 1e3 if len(off) else np.nan
+            report.notes.append(f"anchors from {name} events: uncalibrated ({len(off)} pairs)")
+        est = np.full(m, np.nan)
+        est[idx] = vals - med
+        out[name] = (est, np.where(np.isfinite(est), bound, np.nan))
+    return out
+
+
+def _timeline_rows(batches: pd.DataFrame, X: np.ndarray, steps: pd.DataFrame | None,
+                   ev: pd.DataFrame, requests: pd.DataFrame | None, terms: Sequence[str],
+                   report: IngestReport) -> list[pd.DataFrame]:
+    """``iteration`` and ``step_window`` rows of one experiment.
+
+    Every index ``i`` (start of step ``s0 + i``) gets one anchor: exact, else SCHEDULED-based,
+    else FINISHED-based. Where the engine was idle between step ``i-1`` and ``i`` (no request
+    alive across the boundary), the anchor splits in two: the end of the window before it is the
+    FINISHED-based estimate (the end of step ``i-1``'s forward pass), the start of the window
+    after it the exact or SCHEDULED-based one; the idle time is in neither window.
+    """
+    s0 = int(batches["step_id"].iloc[0])
+    n = len(batches)
+    m = n + 1
+    idle = _idle_boundaries(requests, ev, s0, n)
+    idle_at = np.zeros(m, dtype=bool)  # idle between index i-1 and i
+    idle_at[1:] = idle
+    anc = _event_anchors(steps, ev, s0, n, report, idle_at)
+    # one anchor per index, preferring exact > scheduled > finished
+    t, err, exact = np.full(m, np.nan), np.full(m, np.nan), np.zeros(m, dtype=bool)
+    for name in ("finished", "scheduled", "exact"):
+        tv, ev_err = anc[name]
+        ok = np.isfinite(tv)
+        t[ok], err[ok] = tv[ok], ev_err[ok]
+        exact[ok] = name == "exact"
+    t_start, t_end = t.copy(), t.copy()
+    e_start, e_end = err.copy(), err.copy()
+    x_start, x_end = exact.copy(), exact.copy()
+    tf, ef = anc["finished"]
+    t_end[idle_at], e_end[idle_at], x_end[idle_at] = tf[idle_at], ef[idle_at], False
+    only_fin = idle_at & ~np.isfinite(anc["exact"][0]) & ~np.isfinite(anc["scheduled"][0])
+    t_start[only_fin] = np.nan
+
+    cs = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])
+    tokens = (batches["prefill_tokens"].to_numpy(float) + batches["decode_tokens"].to_numpy(float))
+    c_empty = np.concatenate([[0], np.cumsum(tokens <= 0)])
+    c_idle = np.concatenate([[0], np.cumsum(idle)])
+    ctx_apx = batches["ctx_approximated"].to_numpy(dtype=bool)
+    c_apx = np.concatenate([[0], np.cumsum(ctx_apx)])
+
+    idx = np.flatnonzero(np.isfinite(t_start) | np.isfinite(t_end))
+    if len(idx) < 2:
+        return []
+    a, b = idx[:-1], idx[1:]
+    pair = np.isfinite(t_start[a]) & np.isfinite(t_end[b])
+    lost = int((b - a)[~pair].sum())
+    if lost:
+        report.notes.append(f"{lost} steps next to idle gaps have no usable anchor pair")
+    a, b = a[pair], b[pair]
+    value = (t_end[b] - t_start[a]) / 1e3
+    nst = b - a
+    both = x_start[a] & x_end[b]
+    kind = np.where(both & (nst == 1), "iteration", "step_window")
+    feats = cs[b] - cs[a]
+    bad_empty = (c_empty[b] - c_empty[a]) > 0
+    bad_idle = ~bad_empty & ((c_idle[b - 1] - c_idle[a]) > 0)  # boundaries inside the window
+    nonpos = ~bad_empty & ~bad_idle & ~(value > 0)
+    usable = ~(bad_empty | bad_idle | nonpos)
+    # time per unit of ideal (roofline) time: idle time inflates it, a long but busy step not
+    roof = [j for j, t in enumerate(term_names(terms)) if get_term(t).unit == "1"]
+    ideal = feats[:, roof].sum(axis=1) if roof else np.zeros(len(value))
+    ratio = np.where(ideal > 0, value / np.where(ideal > 0, ideal, 1.0), value / nst)
+    ok_r = usable & (ideal > 0)
+    med = float(np.median(ratio[ok_r])) if ok_r.any() else np.nan
+    long_gap = ok_r & (ratio > LONG_GAP_FACTOR * med)
+    for reason, mask in (("empty_step", bad_empty), ("idle_gap", bad_idle),
+                         ("nonpositive_value", nonpos), ("long_gap", long_gap)):
+        for k in ("iteration", "step_window"):
+            cnt = int((mask & (kind == k)).sum())
+            if cnt:
+                report.drop(f"{k}:{reason}", cnt)
+    keep = usable & ~long_gap
+    out = []
+    for k in ("iteration", "step_window"):
+        sel = keep & (kind == k)
+        if not sel.any():
+            continue
+        out.append(_rows(k, value[sel], feats[sel], terms, n_steps=nst[sel],
+                         step_first=s0 + a[sel], step_last=s0 + b[sel] - 1,
+                         anchor_exact=both[sel], anchor_error_us=(e_start[a] + e_end[b])[sel],
+                         ctx_approximated=(c_apx[b] - c_apx[a])[sel] > 0))
+    return out
+
+
+def _request_rows(requests: pd.DataFrame, cs: np.ndarray, s0: int, n: int,
+                  terms: Sequence[str], report: IngestReport) -> list[pd.DataFrame]:
+    """``request_prefill`` and ``request_decode`` rows (complete, non-aborted requests)."""
+    r = requests[requests["complete"].astype(bool) & ~requests["aborted"].astype(bool)]
+    out = []
+    specs = (("request_prefill", "first_scheduled", "first_token", 0),
+             ("request_decode", "first_token", "finished", 1))
+    for kind, a_name, b_name, shift in specs:
+        ta = r[f"{a_name}_ns"].astype("float64").to_numpy()
+        tb = r[f"{b_name}_ns"].astype("float64").to_numpy()
+        first = r[f"{a_name}_step"].astype("float64").to_numpy() + shift
+        last = r[f"{b_name}_step"].astype("float64").to_numpy()
+        ok = np.isfinite(ta) & np.isfinite(tb) & np.isfinite(first) & np.isfinite(last)
+        if (~ok).sum():
+            report.drop(f"{kind}:missing_time", int((~ok).sum()))
+        nst = np.where(ok, last - first + 1, 0)
+        none = ok & (nst < 1)
+        if none.any():  # one output token: no decode phase, nothing to observe (not a drop)
+            report.notes.append(f"{kind}: {int(none.sum())} requests span no step (skipped)")
+        outside = ok & ~none & ((first < s0) | (last > s0 + n - 1))
+        if outside.any():
+            report.drop(f"{kind}:outside_timeline", int(outside.sum()))
+        value = (tb - ta) / 1e3
+        nonpos = ok & ~none & ~outside & ~(value > 0)
+        if nonpos.any():
+            report.drop(f"{kind}:nonpositive_value", int(nonpos.sum()))
+        sel = ok & ~none & ~outside & ~nonpos
+        if not sel.any():
+            continue
+        i0 = (first[sel] - s0).astype(np.int64)
+        i1 = (last[sel] - s0).astype(np.int64) + 1
+        out.append(_rows(kind, value[sel], cs[i1] - cs[i0], terms, n_steps=i1 - i0,
+                         step_first=first[sel].astype(np.int64),
+                         step_last=last[sel].astype(np.int64)))
+    return out
+
+
+def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str],
+                report: IngestReport) -> list[pd.DataFrame]:
+    """``alpha_arrival`` and ``alpha_departure`` rows."""
+    out = []
+    arr = requests["arrival_s"].astype("float64").to_numpy() * 1e6
+    que = requests["queued_ns"].astype("float64").to_numpy() / 1e3
+    v = que - arr
+    qstep = requests["queued_step"].astype("float64").to_numpy()
+    missing = ~np.isfinite(v)
+    neg = ~missing & (v < 0)
+    if missing.any():
+        report.drop("alpha_arrival:missing_time", int(missing.sum()))
+    if neg.any():
+        report.drop("alpha_arrival:negative", int(neg.sum()))
+    sel = ~missing & ~neg
+    if sel.any():
+        out.append(_rows("alpha_arrival", v[sel], None, terms, step_first=qstep[sel],
+                         step_last=qstep[sel], alpha={"alpha_arrival": 1.0}))
+    dep = requests["departed_s"].astype("float64").to_numpy() * 1e6
+    fin = requests["finished_ns"].astype("float64").to_numpy() / 1e3
+    otok = requests["output_tokens"].astype("float64").to_numpy()
+    fstep = requests["finished_step"].astype("float64").to_numpy()
+    aborted = requests["aborted"].astype(bool).to_numpy()
+    v = dep - fin
+    missing = ~aborted & ~(np.isfinite(v) & np.isfinite(otok))
+    neg = ~aborted & ~missing & (v < 0)
+    for reason, mask in (("aborted", aborted), ("missing_time", missing), ("negative", neg)):
+        if mask.any():
+            report.drop(f"alpha_departure:{reason}", int(mask.sum()))
+    sel = ~aborted & ~missing & ~neg
+    if sel.any():
+        out.append(_rows("alpha_departure", v[sel], None, terms, step_first=fstep[sel],
+                         step_last=fstep[sel],
+                         alpha={"alpha_post_decode": 1.0, "alpha_per_token": otok[sel]}))
+    return out
+
+
+def _nullable_steps(df: pd.DataFrame) -> pd.DataFrame:
+    for c in ("step_first", "step_last"):
+        df[c] = pd.array(pd.to_numeric(df[c], errors="coerce"), dtype="Float64").round().astype(
+            "Int64")
+    return df
+
+
+# ------------------------------------------------------------------------------- public API
+def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: Any,
+                       experiment_id: str, workload: str = "",
+                       terms: Sequence[str] = DEFAULT_TERMS
+                       ) -> tuple[pd.DataFrame, IngestReport]:
+    """Observation rows of one experiment.
+
+    Parameters
+    ----------
+    tables
+        Mapping (or object with attributes) holding ``steps``, ``requests``, ``journey_events``
+        and optionally ``batches`` (rebuilt by
+        :func:`~bayes_latency.data.reconstruct.reconstruct_batches`; rebuilt here when absent and
+        journeys exist). Rows of other experiments are ignored.
+    serving, arch, gpu
+        :class:`~bayes_latency.physics.serving.ServingConfig`, ``Architecture``, ``GPU``.
+    experiment_id, workload
+        Labels of the rows.
+    terms
+        Term set of the ``x_`` columns.
+
+    Returns
+    -------
+    observations : pandas.DataFrame
+        Columns :func:`observation_columns`.
+    report : IngestReport
+        ``kept`` per kind, ``dropped`` per ``kind:reason``, notes on anchors and approximations.
+
+    Notes
+    -----
+    Without journeys, only ``iteration`` and ``scheduler_cpu`` rows can be built, from batches
+    approximated from the step summaries (``ctx_approximated=True``).
+    """
+    report = IngestReport(source=f"observations {experiment_id}")
+    steps = _steps_of(tables, "steps", experiment_id)
+    ev = _steps_of(tables, "journey_events", experiment_id)
+    requests = _steps_of(tables, "requests", experiment_id)
+    batches = _steps_of(tables, "batches", experiment_id)
+    if steps is not None and len(steps):
+        steps = steps.dropna(subset=["step.id", "step.ts_start_ns"]).drop_duplicates("step.id")
+        steps = steps.sort_values("step.id")
+    have_journeys = ev is not None and len(ev) > 0
+    frames: list[pd.DataFrame] = []
+    if not have_journeys:
+        if steps is None or not len(steps):
+            report.notes.append("no journeys and no step summaries: no observation")
+            return empty_observations(terms), report
+        from bayes_latency.data.steps import iterations_from_steps
+
+        it = iterations_from_steps(steps, block_size=int(serving.block_size), report=report)
+        obs = observations_from_iterations(it, arch, gpu, serving, experiment_id=experiment_id,
+                                           workload=workload, terms=terms)
+        report.notes.append("no journeys: iteration rows from step summaries only "
+                            "(ctx_approximated)")
+        report.kept.update(obs["kind"].value_counts().to_dict())
+        return obs, report
+    if batches is None or not len(batches):
+        batches, _, rrep = reconstruct_batches(ev, requests, serving, steps, with_members=False)
+        report.notes.append(rrep.format())
+    batches = batches.sort_values("step_id").reset_index(drop=True)
+    s0 = int(batches["step_id"].iloc[0])
+    n = len(batches)
+    if not np.array_equal(batches["step_id"].to_numpy(), np.arange(s0, s0 + n)):
+        raise ValueError("batches must hold every step id from the first to the last")
+    X = basis_matrix(batches[list(BATCH_COLUMNS)], arch, gpu, serving, terms)
+    cs = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])
+
+    frames += _timeline_rows(batches, X, steps, ev, requests, terms, report)
+    if requests is not None and len(requests):
+        frames += _request_rows(requests, cs, s0, n, terms, report)
+        frames += _alpha_rows(requests, terms, report)
+    if steps is not None and len(steps) and "step.duration_us" in steps.columns:
+        sid = steps["step.id"].to_numpy(dtype=np.int64)
+        dur = steps["step.duration_us"].to_numpy(dtype=float, na_value=np.nan)
+        inside = (sid >= s0) & (sid < s0 + n)
+        ok = inside & np.isfinite(dur) & (dur > 0)
+        if (~ok).sum():
+            report.drop("scheduler_cpu:missing_or_nonpositive", int((~ok).sum()))
+        if ok.any():
+            frames.append(_rows("scheduler_cpu", dur[ok], X[sid[ok] - s0], terms,
+                                step_first=sid[ok], step_last=sid[ok]))
+    if not frames:
+        return empty_observations(terms), report
+    df = pd.concat(frames, ignore_index=True)
+    df = _nullable_steps(df)
+    df = _label(df, experiment_id=experiment_id, workload=workload, arch=arch, gpu=gpu,
+                serving=serving)
+    report.kept.update(df["kind"].value_counts().to_dict())
+    return _finish([df], terms), report
+
+
+def observations_from_iterations(iterations: pd.DataFrame, arch: Any, gpu: Any, serving: Any,
+                                 experiment_id: str | None = None, workload: str = "",
+                                 terms: Sequence[str] = DEFAULT_TERMS) -> pd.DataFrame:
+    """``iteration`` rows from an ``iterations`` table (e.g. the real H100 step summaries).
+
+    Parameters
+    ----------
+    iterations
+        ``iterations`` table (:func:`~bayes_latency.data.steps.iterations_from_steps`):
+        ``experiment_id, step_id, iteration_us`` + batch-table columns + ``ctx_approximated``.
+        Rows with a NaN batch column or a non-positive time are skipped.
+    arch, gpu, serving
+        Configuration of the experiment(s).
+    experiment_id
+        Label; default: the table's own ``experiment_id`` column.
+    workload, terms
+        Workload label and term set.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Observation rows of kind ``iteration``.
+    """
+    it = iterations
+    cols = list(BATCH_COLUMNS)
+    ok = it[cols].notna().all(axis=1).to_numpy() & (it["iteration_us"].to_numpy(float) > 0)
+    it = it[ok]
+    if not len(it):
+        return empty_observations(terms)
+    X = basis_matrix(it[cols], arch, gpu, serving, terms)
+    apx = it["ctx_approximated"].to_numpy(bool) if "ctx_approximated" in it else True
+    df = _rows("iteration", it["iteration_us"].to_numpy(float), X, terms,
+               step_first=it["step_id"].to_numpy(), step_last=it["step_id"].to_numpy(),
+               anchor_exact=True, anchor_error_us=0.0, ctx_approximated=apx)
+    df = _nullable_steps(df)
+    frames = []
+    eids = (it["experiment_id"].astype(str).to_numpy() if experiment_id is None
+            and "experiment_id" in it else np.full(len(it), experiment_id or ""))
+    for eid in dict.fromkeys(eids):
+        part = df[eids == eid].reset_index(drop=True)
+        frames.append(_label(part, experiment_id=str(eid), workload=workload, arch=arch, gpu=gpu,
+                             serving=serving))
+    return _finish(frames, terms)
+
+
+_SPLITWISE_MODELS = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b",
+                     "llama-2-70b": "llama-2-70b"}
+
+
+def observations_from_microbench(df: pd.DataFrame, terms: Sequence[str] = DEFAULT_TERMS,
+                                 report: IngestReport | None = None) -> pd.DataFrame:
+    """``benchmark_mean`` rows from static-batch microbenchmarks (Splitwise format).
+
+    Parameters
+    ----------
+    df
+        One row per measurement with columns ``model, hardware, tensor_parallel`` (or ``tp``),
+        ``prompt_size, batch_size, token_size`` and ``prompt_time``, ``token_time`` in
+        milliseconds (or ``prompt_time_us``, ``token_time_us``). Repetitions of a point are
+        averaged into one row.
+    terms
+        Term set.
+    report
+        Counts of points kept/skipped (unknown model or GPU).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Observation rows (kind ``benchmark_mean``, aggregate ``mean``, role ``beta``):
+
+        - ``prompt_time``: one prefill of ``batch_size`` prompts of ``prompt_size`` tokens
+          (a single step, no chunking): ``n_steps`` 1.
+        - ``token_time``: the mean decode iteration over ``token_size`` steps of ``batch_size``
+          sequences whose context grows from ``prompt_size`` to ``prompt_size + token_size - 1``:
+          features = mean of the per-step basis, ``n_steps = token_size``.
+    """
+    from bayes_latency.errors import ConfigError
+    from bayes_latency.physics.architecture import load_architecture
+    from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.serving import ServingConfig
+
+    report = report if report is not None else IngestReport(source="microbench")
+    d = df.copy()
+    if "tp" not in d.columns:
+        d["tp"] = d["tensor_parallel"]
+    for c in ("prompt_time", "token_time"):
+        if f"{c}_us" not in d.columns:
+            d[f"{c}_us"] = d[c].astype(float) * 1e3
+    keys = ["model", "hardware", "tp", "prompt_size", "batch_size"]
+    frames = []
+    for (model, hw, tp), g in d.groupby(["model", "hardware", "tp"], sort=True):
+        try:
+            arch = load_architecture(_SPLITWISE_MODELS.get(str(model), str(model)))
+            gpu = load_gpu(str(hw))
+        except ConfigError as e:
+            report.drop("benchmark:unknown_config", len(g))
+            report.notes.append(f"microbench {model}/{hw}: {e}")
+            continue
+        tp = int(tp)
+        eid = f"splitwise-{arch.name}-{gpu.name}-tp{tp}"
+        parts = []
+        # prompt_time: one static prefill per (prompt, batch)
+        pt = g.groupby(keys, sort=True)["prompt_time_us"].mean().reset_index()
+        P = pt["prompt_size"].to_numpy(float)
+        B = pt["batch_size"].to_numpy(float)
+        budget = int(max(2048, (P * B).max()))
+        serving = ServingConfig(tp=tp, max_num_batched_tokens=budget,
+                                max_num_seqs=int(max(128, B.max())), prefix_caching=False)
+        batches = pd.DataFrame({
+            "num_prefill_reqs": B, "prefill_tokens": B * P,
+            "prefill_attn_pairs": B * P * (P + 1) / 2, "prefill_kv_tokens": B * P,
+            "num_decode_reqs": 0.0, "decode_tokens": 0.0, "decode_ctx_tokens": 0.0,
+        })
+        X = basis_matrix(batches, arch, gpu, serving, terms)
+        parts.append(_rows("benchmark_mean", pt["prompt_time_us"].to_numpy(float), X, terms,
+                           n_steps=1, aggregate="mean", anchor_exact=True, anchor_error_us=0.0))
+        # token_time: mean decode step over token_size steps
+        tt = g.groupby(keys + ["token_size"], sort=True)["token_time_us"].mean().reset_index()
+        feats = []
+        for p, b, k in tt[["prompt_size", "batch_size", "token_size"]].itertuples(index=False):
+            k = int(k)
+            ctx = float(p) + np.arange(k, dtype=float)
+            bt = pd.DataFrame({
+                "num_prefill_reqs": 0.0, "prefill_tokens": 0.0, "prefill_attn_pairs": 0.0,
+                "prefill_kv_tokens": 0.0, "num_decode_reqs": float(b), "decode_tokens": float(b),
+                "decode_ctx_tokens": float(b) * ctx,
+            })
+            feats.append(basis_matrix(bt, arch, gpu, serving, terms).mean(axis=0))
+        if feats:
+            parts.append(_rows("benchmark_mean", tt["token_time_us"].to_numpy(float),
+                               np.vstack(feats), terms,
+                               n_steps=tt["token_size"].to_numpy(np.int64), aggregate="mean",
+                               anchor_exact=True, anchor_error_us=0.0))
+        out = pd.concat(parts, ignore_index=True)
+        out = _nullable_steps(out)
+        frames.append(_label(out, experiment_id=eid, workload="splitwise", arch=arch, gpu=gpu,
+                             serving=serving))
+        report.kept["benchmark_mean"] += len(out)
+    return _finish(frames, terms)

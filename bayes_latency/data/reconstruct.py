@@ -1,0 +1,744 @@
+"""Rebuild every engine step's batch from request journeys (the reference scheduling policy).
+
+Step summaries are sampled (about one step in ten), but journeys are complete: every request
+reports the step it was first scheduled at, preempted at, resumed at, produced its first token at
+and finished at. Between those events the batch composition follows the reference scheduling
+policy of ``docs/ARCHITECTURE.md``:
+
+1. every running request whose prefill (or recompute) is complete decodes one token;
+2. running partial prefills, in running (admission) order, get ``min(remaining, budget_left)``;
+3. requests scheduled at this step (``SCHEDULED`` FIRST or RESUME) get their first chunk the same way.
+
+The journeys fix *when* each request's prefill completes (``FIRST_TOKEN``; for a recompute after a
+preemption, the number of tokens produced before the next ``PREEMPTED``/``FINISHED`` event), so
+the replay only has to split prompt tokens into chunks. Before its completion step a prefilling
+request takes all the budget left to it (it cannot have finished, else it would have produced a
+token); at the completion step it takes what is left of its prompt. With prefix caching on, the
+cached prefix ``h`` (a multiple of the block size) is unknown: it is chosen at the completion step
+among the values that keep the last chunk within the budget, pinned by the step summary when the
+step was sampled, and otherwise set to a typical value learned from the pinned requests; steps
+whose chunks depend on such a guess are flagged ``prefix_ambiguous``.
+
+Conventions of the rebuilt tables:
+
+- ``members``: one row per (step, request) with tokens in the step: ``tokens`` (chunk size, 1 for
+  a decode), ``ctx_offset`` (tokens already in the KV cache before this step, cache hits
+  included), ``is_prefill`` (a prefill or recompute chunk), ``is_recompute`` (a chunk of a request
+  that already has output tokens: counted as *decode* tokens in ``step.BATCH_SUMMARY``).
+- ``batches``: the batch-table columns of :mod:`bayes_latency.physics.basis`, recompute chunks
+  counted as prefill chunks (they are attention over a context), decode context = tokens in KV
+  plus the token being decoded (``computed + 1 = prompt + outputs``, as ``prefill_kv_tokens``
+  counts ``o + c``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "BATCH_COLUMNS",
+    "ReconstructionReport",
+    "reconstruct_batches",
+    "summary_convention",
+]
+
+BATCH_COLUMNS = [
+    "num_prefill_reqs",
+    "prefill_tokens",
+    "prefill_attn_pairs",
+    "prefill_kv_tokens",
+    "num_decode_reqs",
+    "decode_tokens",
+    "decode_ctx_tokens",
+    "offload_tokens",
+]
+"""Batch-table columns (see ``physics/basis.py``), in contract order."""
+
+_COMPARED = ["num_prefill_reqs", "prefill_tokens", "num_decode_reqs", "decode_tokens"]
+_SUMMARY_COLS = {
+    "num_prefill_reqs": "batch.num_prefill_reqs",
+    "prefill_tokens": "batch.prefill_tokens",
+    "num_decode_reqs": "batch.num_decode_reqs",
+    "decode_tokens": "batch.decode_tokens",
+}
+_EVENT_RANK = {"QUEUED": 0, "PREEMPTED": 1, "SCHEDULED": 2, "FIRST_TOKEN": 3, "FINISHED": 4}
+_GREEDY = -1  # completion step unknown: plain greedy replay
+
+
+@dataclass
+class ReconstructionReport:
+    """How well the rebuilt batches match what was observed.
+
+    Attributes
+    ----------
+    experiment_id
+        Experiment(s) the report is about.
+    n_steps, n_requests, n_segments
+        Step ids rebuilt, requests with a journey, scheduling segments (first schedule or resume
+        to preemption or finish).
+    n_compared, n_agree
+        Sampled steps compared with their ``step.BATCH_SUMMARY`` and how many matched on all of
+        (num_prefill_reqs, prefill_tokens, num_decode_reqs, decode_tokens), in the summary's
+        convention (recompute tokens counted as decode).
+    mae
+        Mean absolute difference per compared field.
+    n_prefix_cached, n_prefix_ambiguous, n_ambiguous_steps
+        Segments given a cached prefix > 0, segments whose prefix was a guess, steps flagged.
+    typical_prefix
+        Cached prefix (tokens) used for ambiguous segments (median of the pinned ones).
+    issues
+        Counter of inconsistencies between the journeys and the policy (each handled, see notes).
+    notes
+        Free-text remarks.
+    """
+
+    experiment_id: str = ""
+    n_steps: int = 0
+    n_requests: int = 0
+    n_segments: int = 0
+    n_compared: int = 0
+    n_agree: int = 0
+    mae: dict[str, float] = field(default_factory=dict)
+    n_prefix_cached: int = 0
+    n_prefix_ambiguous: int = 0
+    n_ambiguous_steps: int = 0
+    typical_prefix: float = 0.0
+    issues: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def agreement(self) -> float:
+        """Share of compared sampled steps that match exactly (NaN when none was compared)."""
+        return self.n_agree / self.n_compared if self.n_compared else float("nan")
+
+    def merge(self, other: ReconstructionReport) -> ReconstructionReport:
+        """Add ``other`` (another experiment) into this report and return self."""
+        tot = self.n_compared + other.n_compared
+        for k in set(self.mae) | set(other.mae):
+            a, b = self.mae.get(k, 0.0), other.mae.get(k, 0.0)
+            self.mae[k] = (a * self.n_compared + b * other.n_compared) / tot if tot else 0.0
+        for name in ("n_steps", "n_requests", "n_segments", "n_compared", "n_agree",
+                     "n_prefix_cached", "n_prefix_ambiguous", "n_ambiguous_steps"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.issues.update(other.issues)
+        self.notes.extend(other.notes)
+        ids = [i for i in (self.experiment_id, other.experiment_id) if i]
+        self.experiment_id = ",".join(ids)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (for JSON)."""
+        return {
+            "experiment_id": self.experiment_id, "n_steps": self.n_steps,
+            "n_requests": self.n_requests, "n_segments": self.n_segments,
+            "n_compared": self.n_compared, "n_agree": self.n_agree,
+            "agreement": None if not self.n_compared else self.agreement,
+            "mae": dict(self.mae), "n_prefix_cached": self.n_prefix_cached,
+            "n_prefix_ambiguous": self.n_prefix_ambiguous,
+            "n_ambiguous_steps": self.n_ambiguous_steps,
+            "typical_prefix": self.typical_prefix,
+            "issues": dict(self.issues), "notes": list(self.notes),
+        }
+
+    def format(self) -> str:
+        """Human-readable one-paragraph summary."""
+        agree = f"{self.agreement:.1%}" if self.n_compared else "n/a"
+        mae = ", ".join(f"{k}={v:.2f}" for k, v in self.mae.items())
+        lines = [f"reconstruction {self.experiment_id}: {self.n_steps:,} steps, "
+                 f"{self.n_requests:,} requests; agreement with {self.n_compared:,} sampled "
+                 f"steps {agree}" + (f" (MAE {mae})" if mae else "")]
+        if self.n_prefix_cached or self.n_prefix_ambiguous:
+            lines.append(f"  prefix cache: {self.n_prefix_cached:,} segments cached, "
+                         f"{self.n_prefix_ambiguous:,} guessed, {self.n_ambiguous_steps:,} steps flagged")
+        if self.issues:
+            lines.append("  issues: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.issues.items())))
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+@dataclass
+class _Segments:
+    """Scheduling segments (one per SCHEDULED event) as parallel lists."""
+
+    req: list[int] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    total: list[int] = field(default_factory=list)  # prompt + outputs at schedule time
+    d_r: list[int] = field(default_factory=list)  # outputs at schedule time
+    complete: list[int] = field(default_factory=list)  # completion step, _GREEDY, or end+1
+
+
+def _segments(ev: pd.DataFrame, last_step: int, issues: Counter) -> _Segments:
+    """Cut each request's journey into scheduling segments (sorted by start, admission order)."""
+    seg = _Segments()
+    req = ev["_req"].to_numpy()
+    kind = ev["event"].to_numpy()
+    step = ev["step"].to_numpy(dtype=np.int64)
+    ptot = ev["prefill_total"].to_numpy(dtype=np.int64)
+    ddone = ev["decode_done"].to_numpy(dtype=np.int64)
+    n = len(ev)
+    open_ = False
+    s_start = s_tot = s_dr = 0
+    s_ft = -1
+    cur = -1
+
+    def close(end: int, d_end: int | None) -> None:
+        nonlocal open_
+        open_ = False
+        if end < s_start:
+            issues["empty_segment"] += 1
+            return
+        end = min(end, last_step)
+        if s_ft >= 0:
+            comp = s_ft
+            if d_end is not None and d_end - s_dr > 0 and end - (d_end - s_dr) + 1 != s_ft:
+                issues["decode_count_mismatch"] += 1
+        elif d_end is not None:
+            produced = d_end - s_dr
+            comp = end + 1 if produced <= 0 else end - produced + 1
+            if comp < s_start:
+                issues["completion_before_schedule"] += 1
+                comp = _GREEDY
+        else:
+            comp = _GREEDY
+        seg.req.append(cur)
+        seg.start.append(s_start)
+        seg.end.append(end)
+        seg.total.append(s_tot)
+        seg.d_r.append(s_dr)
+        seg.complete.append(comp)
+
+    for i in range(n):
+        r = req[i]
+        if r != cur:
+            if open_:
+                close(last_step, None)
+                issues["unfinished_request"] += 1
+            cur = r
+        k = kind[i]
+        if k == "SCHEDULED":
+            if open_:
+                issues["missing_preempted"] += 1
+                close(step[i] - 1, None)
+            open_ = True
+            s_start, s_dr, s_ft = int(step[i]), int(ddone[i]), -1
+            s_tot = int(ptot[i]) + s_dr
+        elif k == "FIRST_TOKEN":
+            if open_ and s_ft < 0:
+                s_ft = int(step[i])
+            else:
+                issues["orphan_first_token"] += 1
+        elif k == "PREEMPTED":
+            if open_:
+                close(int(step[i]) - 1, int(ddone[i]))
+            else:
+                issues["orphan_preempted"] += 1
+        elif k == "FINISHED":
+            if open_:
+                close(int(step[i]), int(ddone[i]))
+    if open_:
+        close(last_step, None)
+        issues["unfinished_request"] += 1
+    return seg
+
+
+@dataclass
+class _Replay:
+    """Output of one replay pass."""
+
+    m_step: list[int]
+    m_seg: list[int]
+    m_tok: list[int]
+    m_done: list[int]
+    h: np.ndarray
+    ambiguous: np.ndarray
+    amb_steps: set[int]
+    dyn_complete: dict[int, int]
+    pinned: list[int]
+    issues: Counter
+
+
+def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, block: int,
+            caching: bool, guess: int | None, summary_total: dict[int, int]) -> _Replay:
+    """Walk the steps once, splitting prefill/recompute tokens into chunks.
+
+    With prefix caching, a segment's cached prefix ``h`` is chosen at its completion step:
+    feasible values keep the last chunk in ``[1, budget_left]``; when several are feasible the
+    choice is a guess (``guess``, else the smallest), adjusted so that the step's total matches
+    a sampled summary, and raised when a later request of the same step would not fit.
+    Segments whose ``h`` (or whose budget) depended on a guess are marked ambiguous.
+    """
+    n_seg = len(seg.req)
+    total, comp, end = seg.total, seg.complete, seg.end
+    starts: dict[int, list[int]] = {}
+    for j in range(n_seg):
+        starts.setdefault(seg.start[j], []).append(j)
+    done = [0] * n_seg
+    h = np.zeros(n_seg, dtype=np.int64)
+    ambiguous = np.zeros(n_seg, dtype=bool)
+    hmax = [((t - 1) // block) * block if caching else 0 for t in total]
+    issues: Counter = Counter()
+    m_step: list[int] = []
+    m_seg: list[int] = []
+    m_tok: list[int] = []
+    m_done: list[int] = []
+    amb_steps: set[int] = set()
+    dyn_complete: dict[int, int] = {}
+    dyn = np.zeros(s1 - s0 + 2, dtype=np.int64)
+    pinned: list[int] = []
+    ndec_l = ndec.tolist()
+    dyn_run = 0
+    active: list[int] = []
+    # result fields: seg, chunk, h (None before completion), completes, issue, lo, hi, guessed,
+    # unsure (depends on a guess made earlier in the step or here)
+    SEG, CHUNK, H, COMP, ISSUE, LO, HI, GUESS, UNSURE = range(9)
+
+    def run_step(s: int, left: int, over: dict[int, int]) -> list[list]:
+        out = []
+        unsure = False
+        for j in active:
+            rem = total[j] - done[j]  # remaining with h = 0
+            c_j = comp[j]
+            if c_j == _GREEDY:
+                chunk = min(rem, left)
+                r = [j, chunk, None, chunk == rem and rem > 0, "", 0, 0, False, unsure]
+            elif s < c_j:
+                chunk = max(min(left, rem - 1), 0)
+                r = [j, chunk, None, False, "completion_late" if rem - 1 < left else "",
+                     0, 0, False, unsure]
+            elif not caching:
+                chunk = rem
+                r = [j, chunk, 0, True, "chunk_over_budget" if rem > left else "", 0, 0, False,
+                     unsure]
+            else:
+                lo = max(0, rem - left)
+                lo = -(-lo // block) * block
+                hi = min(rem - 1, hmax[j])
+                hi = (hi // block) * block if hi >= 0 else -1
+                issue, guessed = "", False
+                if hi < 0:
+                    hj = 0
+                elif lo > hi:
+                    hj, issue = hi, "chunk_over_budget"
+                elif lo == hi:
+                    hj = lo
+                else:
+                    guessed = True
+                    g = over.get(j, lo if guess is None else guess)
+                    hj = min(max((g // block) * block, lo), hi)
+                unsure = unsure or guessed or bool(issue)
+                chunk = rem - hj
+                r = [j, chunk, hj, True, issue, lo, hi, guessed, unsure]
+            out.append(r)
+            left = max(left - chunk, 0)
+        return out
+
+    def refit(res: list[list], over: dict[int, int]) -> bool:
+        """Raise earlier guesses so that an over-budget completion fits; True if changed."""
+        bad = next((k for k, r in enumerate(res) if r[ISSUE] == "chunk_over_budget"), None)
+        if bad is None:
+            return False
+        need = res[bad][LO] - res[bad][HI]
+        changed = False
+        for r in reversed(res[:bad]):
+            if need <= 0:
+                break
+            if r[GUESS] and r[H] < r[HI]:
+                up = min(r[HI], r[H] + -(-need // block) * block)
+                need -= up - r[H]
+                over[r[SEG]] = up
+                changed = True
+        return changed
+
+    for s in range(s0, s1 + 1):
+        i = s - s0
+        dyn_run += int(dyn[i])
+        new = starts.get(s)
+        if new:
+            active.extend(new)
+        if not active:
+            continue
+        if any(end[j] < s for j in active):
+            active = [j for j in active if end[j] >= s]
+            if not active:
+                continue
+        n_dec = ndec_l[i] + dyn_run
+        left = budget - n_dec
+        if left < 0:
+            issues["decodes_over_budget"] += 1
+            left = 0
+        over: dict[int, int] = {}
+        res = run_step(s, left, over)
+        if caching and any(r[GUESS] for r in res):
+            if refit(res, over):
+                res = run_step(s, left, over)
+            if s in summary_total:
+                delta = summary_total[s] - n_dec - sum(r[CHUNK] for r in res)
+                if delta:
+                    for r in res:
+                        if r[GUESS] and delta:
+                            want = min(max(int(round((r[H] - delta) / block)) * block, r[LO]),
+                                       r[HI])
+                            over[r[SEG]] = want
+                            delta -= r[H] - want
+                    res = run_step(s, left, over)
+                    if refit(res, over):
+                        res = run_step(s, left, over)
+                guessed = [r for r in res if r[GUESS]]
+                tot = n_dec + sum(r[CHUNK] for r in res)
+                if (summary_total[s] == tot and len(guessed) == 1
+                        and not any(r[ISSUE] for r in res)):
+                    # pinned only if another h would have changed the step's total (it does not
+                    # when a later request absorbs whatever budget is left)
+                    g = guessed[0]
+                    sensitive = True
+                    for alt in (g[H] - block, g[H] + block):
+                        if g[LO] <= alt <= g[HI]:
+                            alt_res = run_step(s, left, {**over, g[SEG]: alt})
+                            if n_dec + sum(r[CHUNK] for r in alt_res) == tot:
+                                sensitive = False
+                    if sensitive:
+                        pinned.append(int(g[H]))
+                        for r in res:  # nothing in this step is a guess any more
+                            r[GUESS] = r[UNSURE] = False
+        finished = []
+        for r in res:
+            j, chunk = r[SEG], r[CHUNK]
+            if r[ISSUE]:
+                issues[r[ISSUE]] += 1
+            if chunk > 0:
+                m_step.append(s)
+                m_seg.append(j)
+                m_tok.append(chunk)
+                m_done.append(done[j])
+                done[j] += chunk
+            if r[H] is not None:
+                h[j] = r[H]
+                if r[UNSURE]:
+                    ambiguous[j] = True
+            if r[UNSURE]:
+                amb_steps.add(s)
+            if r[COMP]:
+                finished.append(j)
+                if comp[j] == _GREEDY:
+                    dyn_complete[j] = s
+                    if s + 1 <= end[j]:
+                        dyn[s + 1 - s0] += 1
+                        dyn[min(end[j], s1) + 1 - s0] -= 1
+        if finished:
+            fs = set(finished)
+            active = [j for j in active if j not in fs]
+    if caching:
+        # segments that never completed (preempted or aborted during prefill, or greedy ones):
+        # their cached prefix only shifts the offsets; use the guess, leaving >= 1 token to do
+        for j in range(n_seg):
+            if comp[j] != _GREEDY and comp[j] <= end[j]:
+                continue
+            if j in dyn_complete:
+                continue
+            room = ((total[j] - done[j] - 1) // block) * block
+            h[j] = max(0, min(guess or 0, hmax[j], room))
+            ambiguous[j] = True
+    # flag every chunk step of an ambiguous segment (its offsets depend on the guess)
+    if ambiguous.any():
+        amb_seg = np.flatnonzero(ambiguous)
+        ms = np.asarray(m_step, dtype=np.int64)
+        sel = np.isin(np.asarray(m_seg, dtype=np.int64), amb_seg)
+        amb_steps.update(ms[sel].tolist())
+    return _Replay(m_step, m_seg, m_tok, m_done, h, ambiguous, amb_steps, dyn_complete, pinned,
+                   issues)
+
+
+def _interval_sums(first: np.ndarray, last: np.ndarray, base: np.ndarray, s0: int,
+                   n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step s: count of intervals [first, last] covering s, and sum of base + (s - first).
+
+    ``base`` is the value at the interval's first step; the value grows by one per step.
+    """
+    keep = last >= first
+    first, last, base = first[keep] - s0, last[keep] - s0, base[keep]
+    cnt = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(cnt, first, 1)
+    np.add.at(cnt, last + 1, -1)
+    cnt = np.cumsum(cnt)[:n]
+    const = np.zeros(n + 1, dtype=np.float64)
+    np.add.at(const, first, (base - first).astype(np.float64))
+    np.add.at(const, last + 1, -(base - first).astype(np.float64))
+    const = np.cumsum(const)[:n]
+    return cnt, const + np.arange(n) * cnt
+
+
+def summary_convention(batches: pd.DataFrame) -> pd.DataFrame:
+    """The batch counts in ``step.BATCH_SUMMARY``'s convention (recompute chunks as decode).
+
+    Parameters
+    ----------
+    batches
+        Rebuilt batches with the hidden columns ``recompute_reqs`` and ``recompute_tokens``
+        (absent: treated as zero).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``num_prefill_reqs, prefill_tokens, num_decode_reqs, decode_tokens``.
+    """
+    rr = batches["recompute_reqs"] if "recompute_reqs" in batches else 0
+    rt = batches["recompute_tokens"] if "recompute_tokens" in batches else 0
+    return pd.DataFrame({
+        "num_prefill_reqs": batches["num_prefill_reqs"] - rr,
+        "prefill_tokens": batches["prefill_tokens"] - rt,
+        "num_decode_reqs": batches["num_decode_reqs"] + rr,
+        "decode_tokens": batches["decode_tokens"] + rt,
+    }, index=batches.index)
+
+
+def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
+                    experiment_id: str, with_members: bool
+                    ) -> tuple[pd.DataFrame, pd.DataFrame | None, ReconstructionReport]:
+    rep = ReconstructionReport(experiment_id=experiment_id)
+    budget = int(serving.max_num_batched_tokens)
+    block = int(getattr(serving, "block_size", 16))
+    caching = bool(getattr(serving, "prefix_caching", False))
+
+    known = ev["event"].isin(list(_EVENT_RANK))
+    if (~known).any():
+        rep.issues["unknown_event"] += int((~known).sum())
+    ev = ev[known].copy()
+    no_step = ev["step"].isna()
+    if no_step.any():
+        rep.issues["event_without_step"] += int(no_step.sum())
+        ev = ev[~no_step]
+    no_prompt = ev["prefill_total"].isna() & (ev["event"] == "SCHEDULED")
+    if no_prompt.any():
+        rep.issues["scheduled_without_prompt_length"] += int(no_prompt.sum())
+    ev["_rank"] = ev["event"].map(_EVENT_RANK)
+    codes, uniques = pd.factorize(ev["request_id"])
+    ev["_req"] = codes
+    ev["_ts"] = ev["ts_monotonic_ns"].fillna(0).astype("int64")
+    ev["_row"] = np.arange(len(ev))
+    for c in ("prefill_total", "decode_done"):
+        ev[c] = pd.to_numeric(ev[c], errors="coerce").fillna(0).astype("int64")
+    ev["step"] = ev["step"].astype("int64")
+    ev = ev.sort_values(["_req", "step", "_rank", "_ts", "_row"], kind="stable")
+
+    sched = ev["event"] != "QUEUED"
+    have_steps = steps is not None and len(steps) > 0
+    sid = steps["step.id"].to_numpy(dtype=np.int64) if have_steps else np.empty(0, np.int64)
+    lo_candidates = [ev.loc[sched, "step"].min() if sched.any() else None,
+                     sid.min() if sid.size else None]
+    hi_candidates = [ev["step"].max() if len(ev) else None, sid.max() if sid.size else None]
+    lo_candidates = [int(x) for x in lo_candidates if x is not None and not pd.isna(x)]
+    hi_candidates = [int(x) for x in hi_candidates if x is not None and not pd.isna(x)]
+    if not lo_candidates:
+        rep.notes.append("no step ids: nothing to rebuild")
+        empty = pd.DataFrame({"experiment_id": pd.Series([], dtype=str),
+                              "step_id": pd.Series([], dtype="int64")})
+        for c in BATCH_COLUMNS:
+            empty[c] = pd.Series([], dtype="float64")
+        return empty, None, rep
+    s0, s1 = max(min(lo_candidates), 1), max(hi_candidates)
+    n = s1 - s0 + 1
+
+    seg = _segments(ev, s1, rep.issues)
+    # keep segments in admission order: by start step, then the SCHEDULED event's time
+    sched_ev = ev[ev["event"] == "SCHEDULED"]
+    key_ts = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(),
+                          strict=True), sched_ev["_ts"].tolist(), strict=True))
+    key_row = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(), strict=True),
+                       sched_ev["_row"].tolist(), strict=True))
+    order = sorted(range(len(seg.req)), key=lambda j: (
+        seg.start[j], key_ts.get((seg.req[j], seg.start[j]), 0),
+        key_row.get((seg.req[j], seg.start[j]), 0)))
+    for name in ("req", "start", "end", "total", "d_r", "complete"):
+        vals = getattr(seg, name)
+        setattr(seg, name, [vals[j] for j in order])
+    n_seg = len(seg.req)
+    rep.n_steps, rep.n_requests, rep.n_segments = n, len(uniques), n_seg
+
+    s_arr = {k: np.asarray(getattr(seg, k), dtype=np.int64)
+             for k in ("req", "start", "end", "total", "d_r", "complete")}
+    known = (s_arr["complete"] != _GREEDY)
+    dec_first = s_arr["complete"][known] + 1
+    dec_last = s_arr["end"][known]
+    ndec_static, _ = _interval_sums(dec_first, dec_last, s_arr["total"][known], s0, n)
+
+    summary_total: dict[int, int] = {}
+    if have_steps and caching:
+        tot = (steps["batch.prefill_tokens"].astype("float64")
+               + steps["batch.decode_tokens"].astype("float64"))
+        ok = tot.notna().to_numpy()
+        summary_total = dict(zip(sid[ok].tolist(), tot[ok].astype("int64").tolist(), strict=True))
+
+    rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, None, summary_total)
+    if caching and rp.pinned:
+        guess = int(np.median(rp.pinned)) // block * block
+        rep.typical_prefix = float(guess)
+        rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, guess, summary_total)
+        rep.notes.append(f"prefix caching: {len(rp.pinned)} segments pinned by summaries, "
+                         f"typical cached prefix {guess} tokens used for ambiguous ones")
+    elif caching:
+        rep.notes.append("prefix caching: no segment pinned by a summary; ambiguous segments "
+                         "use the smallest cached prefix consistent with the journeys")
+    rep.issues.update(rp.issues)
+    rep.n_prefix_cached = int((rp.h > 0).sum())
+    rep.n_prefix_ambiguous = int(rp.ambiguous.sum())
+    rep.n_ambiguous_steps = len(rp.amb_steps)
+
+    # decode intervals, including the ones of segments completed by the greedy replay
+    comp_all = s_arr["complete"].copy()
+    for j, c in rp.dyn_complete.items():
+        comp_all[j] = c
+    has = comp_all != _GREEDY
+    d_first = comp_all[has] + 1
+    d_last = s_arr["end"][has]
+    # tokens in KV before the first decode = prompt + outputs at schedule time (the recompute /
+    # prefill completion produced one more token, not yet in KV); the decode's context counts
+    # the token being decoded too (``computed + 1``, as prefill_kv_tokens counts o + c)
+    d_base = s_arr["total"][has]
+    ndec, dctx = _interval_sums(d_first, d_last, d_base + 1, s0, n)
+
+    m_step = np.asarray(rp.m_step, dtype=np.int64)
+    m_seg = np.asarray(rp.m_seg, dtype=np.int64)
+    m_tok = np.asarray(rp.m_tok, dtype=np.float64)
+    m_off = np.asarray(rp.m_done, dtype=np.float64) + rp.h[m_seg]
+    m_rec = s_arr["d_r"][m_seg] > 0
+    idx = m_step - s0
+    pre_n = np.bincount(idx, minlength=n).astype(np.float64)
+    pre_tok = np.bincount(idx, weights=m_tok, minlength=n)
+    pairs = np.bincount(idx, weights=m_tok * (m_off + (m_tok + 1) / 2), minlength=n)
+    kvt = np.bincount(idx, weights=m_off + m_tok, minlength=n)
+    rec_n = np.bincount(idx, weights=m_rec.astype(np.float64), minlength=n)
+    rec_tok = np.bincount(idx, weights=m_tok * m_rec, minlength=n)
+
+    step_ids = np.arange(s0, s1 + 1, dtype=np.int64)
+    amb = np.zeros(n, dtype=bool)
+    if rp.amb_steps:
+        amb[np.fromiter(rp.amb_steps, dtype=np.int64, count=len(rp.amb_steps)) - s0] = True
+    batches = pd.DataFrame({
+        "experiment_id": experiment_id,
+        "step_id": step_ids,
+        "sampled": np.isin(step_ids, sid),
+        "num_prefill_reqs": pre_n,
+        "prefill_tokens": pre_tok,
+        "prefill_attn_pairs": pairs,
+        "prefill_kv_tokens": kvt,
+        "num_decode_reqs": ndec.astype(np.float64),
+        "decode_tokens": ndec.astype(np.float64),
+        "decode_ctx_tokens": dctx,
+        "offload_tokens": 0.0,
+        "ctx_approximated": False,
+        "prefix_ambiguous": amb,
+        "recompute_reqs": rec_n,
+        "recompute_tokens": rec_tok,
+    })
+
+    # agreement with the sampled summaries
+    if have_steps:
+        ss = steps.drop_duplicates("step.id").set_index("step.id")
+        common = ss.index.intersection(pd.Index(step_ids))
+        if len(common):
+            rb = summary_convention(batches.set_index("step_id").loc[common])
+            eq = np.ones(len(common), dtype=bool)
+            for c in _COMPARED:
+                obs = ss.loc[common, _SUMMARY_COLS[c]].astype("float64").to_numpy()
+                d = np.abs(rb[c].to_numpy() - obs)
+                rep.mae[c] = float(np.nanmean(d)) if len(d) else 0.0
+                eq &= d == 0
+            rep.n_compared, rep.n_agree = len(common), int(eq.sum())
+
+    members = None
+    if with_members:
+        lens = np.maximum(d_last - d_first + 1, 0)
+        tot_dec = int(lens.sum())
+        rep_seg = np.repeat(np.arange(len(d_first)), lens)
+        within = np.arange(tot_dec) - np.repeat(np.cumsum(lens) - lens, lens)
+        step_all = np.concatenate([m_step, d_first[rep_seg] + within])
+        is_pre = np.concatenate([np.ones(len(m_step), bool), np.zeros(tot_dec, bool)])
+        # by step, decodes first (as scheduled); stable radix sort on one integer key
+        order = np.argsort(step_all * 2 + is_pre, kind="stable")
+        req_all = np.concatenate([s_arr["req"][m_seg], s_arr["req"][has][rep_seg]])
+        members = pd.DataFrame({
+            "experiment_id": pd.Categorical.from_codes(np.zeros(len(order), dtype=np.int8),
+                                                       categories=[experiment_id]),
+            "step_id": step_all[order],
+            "request_id": pd.Categorical.from_codes(req_all[order],
+                                                    categories=pd.Index(uniques).astype(str)),
+            "tokens": np.concatenate([m_tok.astype(np.int64),
+                                      np.ones(tot_dec, dtype=np.int64)])[order],
+            "ctx_offset": np.concatenate([m_off.astype(np.int64),
+                                          d_base[rep_seg] + within])[order],
+            "is_prefill": is_pre[order],
+            "is_recompute": np.concatenate([m_rec, np.zeros(tot_dec, bool)])[order],
+        })
+    return batches, members, rep
+
+
+def reconstruct_batches(journey_events: pd.DataFrame, requests: pd.DataFrame | None,
+                        serving: Any, steps: pd.DataFrame | None = None, *,
+                        with_members: bool = True
+                        ) -> tuple[pd.DataFrame, pd.DataFrame | None, ReconstructionReport]:
+    """Rebuild the batch of every step id from the journeys (reference scheduling policy).
+
+    Parameters
+    ----------
+    journey_events
+        ``journey_events`` table (one or several experiments; column ``experiment_id`` optional).
+    requests
+        ``requests`` table; used to fill a missing ``prefill_total`` from ``prompt_tokens``
+        (may be None).
+    serving
+        :class:`~bayes_latency.physics.serving.ServingConfig` (uses ``max_num_batched_tokens``,
+        ``block_size``, ``prefix_caching``).
+    steps
+        Sampled ``steps`` (``step.BATCH_SUMMARY``) of the same experiment(s), or None. Used to
+        mark sampled steps, pin cached prefixes and measure agreement.
+    with_members
+        Also build the per-(step, request) members table (large: one row per decode token).
+
+    Returns
+    -------
+    batches : pandas.DataFrame
+        One row per step id from the first to the last seen: ``experiment_id, step_id, sampled``,
+        the batch-table columns, ``ctx_approximated`` (False), ``prefix_ambiguous`` and the
+        helper columns ``recompute_reqs, recompute_tokens`` (recompute chunks, included in the
+        prefill columns; see :func:`summary_convention`).
+    members : pandas.DataFrame or None
+        ``experiment_id, step_id, request_id, tokens, ctx_offset, is_prefill, is_recompute``.
+    report : ReconstructionReport
+        Agreement with the sampled summaries and the inconsistencies met.
+    """
+    ev = journey_events
+    if "experiment_id" not in ev.columns:
+        ev = ev.assign(experiment_id="")
+    if requests is not None and len(requests) and ev["prefill_total"].isna().any():
+        pt = requests.drop_duplicates("request_id").set_index("request_id")["prompt_tokens"]
+        ev = ev.assign(prefill_total=ev["prefill_total"].fillna(ev["request_id"].map(pt)))
+    exp_ids = list(dict.fromkeys(ev["experiment_id"].astype(str).tolist()))
+    if not exp_ids and steps is not None and len(steps):
+        exp_ids = list(dict.fromkeys(steps.get("experiment_id", pd.Series([""])).astype(str)))
+    out_b, out_m = [], []
+    report: ReconstructionReport | None = None
+    for eid in exp_ids or [""]:
+        e = ev[ev["experiment_id"].astype(str) == eid]
+        st = steps
+        if st is not None and "experiment_id" in st.columns and len(st):
+            mine = st["experiment_id"].astype(str) == eid
+            if mine.any() or len(exp_ids) > 1:
+                st = st[mine]
+        b, m, r = _one_experiment(e, st, serving, eid, with_members)
+        out_b.append(b)
+        if m is not None:
+            out_m.append(m)
+        report = r if report is None else report.merge(r)
+    batches = pd.concat(out_b, ignore_index=True) if len(out_b) > 1 else out_b[0]
+    members = None
+    if with_members:
+        members = pd.concat(out_m, ignore_index=True) if len(out_m) > 1 else (
+            out_m[0] if out_m else None)
+    assert report is not None
+    return batches, members, report

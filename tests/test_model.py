@@ -1,0 +1,201 @@
+"""The estimator: stage-1 summaries, one module-scoped real fit reused by many checks, save/load."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from obs_factory import make_observations
+
+from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
+from bayes_latency.model.estimator import LatencyModel, fit_command
+from bayes_latency.model.likelihood import row_loglik
+from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_config
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
+from bayes_latency.priors import load_priors
+
+CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-70b", "H100", 4), ("llama-2-70b", "A100", 4),
+           ("mixtral-8x7b", "H100", 2)]
+COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_observations(CONFIGS, n_iter=300, n_win=300, n_alpha=150, seed=3)
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    obs, _ = data
+    return LatencyModel().fit(obs, draws=400, tune=400, chains=2, seed=1)
+
+
+# ---------------------------------------------------------------- stage 1
+def test_summary_recovers_identified_terms_and_is_quadratic():
+    obs, truth = make_observations([("llama-2-70b", "H100", 4)], n_iter=3000, n_win=0, n_alpha=400, seed=5)
+    rows = fit_rows(obs)
+    scale = np.asarray([load_priors().prior_median(c) for c in COEFS])
+    s = summarize_config(rows, COEFS, scale)
+    assert s.converged
+    true = np.asarray([truth[s.config_id][c] for c in COEFS])
+    for name in ("decode_kv", "alpha_arrival", "alpha_per_token"):
+        k = COEFS.index(name)
+        assert abs(s.theta_hat[k] / true[k] - 1) < 0.05, name
+    # terms with no feature in this config carry no information
+    assert not s.active[COEFS.index("moe_layer")]
+    assert np.all(s.info[COEFS.index("moe_layer")] == 0)
+    # the quadratic stand-in tracks the exact log-likelihood for small moves along identified terms
+    X = rows[feature_columns(COEFS)].to_numpy(float)
+    log_y = np.log(rows["value_us"].to_numpy(float))
+    scale_r = np.array([s.noise[k].scale(n) for k, n in zip(rows["kind"], rows["n_steps"], strict=True)]).ravel()
+    nu_r = np.array([s.noise[k].nu for k in rows["kind"]])
+    base = row_loglik(log_y, X, s.theta_hat, scale_r, nu_r).sum()
+    k = COEFS.index("decode_kv")
+    sd = 1 / np.sqrt(s.info[k, k])
+    step = np.zeros(len(COEFS))
+    step[k] = sd
+    exact = row_loglik(log_y, X, s.theta_hat + step, scale_r, nu_r).sum() - base
+    approx = s.quadratic(s.theta_hat + step) - s.quadratic(s.theta_hat)
+    assert exact == pytest.approx(approx, abs=0.1)
+
+
+def test_fit_rows_counts_every_drop():
+    obs, _ = make_observations(CONFIGS[:1], n_iter=50, n_win=10, n_alpha=10)
+    obs.loc[0, "value_us"] = np.nan
+    obs.loc[1, "value_us"] = -3.0
+    obs.loc[2, [c for c in obs.columns if c.startswith("x_")]] = 0.0
+    obs.loc[3, "role"] = "ppc"
+    from bayes_latency.data.report import IngestReport
+
+    rep = IngestReport()
+    rows = fit_rows(obs, rep)
+    assert len(rows) == len(obs) - 4
+    assert rep.dropped["nonpositive_or_nan_value"] == 2
+    assert rep.dropped["invalid_or_zero_features"] == 1
+    assert rep.dropped["role_not_fitted"] == 1
+
+
+# ---------------------------------------------------------------- the fitted model
+def test_result_structure_and_attrs(fitted):
+    r = fitted.result
+    post = r["posterior"]
+    assert set(post["beta"].dims) == {"chain", "draw", "config", "term"}
+    assert list(post["term"].values) == list(DEFAULT_TERMS)
+    assert list(post["alpha_term"].values) == list(ALPHA_TERMS)
+    for key in ("bayes_latency_version", "model_version", "priors_hash", "data_hash", "method"):
+        assert r.attrs[key]
+    assert r.attrs["approximate"] == "false"
+    assert "log_likelihood" in r and r["log_likelihood"]["obs"].sizes["obs"] <= 1000
+
+
+def test_converges_on_small_fleet(fitted):
+    c = fitted.convergence({"min_ess_bulk": 200})
+    assert c["divergences"] == 0, c
+    assert c["max_rhat"] < 1.02, c
+
+
+def test_identified_coefficients_cover_truth(fitted, data):
+    _, truth = data
+    post = fitted.result["posterior"]
+    hits, total = 0, 0
+    for cid in truth:
+        for t in ("prefill_compute", "decode_kv", "tp_allreduce"):
+            if t == "tp_allreduce" and cid.endswith("tp1"):
+                continue
+            q = post["beta"].sel(config=cid, term=t).quantile([0.025, 0.975], dim=("chain", "draw")).values
+            hits += q[0] <= truth[cid][t] <= q[1]
+            total += 1
+    assert hits >= total - 1, (hits, total)
+
+
+def test_unseen_configuration_has_wider_bands(fitted):
+    seen = fitted.coefficients("llama-2-70b", "H100", 4)
+    unseen = fitted.coefficients("llama-3.1-8b", "H100", 1)
+    assert unseen.attrs["unseen_levels"] == "model"
+    w_seen = np.log(seen["beta"].sel(term="decode_kv")).std()
+    w_unseen = np.log(unseen["beta"].sel(term="decode_kv")).std()
+    assert float(w_unseen) > 2 * float(w_seen)
+    assert np.all(np.isfinite(unseen["beta"].values)) and np.all(unseen["beta"].values >= 0)
+
+
+def test_unknown_architecture_or_gpu_is_a_config_error(fitted):
+    with pytest.raises(ConfigError):
+        fitted.coefficients("not-a-model", "H100", 1)
+    with pytest.raises(ConfigError):
+        fitted.coefficients("llama-2-7b", "TPUv9", 1)
+
+
+def test_predict_and_posterior_predictive(fitted, data):
+    obs, _ = data
+    rows = obs[obs["kind"] == "iteration"].head(300)
+    mu = fitted.predict(rows, n_draws=100)
+    assert mu.dims == ("sample", "obs") and mu.shape == (100, 300)
+    med = np.median(mu.values, axis=0)
+    ape = np.abs(med / rows["value_us"].to_numpy() - 1)
+    assert np.median(ape) < 0.1
+    y = fitted.sample_posterior_predictive(rows, n_draws=400)
+    lo, hi = np.quantile(y.values, [0.05, 0.95], axis=0)
+    cover = np.mean((rows["value_us"].to_numpy() >= lo) & (rows["value_us"].to_numpy() <= hi))
+    assert 0.8 <= cover <= 0.98
+
+
+def test_save_load_roundtrip_and_mismatch(fitted, tmp_path):
+    p = fitted.save(tmp_path / "post.nc")
+    m2 = LatencyModel.load(p)
+    a = fitted.coefficients("llama-2-7b", "H100", 1)["beta"].mean("sample")
+    b = m2.coefficients("llama-2-7b", "H100", 1)["beta"].mean("sample")
+    xr.testing.assert_allclose(a, b)
+    # other priors -> refused
+    other = tmp_path / "priors.yaml"
+    text = (load_priors().source_path if hasattr(load_priors(), "source_path") else None)
+    import yaml
+    from pathlib import Path
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "priors" / "default.yaml").read_text())
+    raw["terms"]["per_step"]["median"] = 999.0
+    other.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ModelMismatchError, match="priors"):
+        LatencyModel.load(p, priors=other)
+    del text
+    # another model version -> refused
+    fitted.result.attrs["model_version"] = "0-old"
+    try:
+        fitted.save(tmp_path / "old.nc")
+    finally:
+        from bayes_latency import MODEL_VERSION
+
+        fitted.result.attrs["model_version"] = MODEL_VERSION
+    with pytest.raises(ModelMismatchError, match="model version"):
+        LatencyModel.load(tmp_path / "old.nc")
+
+
+def test_fit_command_fails_loudly_when_not_converged(data, tmp_path):
+    obs, _ = data
+    obs.to_parquet(tmp_path / "observations.parquet")
+    args = argparse.Namespace(tables=str(tmp_path), out=str(tmp_path / "p.nc"), method="laplace-hierarchy",
+                              sampler="nutpie", priors=None, draws=20, tune=20, chains=2, seed=0,
+                              max_rhat=1.01)
+    with pytest.raises(ConvergenceError):
+        fit_command(args)
+    from bayes_latency.cli import main
+
+    code = main(["fit", str(tmp_path), "--out", str(tmp_path / "p2.nc"), "--draws", "20", "--tune", "20"])
+    assert code == 1
+
+
+def test_missing_feature_columns_is_a_clear_error(data):
+    obs, _ = data
+    with pytest.raises(ConfigError, match="x_per_step"):
+        LatencyModel().build(obs.drop(columns=["x_per_step"]))
+
+
+def test_approximate_sampler_is_labelled(data):
+    obs, _ = data
+    small = obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:2])]
+    m = LatencyModel(sampler="laplace").fit(small, draws=200, chains=2)
+    assert m.result.attrs["approximate"] == "true"
+    c = m.convergence()
+    assert c["approximate"] and c["passed"]

@@ -285,10 +285,19 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
     return out, report, recon
 
 
-def _inputs(paths: Sequence[Path], config: Path | None
+#: Files that a shell glob over a fleet folder picks up beside the experiments and that are not
+#: traces (e.g. the fleet's truth.yaml): skipped with a note, never parsed as traces.
+_NOT_TRACES = frozenset({".yaml", ".yml", ".md", ".txt", ".parquet", ".csv", ".png", ".nc"})
+
+
+def _inputs(paths: Sequence[Path], config: Path | None, skipped: list[Path] | None = None
             ) -> list[tuple[Path, dict[str, Any] | None, Path | None, str | None]]:
-    """(trace, cfg, folder, experiment_id) per experiment."""
+    """(trace, cfg, folder, experiment_id) per experiment; non-trace files go to ``skipped``."""
     shared = load_serving_yaml(config) if config is not None else None
+    paths = [Path(p) for p in paths]
+    if skipped is not None:
+        skipped.extend(p for p in paths if p.is_file() and p.suffix.lower() in _NOT_TRACES)
+        paths = [p for p in paths if p not in skipped]
     loose = [p for p in paths if not Path(p).is_dir()]
     items = []
     for p in paths:
@@ -356,7 +365,15 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
     recon: dict[str, Any] = {}
     acc: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
     no_obs = []
-    for trace, cfg, folder, eid in _inputs([Path(p) for p in paths], config):
+    skipped: list[Path] = []
+    inputs = _inputs([Path(p) for p in paths], config, skipped)
+    if skipped:
+        total.notes.append(f"skipped {len(skipped)} non-trace file(s): "
+                           f"{', '.join(p.name for p in skipped)}")
+    if not inputs:
+        raise TraceFormatError("no trace files or experiment folders among the inputs",
+                               file=", ".join(str(p) for p in paths))
+    for trace, cfg, folder, eid in inputs:
         tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
         ids = set()
         for name in ("steps", "requests", "batches"):

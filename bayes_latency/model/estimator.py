@@ -34,7 +34,7 @@ from bayes_latency.errors import (
     ConvergenceError,
     ModelMismatchError,
 )
-from bayes_latency.model.hierarchy import VARIANTS, Design, build_model, prior_arrays
+from bayes_latency.model.hierarchy import VARIANTS, Design, build_model, config_draws, prior_arrays
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
 from bayes_latency.model.summaries import ConfigSummary, feature_columns, fit_rows, summarize
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
@@ -44,6 +44,13 @@ SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
 #: Convergence gates applied by :meth:`LatencyModel.convergence`.
 GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
 LOGLIK_ROWS = 1000
+#: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
+#: funnel-like corners where the ARD tail meets the effect scales).
+TARGET_ACCEPT = 0.95
+#: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
+NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
+               "request_decode": ("step_window", "iteration"),
+               "benchmark_mean": ("iteration",)}
 
 
 def _hash_frame(df: pd.DataFrame) -> str:
@@ -127,17 +134,16 @@ class LatencyModel:
         """The PyMC model for ``observations`` (computes stage-1 summaries when needed)."""
         rows = self._prepare(observations)
         self._rows = rows
-        t0 = time.perf_counter()
-        self.summaries = summarize(rows, self.coefs, self._scale())
-        self.timings["summaries_s"] = time.perf_counter() - t0
-        bad = [s.config_id for s in self.summaries if not s.converged]
-        if bad:
-            self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
         if self.method == "laplace-hierarchy":
+            t0 = time.perf_counter()
+            self.summaries = summarize(rows, self.coefs, self._scale())
+            self.timings["summaries_s"] = time.perf_counter() - t0
+            bad = [s.config_id for s in self.summaries if not s.converged]
+            if bad:
+                self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
             self._noise = {s.config_id: s.noise for s in self.summaries}
             return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries)
-        return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries,
-                           rows=rows)
+        return build_model(self.design, self.priors, variant=self.variant, rows=rows)
 
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 1000, chains: int = 2,
@@ -155,7 +161,7 @@ class LatencyModel:
                 compiled = nutpie.compile_pymc_model(model)
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                                    cores=min(chains, 2), seed=seed, progress_bar=progress,
-                                   adaptation="low_rank")
+                                   adaptation="low_rank", target_accept=TARGET_ACCEPT)
             else:
                 kw: dict = {"nuts_sampler": self.sampler}
                 if self.sampler == "pymc":
@@ -163,9 +169,32 @@ class LatencyModel:
                 dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
                                random_seed=seed, progressbar=progress, **kw)
         self.timings["sampling_s"] = time.perf_counter() - t0
+        self._add_config_draws(dt, seed)
         self.result = self._assemble(dt, model)
         self._add_loglik(seed)
         return self
+
+    def _add_config_draws(self, dt: xr.DataTree, seed: int) -> None:
+        """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
+        post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
+        if "beta" in post or "theta_pop" not in post:
+            return
+        t0 = time.perf_counter()
+        tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
+        sc = post["sigma_config"].transpose("chain", "draw", "coef").values
+        Cn, Dn = tp.shape[:2]
+        theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
+                                    self.summaries, self.design, np.random.default_rng(seed + 7))
+        theta = theta.reshape(tp.shape)
+        if n_neg:
+            self.report.notes.append(f"{n_neg} configuration-coefficient draws below 0 clipped to 0")
+        nb = len(self.terms)
+        post = post.assign(
+            beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
+            alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
+        ).assign_coords(term=list(self.terms), alpha_term=list(self.alpha_terms))
+        dt["posterior"] = xr.DataTree(post)
+        self.timings["config_draws_s"] = time.perf_counter() - t0
 
     def _assemble(self, dt: xr.DataTree, model: pm.Model) -> xr.DataTree:
         groups: dict[str, xr.Dataset] = {"posterior": dt["posterior"].to_dataset()}
@@ -222,9 +251,14 @@ class LatencyModel:
         """Noise parameters of (configuration, kind); the fleet median for unseen ones."""
         if not self._noise:
             self._noise_from_result()
-        p = self._noise.get(cfg, {}).get(kind)
+        mine = self._noise.get(cfg, {})
+        p = mine.get(kind)
         if p is not None:
             return p
+        # kinds that are not fitted (request spans) are sums of steps like step windows
+        for proxy in NOISE_PROXY.get(kind, ()):
+            if proxy in mine:
+                return mine[proxy]
         vals = [n[kind] for n in self._noise.values() if kind in n]
         if not vals:
             return NoiseParams(sigma=0.1, tau=0.0, nu=5.0)
@@ -283,28 +317,27 @@ class LatencyModel:
         rng = np.random.default_rng(seed)
         pa = prior_arrays(self.priors, self.coefs, [gpu])
         K = len(self.coefs)
-        unseen = []
-        if self.variant == "no_pooling":
-            cid = config_id(model, gpu, tp)
-            if cid not in self.design.configs.index:
-                raise ConfigError(f"the no_pooling variant cannot speak for unseen configuration {cid}")
-            logt = np.log(np.concatenate([post["beta"].sel(config=cid).values,
-                                          post["alpha"].sel(config=cid).values], axis=0)).T
+        unseen: list[str] = []
+        cid = config_id(model, gpu, tp)
+        if cid in self.design.configs.index:
+            theta = np.concatenate([post["beta"].sel(config=cid).values,
+                                    post["alpha"].sel(config=cid).values], axis=0).T
+        elif self.variant == "no_pooling":
+            raise ConfigError(f"the no_pooling variant cannot speak for unseen configuration {cid}")
         else:
             logt = post["mu"].values.T + pa.gpu_offset[0][None, :]
             if self.variant != "complete_pooling":
                 for level, value in (("model", model), ("gpu", gpu), ("tp", int(tp))):
                     eff = post[f"eff_{level}"]
-                    levels = list(eff[level].values)
-                    if value in levels:
+                    if value in list(eff[level].values):
                         logt = logt + eff.sel({level: value}).values.T
                     else:
                         unseen.append(level)
                         sig = post[f"sigma_{level}"].values.T  # (S, K)
                         logt = logt + sig * rng.standard_normal((S, K))
-            if self.variant != "no_ard":
-                logt = logt + np.log(post["relevance"].values.T)
-        theta = np.exp(logt)
+            unseen.append("config")
+            sc = post["sigma_config"].values.T
+            theta = np.maximum(np.exp(logt) * (1.0 + sc * rng.standard_normal((S, K))), 0.0)
         if n_draws is not None and n_draws < S:
             idx = np.sort(rng.choice(S, size=n_draws, replace=False))
             theta = theta[idx]
@@ -370,8 +403,9 @@ class LatencyModel:
             th = np.concatenate([post["beta"].sel(config=c).values.reshape(C * D, -1),
                                  post["alpha"].sel(config=c).values.reshape(C * D, -1)], axis=1)
             ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m])
-        return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs"),
-                            coords={"obs": observations["obs_id"].astype(str).to_numpy()}, name="obs")
+        return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs_row"),
+                            coords={"obs_row": observations["obs_id"].astype(str).to_numpy()},
+                            name="obs")
 
     def _add_loglik(self, seed: int) -> None:
         rows = self._rows

@@ -44,6 +44,9 @@ EFFECT_SD: dict[str, float] = {"model": 0.15, "gpu": 0.10, "tp": 0.08}
 """Standard deviation of the log-scale beta effects per factor."""
 
 ALPHA_EFFECT_SD: dict[str, float] = {"model": 0.05, "gpu": 0.04, "tp": 0.03}
+#: Log-scale sd of the configuration residual (what model + GPU + TP effects do not explain):
+#: real fleets are not exactly additive, and the fitted model has this level too.
+CONFIG_SD: float = 0.04
 """Standard deviation of the log-scale alpha effects per factor."""
 
 ALPHA_NOISE_SIGMA: float = 0.1
@@ -139,12 +142,14 @@ def true_coefficients(model: str, gpu: str, tp: int, terms: Sequence[str],
         eb = level_effects(f, levels[f], terms, EFFECT_SD[f], seed)
         ea = level_effects(f, levels[f], alpha_terms, ALPHA_EFFECT_SD[f], seed)
         effects[f] = {**eb, **ea}
+    effects["config"] = level_effects("config", f"{model}|{gpu}|tp{int(tp)}",
+                                      [*terms, *alpha_terms], CONFIG_SD, seed)
     for t in terms:
         mu = POPULATION_BETA.get(t, 0.0)
-        beta[t] = float(mu * np.exp(sum(effects[f][t] for f in FACTORS))) if mu else 0.0
+        beta[t] = float(mu * np.exp(sum(effects[f][t] for f in (*FACTORS, "config")))) if mu else 0.0
     for a in alpha_terms:
         mu = POPULATION_ALPHA.get(a, 0.0)
-        alpha[a] = float(mu * np.exp(sum(effects[f][a] for f in FACTORS))) if mu else 0.0
+        alpha[a] = float(mu * np.exp(sum(effects[f][a] for f in (*FACTORS, "config")))) if mu else 0.0
     return ConfigTruth(model=model, gpu=gpu, tp=int(tp), beta=beta, alpha=alpha, effects=effects)
 
 
@@ -153,11 +158,11 @@ def population_dict(terms: Sequence[str], alpha_terms: Sequence[str]) -> dict[st
     return {
         "beta": {t: float(POPULATION_BETA.get(t, 0.0)) for t in terms},
         "alpha": {a: float(POPULATION_ALPHA.get(a, 0.0)) for a in alpha_terms},
-        "effect_sd": {"beta": dict(EFFECT_SD), "alpha": dict(ALPHA_EFFECT_SD)},
+        "effect_sd": {"beta": dict(EFFECT_SD), "alpha": dict(ALPHA_EFFECT_SD), "config": CONFIG_SD},
         "truly_zero": [t for t in terms if not POPULATION_BETA.get(t, 0.0)],
     }
 
 
-__all__ = ["ALPHA_EFFECT_SD", "ALPHA_NOISE_SIGMA", "EFFECT_SD", "FACTORS", "POPULATION_ALPHA",
+__all__ = ["ALPHA_EFFECT_SD", "ALPHA_NOISE_SIGMA", "CONFIG_SD", "EFFECT_SD", "FACTORS", "POPULATION_ALPHA",
            "POPULATION_BETA", "ConfigTruth", "config_id", "level_effects", "population_dict",
            "true_coefficients"]

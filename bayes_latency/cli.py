@@ -55,6 +55,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from bayes_latency.study.real import main as study_real
+
+    return study_real(Path(args.out), quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``bayes-latency`` (one subparser per subcommand)."""
     p = argparse.ArgumentParser(prog="bayes-latency", description=__doc__.splitlines()[0])
@@ -77,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("tables", help="folder written by `ingest` (or an observations.parquet)")
     s.add_argument("--out", required=True, help="posterior file (.nc)")
     s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
-    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "pathfinder", "laplace"])
+    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
+                   help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
     s.add_argument("--draws", type=int, default=1000)
     s.add_argument("--tune", type=int, default=1000)
@@ -106,8 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results/")
     s.add_argument("--fleet", default="demo")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--draws", type=int, default=2000, help="posterior draws per chain")
     s.set_defaults(func=_cmd_demo)
+
+    s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
+    s.add_argument("name", choices=["real"])
+    s.add_argument("--out", default="results/real")
+    s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
+    s.set_defaults(func=_cmd_study)
     return p
 
 

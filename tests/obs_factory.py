@@ -53,7 +53,7 @@ def truth_for(configs: list[tuple[str, str, int]], seed: int = 1) -> dict[str, d
     et = {t: rng.normal(0, 0.08, len(coefs)) for t in tps}
     out = {}
     for m, g, t in configs:
-        eff = np.exp(em[m] + eg[g] + et[t])
+        eff = np.exp(em[m] + eg[g] + et[t] + rng.normal(0, 0.04, len(coefs)))  # + config residual
         out[f"{m}|{g}|tp{t}"] = {k: POP[k] * eff[i] for i, k in enumerate(coefs)}
     return out
 

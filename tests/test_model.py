@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import yaml
 from obs_factory import make_observations
 
 from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
@@ -151,16 +153,11 @@ def test_save_load_roundtrip_and_mismatch(fitted, tmp_path):
     xr.testing.assert_allclose(a, b)
     # other priors -> refused
     other = tmp_path / "priors.yaml"
-    text = (load_priors().source_path if hasattr(load_priors(), "source_path") else None)
-    import yaml
-    from pathlib import Path
-
     raw = yaml.safe_load((Path(__file__).parents[1] / "priors" / "default.yaml").read_text())
     raw["terms"]["per_step"]["median"] = 999.0
     other.write_text(yaml.safe_dump(raw))
     with pytest.raises(ModelMismatchError, match="priors"):
         LatencyModel.load(p, priors=other)
-    del text
     # another model version -> refused
     fitted.result.attrs["model_version"] = "0-old"
     try:

@@ -33,8 +33,6 @@ raised only for a file that cannot be read or holds no valid line.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -42,13 +40,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.data.jsonl import iter_json_lines
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 
 __all__ = ["KV_EVENT_COLUMNS", "KV_EVENT_TAGS", "read_kv_events"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_MAX_EXAMPLES = 5
 
 #: Columns of the kv-events table.
 KV_EVENT_COLUMNS: tuple[str, ...] = (
@@ -203,71 +201,53 @@ def read_kv_events(path: str | Path, report: IngestReport | None = None) -> pd.D
     if not report.source:
         report.source = str(path)
     cols: dict[str, list] = {c: [] for c in KV_EVENT_COLUMNS}
-    examples: dict[str, int] = {}
     seen_transfers: set[tuple[str, int]] = set()
     n_valid = 0
 
     def line_drop(reason: str, lineno: int) -> None:
-        report.drop(reason)
-        examples[reason] = examples.get(reason, 0) + 1
-        if examples[reason] <= _MAX_EXAMPLES:
-            report.notes.append(f"{reason}: {path}:{lineno}")
+        report.drop_at(reason, f"{path}:{lineno}")
 
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    report.read["blank_lines"] += 1
+    for lineno, doc in iter_json_lines(path, report):
+        if type(doc) is not list or len(doc) < 2 or type(doc[1]) is not list:
+            line_drop("not_kv_batch", lineno)
+            continue
+        ts = _finite_float(doc[0])
+        if ts is None:
+            line_drop("bad_field:ts", lineno)
+            continue
+        rank = doc[2] if len(doc) > 2 else None
+        bstep = doc[3] if len(doc) > 3 else None
+        if rank is not None and _int(rank) is None:
+            line_drop("bad_field:data_parallel_rank", lineno)
+            continue
+        if bstep is not None and _int(bstep) is None:
+            line_drop("bad_field:scheduler_step", lineno)
+            continue
+        n_valid += 1
+        report.read["batches"] += 1
+        for ev in doc[1]:
+            report.read["events"] += 1
+            try:
+                fields = _parse_event(ev)
+            except KeyError:
+                report.drop("unknown_event")
+                continue
+            except _Bad as bad:
+                report.drop(f"bad_field:{bad.args[0]}")
+                continue
+            tag = fields["event"]
+            if "Transfer" in tag:
+                key = (tag, fields["transfer_id"])
+                if key in seen_transfers:
+                    report.drop("duplicate_transfer")
                     continue
-                report.read["lines"] += 1
-                try:
-                    doc = json.loads(raw)
-                except (ValueError, RecursionError):
-                    line_drop("malformed_json", lineno)
-                    continue
-                if type(doc) is not list or len(doc) < 2 or type(doc[1]) is not list:
-                    line_drop("not_kv_batch", lineno)
-                    continue
-                ts = _finite_float(doc[0])
-                if ts is None:
-                    line_drop("bad_field:ts", lineno)
-                    continue
-                rank = doc[2] if len(doc) > 2 else None
-                bstep = doc[3] if len(doc) > 3 else None
-                if rank is not None and _int(rank) is None:
-                    line_drop("bad_field:data_parallel_rank", lineno)
-                    continue
-                if bstep is not None and _int(bstep) is None:
-                    line_drop("bad_field:scheduler_step", lineno)
-                    continue
-                n_valid += 1
-                report.read["batches"] += 1
-                for ev in doc[1]:
-                    report.read["events"] += 1
-                    try:
-                        fields = _parse_event(ev)
-                    except KeyError:
-                        report.drop("unknown_event")
-                        continue
-                    except _Bad as bad:
-                        report.drop(f"bad_field:{bad.args[0]}")
-                        continue
-                    tag = fields["event"]
-                    if "Transfer" in tag:
-                        key = (tag, fields["transfer_id"])
-                        if key in seen_transfers:
-                            report.drop("duplicate_transfer")
-                            continue
-                        seen_transfers.add(key)
-                    fields["ts"] = ts
-                    fields["dp_rank"] = None if rank is None else _int(rank)
-                    fields["batch_step"] = None if bstep is None else _int(bstep)
-                    fields["line"] = lineno
-                    for c in KV_EVENT_COLUMNS:
-                        cols[c].append(fields.get(c))
-    except (OSError, EOFError) as exc:
-        raise TraceFormatError(f"cannot read kv events file: {exc}", file=str(path)) from exc
+                seen_transfers.add(key)
+            fields["ts"] = ts
+            fields["dp_rank"] = None if rank is None else _int(rank)
+            fields["batch_step"] = None if bstep is None else _int(bstep)
+            fields["line"] = lineno
+            for c in KV_EVENT_COLUMNS:
+                cols[c].append(fields.get(c))
     if n_valid == 0:
         raise TraceFormatError("no valid kv-event batch line ([ts, events, rank, step])",
                                file=str(path))

@@ -55,8 +55,6 @@ SCHEDULED and PREEMPTED may legitimately repeat (preemption and resume).
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -66,6 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.data.jsonl import iter_json_lines
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 
@@ -87,7 +86,6 @@ __all__ = [
 _INT, _FLOAT, _STR = 0, 1, 2
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NON_SCALAR = ("arrayValue", "kvlistValue", "bytesValue")
-_MAX_EXAMPLES = 5
 _ABSENT = object()
 
 #: Attributes of ``step.BATCH_SUMMARY`` in the order of the real ``batch_summaries.parquet``.
@@ -806,13 +804,6 @@ def _default_experiment_id(path: Path) -> str:
     return Path(name).stem
 
 
-def _note_example(report: IngestReport, counts: dict[str, int], reason: str, where: str) -> None:
-    """Add ``where`` to the notes for the first few occurrences of ``reason``."""
-    counts[reason] = counts.get(reason, 0) + 1
-    if counts[reason] <= _MAX_EXAMPLES:
-        report.notes.append(f"{reason}: {where}")
-
-
 def read_otlp(path: str | Path, experiment_id: str | None = None,
               report: IngestReport | None = None) -> OtlpTables:
     """Read an OTLP JSON Lines trace file (journey + step tracing) into tables.
@@ -843,49 +834,32 @@ def read_otlp(path: str | Path, experiment_id: str | None = None,
         report.source = str(path)
     exp = experiment_id if experiment_id is not None else _default_experiment_id(path)
     acc = _Acc(str(path), report)
-    examples: dict[str, int] = {}
     n_valid = 0
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    report.read["blank_lines"] += 1
+    for lineno, doc in iter_json_lines(path, report):
+        rss = doc.get("resourceSpans") if type(doc) is dict else None
+        if type(rss) is not list:
+            report.drop_at("not_otlp", f"{path}:{lineno}")
+            continue
+        n_valid += 1
+        for rs in rss:
+            sss = rs.get("scopeSpans") if type(rs) is dict else None
+            if type(sss) is not list:
+                report.drop("bad_field:resourceSpans")
+                continue
+            for ss in sss:
+                if type(ss) is not dict:
+                    report.drop("bad_field:scopeSpans")
                     continue
-                report.read["lines"] += 1
-                try:
-                    doc = json.loads(raw)
-                except (ValueError, RecursionError):
-                    report.drop("malformed_json")
-                    _note_example(report, examples, "malformed_json", f"{path}:{lineno}")
+                scope = ss.get("scope")
+                scope_name = scope.get("name") if type(scope) is dict else None
+                spans = ss.get("spans")
+                if spans is None:
                     continue
-                rss = doc.get("resourceSpans") if type(doc) is dict else None
-                if type(rss) is not list:
-                    report.drop("not_otlp")
-                    _note_example(report, examples, "not_otlp", f"{path}:{lineno}")
+                if type(spans) is not list:
+                    report.drop("bad_field:spans")
                     continue
-                n_valid += 1
-                for rs in rss:
-                    sss = rs.get("scopeSpans") if type(rs) is dict else None
-                    if type(sss) is not list:
-                        report.drop("bad_field:resourceSpans")
-                        continue
-                    for ss in sss:
-                        if type(ss) is not dict:
-                            report.drop("bad_field:scopeSpans")
-                            continue
-                        scope = ss.get("scope")
-                        scope_name = scope.get("name") if type(scope) is dict else None
-                        spans = ss.get("spans")
-                        if spans is None:
-                            continue
-                        if type(spans) is not list:
-                            report.drop("bad_field:spans")
-                            continue
-                        for sp in spans:
-                            acc.span(sp, scope_name)
-    except (OSError, EOFError) as exc:  # missing file, directory, bad gzip stream ...
-        raise TraceFormatError(f"cannot read trace file: {exc}", file=str(path)) from exc
+                for sp in spans:
+                    acc.span(sp, scope_name)
     if n_valid == 0:
         raise TraceFormatError("no valid OTLP JSON line (expected objects with 'resourceSpans')",
                                file=str(path))

@@ -32,6 +32,12 @@ class IngestReport:
         """Count ``n`` records dropped for ``reason``."""
         self.dropped[reason] += n
 
+    def drop_at(self, reason: str, where: str, max_examples: int = 5) -> None:
+        """Count one record dropped for ``reason``; note the first ``max_examples`` places."""
+        self.dropped[reason] += 1
+        if self.dropped[reason] <= max_examples:
+            self.notes.append(f"{reason}: {where}")
+
     def merge(self, other: IngestReport) -> IngestReport:
         """Add the counts of ``other`` into this report and return self."""
         self.read.update(other.read)

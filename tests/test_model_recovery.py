@@ -1,0 +1,97 @@
+"""Prior predictive check on real data (fast) and parameter recovery on a synthetic fleet (slow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayes_latency.physics.basis import DEFAULT_TERMS
+from bayes_latency.priors import load_priors
+
+
+def _real_iteration_rows(real_dir) -> pd.DataFrame:
+    from bayes_latency.data.observations import observations_from_iterations
+    from bayes_latency.data.steps import iterations_from_steps, load_step_table
+    from bayes_latency.physics.architecture import load_architecture
+    from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.serving import ServingConfig
+
+    steps = load_step_table(real_dir / "h100-steps" / "batch_summaries.parquet")
+    its = iterations_from_steps(steps)
+    frames = []
+    for exp, g in its.groupby("experiment_id"):
+        model = "llama-2-70b" if "70b" in exp else "codellama-34b"
+        tp = 4 if "tp4" in exp else 2
+        serving = ServingConfig(tp=tp, max_num_batched_tokens=2048, max_num_seqs=128)
+        obs = observations_from_iterations(g, load_architecture(model), load_gpu("H100"), serving,
+                                           experiment_id=exp)
+        frames.append(obs)
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.real
+def test_prior_predictive_covers_real_h100_iterations(real_dir):
+    """Iteration times drawn from the priors alone cover the real ones within their 95% band."""
+    rows = _real_iteration_rows(real_dir)
+    assert len(rows) > 1000
+    pri = load_priors()
+    rng = np.random.default_rng(0)
+    S = 4000
+    logb = np.stack([rng.normal(*pri.log_mean_sd(t, "H100"), S) for t in DEFAULT_TERMS], axis=1)
+    X = rows[[f"x_{t}" for t in DEFAULT_TERMS]].to_numpy(float)
+    mu = np.exp(logb) @ X.T  # (S, n)
+    noise = np.exp(0.1 * rng.standard_t(4, size=mu.shape))
+    lo, hi = np.quantile(mu * noise, [0.025, 0.975], axis=0)
+    y = rows["value_us"].to_numpy(float)
+    inside = (y >= lo) & (y <= hi)
+    assert inside.mean() >= 0.95, inside.mean()
+    # and the band is not absurdly wide: its median width is under two orders of magnitude
+    assert np.median(np.log10(hi / lo)) < 2.0
+
+
+@pytest.fixture(scope="module")
+def small_fleet(tmp_path_factory):
+    from bayes_latency.data.experiment import ingest, load_tables
+    from bayes_latency.synth.fleet import simulate_fleet
+
+    tmp = tmp_path_factory.mktemp("small")
+    folders = simulate_fleet("demo", tmp / "fleet", seed=3, progress=False)
+    ingest(folders, tmp / "tables")
+    return tmp, load_tables(tmp / "tables")["observations"]
+
+
+@pytest.mark.slow
+def test_recovery_coverage_and_zero_terms(small_fleet):
+    from bayes_latency.demo import _truth, recovery_table
+    from bayes_latency.model.estimator import LatencyModel
+
+    tmp, obs = small_fleet
+    m = LatencyModel().fit(obs, draws=1500, tune=1000, seed=3)
+    conv = m.convergence()
+    assert conv["divergences"] <= 2 and conv["max_rhat"] < 1.02, conv
+    rec = recovery_table(m, _truth(tmp / "fleet"))
+    nz = rec[rec["truth"] > 0]
+    assert nz["covered_90"].mean() >= 0.90, nz.groupby("coef")["covered_90"].mean()
+    # a truly-zero term the data can see ends far below its prior
+    dc = rec[rec["coef"] == "decode_compute"]
+    prior_mean = float(np.exp(np.log(load_priors().prior_median("decode_compute")) + 0.5))
+    assert dc["mean"].mean() < 0.05 * prior_mean
+
+
+@pytest.mark.slow
+def test_leave_one_model_out(small_fleet):
+    from bayes_latency.model.estimator import LatencyModel
+
+    _, obs = small_fleet
+    held = "codellama-34b"
+    m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, tune=1000, seed=4)
+    rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]
+    y = m.sample_posterior_predictive(rows, n_draws=400).values
+    obs_v = rows["value_us"].to_numpy(float)
+    med = np.median(y, axis=0)
+    mdape = float(np.median(np.abs(med / obs_v - 1)))
+    lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
+    cover = float(np.mean((obs_v >= lo) & (obs_v <= hi)))
+    assert mdape < 0.10, mdape
+    assert 0.85 <= cover <= 0.99, cover

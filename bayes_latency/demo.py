@@ -119,7 +119,7 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 2000) -
     held = config_id(*HELD_OUT)
     train = obs[obs["config_id"] != held]
     model = LatencyModel()
-    model.fit(train, draws=draws, tune=1000, chains=2, seed=seed)
+    model.fit(train, draws=draws, tune=1000, chains=2, seed=seed, target_accept=0.99)
     posterior = model.save(out / "posterior.nc")
     conv = model.convergence()
     pr.step("fit", f"{len(model.design.configs)} configurations, {len(model._rows):,} rows; "

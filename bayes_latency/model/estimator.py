@@ -147,8 +147,13 @@ class LatencyModel:
 
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 1000, chains: int = 2,
-            seed: int = 0, progress: bool = False) -> LatencyModel:
-        """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after."""
+            seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT
+            ) -> LatencyModel:
+        """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.
+
+        ``target_accept`` is NUTS's step-size target (nutpie and PyMC); raise it towards 0.99 when
+        a few divergences remain.
+        """
         model = self.build(observations)
         t0 = time.perf_counter()
         with model:
@@ -161,9 +166,9 @@ class LatencyModel:
                 compiled = nutpie.compile_pymc_model(model)
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                                    cores=min(chains, 2), seed=seed, progress_bar=progress,
-                                   adaptation="low_rank", target_accept=TARGET_ACCEPT)
+                                   adaptation="low_rank", target_accept=target_accept)
             else:
-                kw: dict = {"nuts_sampler": self.sampler}
+                kw: dict = {"nuts_sampler": self.sampler, "target_accept": target_accept}
                 if self.sampler == "pymc":
                     kw["compute_convergence_checks"] = False
                 dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),

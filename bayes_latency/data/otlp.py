@@ -344,6 +344,20 @@ class OtlpTables:
 # ---------------------------------------------------------------------------------------------
 # Accumulator
 # ---------------------------------------------------------------------------------------------
+def _event_attrs(ev: dict, spec: Any, required: tuple[str, ...], rep: IngestReport) -> dict | None:
+    """Parsed attributes of a step event, or None after counting why it was dropped."""
+    try:
+        ea = _parse_attrs(ev.get("attributes"), spec, rep)
+    except _Bad as bad:
+        rep.drop(f"bad_field:{bad.args[0]}")
+        return None
+    for key in required:
+        if key not in ea:
+            rep.drop(f"missing_field:{key}")
+            return None
+    return ea
+
+
 class _Acc:
     """Column lists filled while streaming; turned into DataFrames by :meth:`tables`."""
 
@@ -526,27 +540,14 @@ class _Acc:
                 continue
             name = ev.get("name")
             if name == "step.BATCH_SUMMARY":
-                try:
-                    ea = _parse_attrs(ev.get("attributes"), _STEP_SPEC, rep)
-                except _Bad as bad:
-                    rep.drop(f"bad_field:{bad.args[0]}")
-                    continue
-                if "step.id" not in ea:
-                    rep.drop("missing_field:step.id")
+                ea = _event_attrs(ev, _STEP_SPEC, ("step.id",), rep)
+                if ea is None:
                     continue
                 for c in STEP_COLUMNS:
                     steps[c].append(ea.get(c))
             elif name == "step.REQUEST_SNAPSHOT":
-                try:
-                    ea = _parse_attrs(ev.get("attributes"), _SNAPSHOT_SPEC, rep)
-                except _Bad as bad:
-                    rep.drop(f"bad_field:{bad.args[0]}")
-                    continue
-                if "step.id" not in ea:
-                    rep.drop("missing_field:step.id")
-                    continue
-                if "request.id" not in ea:
-                    rep.drop("missing_field:request.id")
+                ea = _event_attrs(ev, _SNAPSHOT_SPEC, ("step.id", "request.id"), rep)
+                if ea is None:
                     continue
                 snaps["step_id"].append(ea["step.id"])
                 snaps["request_id"].append(ea["request.id"])

@@ -131,9 +131,10 @@ class MarginalLoglik(Op):
         output_storage[1][0] = dm
         output_storage[2][0] = dsig
 
-    def grad(self, inputs, output_grads):  # noqa: ANN001
-        _, dm, dsig = self(*inputs)
-        gz = output_grads[0]
+    def pullback(self, inputs, outputs, cotangents):  # noqa: ANN001
+        """Vector-Jacobian product: the analytic gradient outputs times the value's cotangent."""
+        _, dm, dsig = outputs
+        gz = cotangents[0]
         zeros = [pt.zeros_like(x) for x in inputs[2:]]
         return [gz * dm, gz * dsig, *zeros]
 

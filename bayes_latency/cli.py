@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results/")
     s.add_argument("--fleet", default="demo")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--draws", type=int, default=2000, help="posterior draws per chain")
+    s.add_argument("--draws", type=int, default=3000, help="posterior draws per chain")
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")

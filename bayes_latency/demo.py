@@ -99,7 +99,7 @@ def _fmt_pct(x: float) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:+.1f}%"
 
 
-def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 2000) -> int:
+def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 3000) -> int:
     """Run the demo into ``out`` (see module docstring); 0 when every gate passes, else 1."""
     from bayes_latency.checks.diagnostics import diagnose, run_checks
     from bayes_latency.checks.ppc import FixedCoefficientModel, request_ppc, workload_ppc

@@ -848,16 +848,15 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
                 "In-sample errors above 20% (" + ", ".join(
                     f"{r['config_id']} {r['kind']} {r['mdape_pct']:.0f}%"
                     for _, r in bad.iterrows())
-                + ") mean the posterior does not reproduce data it was fitted on. Two causes are "
-                "visible here: (1) on the fast path the configuration coefficients are drawn "
-                "from a Gaussian around the stage-1 optimum and then clipped at 0 (see the note "
-                "above); where the features are collinear (decode-only steps: `decode_compute`, "
-                "`tp_allreduce` and `per_request` all scale with the decode batch; "
-                "`weight_loading`, `per_layer`, `per_step` are constant) the Gaussian puts much "
-                "mass on negative values and the clipping breaks the sum; (2) for Llama-2-70B "
-                "H100 TP4 the Splitwise microbenchmarks and the real vLLM run disagree (different "
-                "serving stacks) and share one coefficient vector, so the stage-1 fit gives the "
-                "`benchmark_mean` rows a very large noise.\n")
+                + ") mean the posterior does not reproduce data it was fitted on. The cause "
+                "visible here: for Llama-2-70B H100 TP4 the Splitwise microbenchmarks and the "
+                "real vLLM run disagree (different serving stacks) and share one coefficient "
+                "vector, so the stage-1 fit gives the `benchmark_mean` rows a very large noise. "
+                "(An earlier version clipped negative configuration-coefficient draws at 0, which "
+                "broke the sums that collinear terms are measured by - `decode_compute`, "
+                "`tp_allreduce` and `per_request` all scale with the decode batch on decode-only "
+                "steps - and gave 370% in-sample error on CodeLlama; draws now come from the "
+                "truncated conditional.)\n")
     L.append("## Per-term posteriors (beta), per configuration\n")
     L.append("Posterior mean [5%, 95%]. Roofline terms are dimensionless multipliers of an ideal "
              "time (1 = roofline); `per_layer` µs/layer, `per_request` µs/request, `per_step` µs. "

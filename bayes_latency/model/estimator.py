@@ -503,13 +503,13 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     ip = model.initial_point()
     vars_ = model.value_vars
     flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
-    sizes0 = [int(np.prod(ip[v.name].shape)) for v in vars_]
-    shapes0 = [ip[v.name].shape for v in vars_]
+    sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
+    shapes = [ip[v.name].shape for v in vars_]
     dlogp = model.compile_dlogp(vars=model.free_RVs)
 
     def unpack(x: np.ndarray) -> dict:
         out, i = {}, 0
-        for v, sz, shp in zip(vars_, sizes0, shapes0, strict=True):
+        for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
             out[v.name] = x[i:i + sz].reshape(shp)
             i += sz
         return out
@@ -530,15 +530,10 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     # map unconstrained draws to all model variables
     names = [v.name for v in model.unobserved_RVs]
     fn = pytensor.function(vars_, [model[nm] for nm in names], on_unused_input="ignore")
-    sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
-    shapes = [ip[v.name].shape for v in vars_]
     out = {nm: [] for nm in names}
     for row in draws:
-        parts, i = [], 0
-        for sz, shp in zip(sizes, shapes, strict=True):
-            parts.append(row[i:i + sz].reshape(shp))
-            i += sz
-        for nm, val in zip(names, fn(*parts), strict=True):
+        point = unpack(row)
+        for nm, val in zip(names, fn(*[point[v.name] for v in vars_]), strict=True):
             out[nm].append(val)
     per = n // chains
     ds = {}

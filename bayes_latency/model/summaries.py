@@ -31,7 +31,7 @@ import pandas as pd
 from scipy import optimize, special
 
 from bayes_latency.data.report import IngestReport
-from bayes_latency.model.likelihood import WINDOW_KINDS, NoiseParams, student_t_logpdf
+from bayes_latency.model.likelihood import FIT_ROLES, WINDOW_KINDS, NoiseParams, student_t_logpdf
 
 NU_BOUNDS = (1.5, 200.0)
 #: Ridge (in coefficient / prior-median units) that pins directions the data leave flat.
@@ -80,7 +80,7 @@ def fit_rows(observations: pd.DataFrame, report: IngestReport | None = None) -> 
     report = report if report is not None else IngestReport(source="fit rows")
     if "role" not in observations:
         raise ValueError("observation table has no 'role' column")
-    rows = observations[observations["role"].isin(["beta", "alpha"])]
+    rows = observations[observations["role"].isin(FIT_ROLES)]
     report.read["observations"] += len(observations)
     report.dropped["role_not_fitted"] += len(observations) - len(rows)
     v = rows["value_us"].to_numpy(dtype=float)
@@ -278,8 +278,6 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
             converged = True
             break
         f_prev = f_now
-    res = optimize.OptimizeResult(x=np.concatenate([u, eta]), success=converged, message=message)
-    u, eta = res.x[:K], res.x[K:]
     f, gu, ge = p.negloglik(u, eta)
     # observed information in u, noise profiled out (Schur complement)
     Huu = -p.hess_uu(u, eta)
@@ -323,8 +321,8 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
     return ConfigSummary(
         config_id=str(first["config_id"]), model=str(first["model"]), gpu=str(first["gpu"]),
         tp=int(first["tp"]), coefs=tuple(coefs), theta_hat=theta_hat, grad=grad, info=info,
-        noise=p.noise_params(eta), n_rows=n_rows, loglik=-f, converged=bool(res.success),
-        message=str(res.message), active=p.active.copy(),
+        noise=p.noise_params(eta), n_rows=n_rows, loglik=-f, converged=converged,
+        message=message, active=p.active.copy(),
     )
 
 

@@ -326,6 +326,21 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
     s = 0
     t = q_sorted[0] + int(wake_lo) if n else 0
     n_fin_prev = 0
+    n_preempted = 0
+
+    def preempt() -> _Req:
+        """Preempt the last running request (recompute later): free its blocks, requeue it first."""
+        nonlocal free, n_preempted
+        v = running.pop()
+        free += v.nblocks - v.shared
+        v.nblocks = v.shared = v.computed = 0
+        v.npre += 1
+        v.resumed = True
+        waiting.appendleft(v)
+        ev((v.idx, EV_PREEMPTED, s, v.hw, v.out, v.npre))
+        n_preempted += 1
+        return v
+
     while True:
         while nxt < n and q_sorted[nxt] < t:
             waiting.append(arrivals[nxt])
@@ -353,14 +368,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
                 if r.computed // bs + 1 > r.nblocks:      # needs one more block
                     ok = True
                     while free < 1:
-                        v = running.pop()
-                        free += v.nblocks - v.shared
-                        v.nblocks = v.shared = v.computed = 0
-                        v.npre += 1
-                        v.resumed = True
-                        waiting.appendleft(v)
-                        ev((v.idx, EV_PREEMPTED, s, v.hw, v.out, v.npre))
-                        n_preempted += 1
+                        v = preempt()
                         if v is r:
                             ok = False
                             break
@@ -395,20 +403,13 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
                 need = -(-(r.computed + c) // bs) - r.nblocks
                 if need <= free:
                     break
-                v = running.pop()
+                v = preempt()
                 if v.sched:                                # withdraw its decode of this step
                     dec.remove(v)
                     ndec -= 1
                     ctx -= v.computed + 1
                     budget += 1
                     v.sched = 0
-                free += v.nblocks - v.shared
-                v.nblocks = v.shared = v.computed = 0
-                v.npre += 1
-                v.resumed = True
-                waiting.appendleft(v)
-                ev((v.idx, EV_PREEMPTED, s, v.hw, v.out, v.npre))
-                n_preempted += 1
                 if v is r:
                     ok = False
                     break

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,6 +345,19 @@ class OtlpTables:
 # ---------------------------------------------------------------------------------------------
 # Accumulator
 # ---------------------------------------------------------------------------------------------
+def _named_events(events: list, rep: IngestReport) -> Iterator[tuple[dict, str]]:
+    """The events of a span that are objects with a string name; others are counted drops."""
+    for ev in events:
+        if type(ev) is not dict:
+            rep.drop("bad_field:event")
+            continue
+        name = ev.get("name")
+        if type(name) is not str:
+            rep.drop("bad_field:name")
+            continue
+        yield ev, name
+
+
 def _event_attrs(ev: dict, spec: Any, required: tuple[str, ...], rep: IngestReport) -> dict | None:
     """Parsed attributes of a step event, or None after counting why it was dropped."""
     try:
@@ -442,14 +456,7 @@ class _Acc:
         rep = self.report
         times: dict[str, float | None] = {}
         reason = None
-        for ev in events:
-            if type(ev) is not dict:
-                rep.drop("bad_field:event")
-                continue
-            name = ev.get("name")
-            if type(name) is not str:
-                rep.drop("bad_field:name")
-                continue
+        for ev, name in _named_events(events, rep):
             if name not in _API_EVENTS:
                 rep.drop("unknown_event")
                 continue
@@ -497,14 +504,7 @@ class _Acc:
         if prev is None or (trace_id, span_id) < (prev[0], prev[1]):
             self.cores[rid] = (trace_id, span_id, parent)
         je = self.je
-        for ev in events:
-            if type(ev) is not dict:
-                rep.drop("bad_field:event")
-                continue
-            name = ev.get("name")
-            if type(name) is not str:
-                rep.drop("bad_field:name")
-                continue
+        for ev, name in _named_events(events, rep):
             try:
                 ea = _parse_attrs(ev.get("attributes"), _JOURNEY_SPEC, rep)
             except _Bad as bad:
@@ -534,11 +534,7 @@ class _Acc:
     def _step_span(self, events: list) -> None:
         rep = self.report
         steps, snaps = self.steps, self.snaps
-        for ev in events:
-            if type(ev) is not dict:
-                rep.drop("bad_field:event")
-                continue
-            name = ev.get("name")
+        for ev, name in _named_events(events, rep):
             if name == "step.BATCH_SUMMARY":
                 ea = _event_attrs(ev, _STEP_SPEC, ("step.id",), rep)
                 if ea is None:
@@ -553,8 +549,6 @@ class _Acc:
                 snaps["request_id"].append(ea["request.id"])
                 for c in _SNAPSHOT_ATTRS:
                     snaps[c].append(ea.get(c))
-            elif type(name) is not str:
-                rep.drop("bad_field:name")
             else:
                 rep.drop("unknown_event")
 

@@ -11,5 +11,5 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+local"
 
-MODEL_VERSION = "1"
+MODEL_VERSION = "2"
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chains", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)
+    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--target-accept", type=float, default=0.95,
+                   help="NUTS step-size target; 0.99 when a few divergences remain")
     s.set_defaults(func=_cmd_fit)
 
     s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")

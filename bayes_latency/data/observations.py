@@ -56,6 +56,8 @@ from bayes_latency.physics.basis import (
 
 __all__ = [
     "BASE_COLUMNS",
+    "DEFAULT_STACK",
+    "config_id",
     "EXTRA_COLUMNS",
     "LONG_GAP_FACTOR",
     "MIN_CALIBRATION",
@@ -66,8 +68,21 @@ __all__ = [
     "observations_from_microbench",
 ]
 
+DEFAULT_STACK = "vllm"
+"""Serving software of trace-derived rows; other stacks (e.g. ``splitwise`` microbenchmarks) get
+their own configurations and a ``stack`` level in the hierarchy."""
+
+
+def config_id(model: str, gpu: str, tp: int, stack: str = DEFAULT_STACK) -> str:
+    """The configuration key of the observation table: ``model|gpu|tpN`` (``|stack`` appended
+    for stacks other than vLLM)."""
+    base = f"{model}|{gpu}|tp{int(tp)}"
+    return base if stack == DEFAULT_STACK else f"{base}|{stack}"
+
+
 BASE_COLUMNS: tuple[str, ...] = (
-    "obs_id", "kind", "experiment_id", "workload", "model", "gpu", "tp", "config_id", "value_us",
+    "obs_id", "kind", "experiment_id", "workload", "model", "gpu", "tp", "stack", "config_id",
+    "value_us",
     "n_steps", "step_first", "step_last", "aggregate", "role", "max_num_batched_tokens",
     "max_num_seqs", "ep",
 )
@@ -115,7 +130,8 @@ def _finish(frames: list[pd.DataFrame], terms: Sequence[str]) -> pd.DataFrame:
         df[c] = df[c].astype("Int64")
     for c in ("anchor_exact", "ctx_approximated"):
         df[c] = df[c].fillna(False).astype(bool)
-    for c in ("obs_id", "kind", "experiment_id", "workload", "model", "gpu", "config_id",
+    df["stack"] = df["stack"].fillna(DEFAULT_STACK)
+    for c in ("obs_id", "kind", "experiment_id", "workload", "model", "gpu", "stack", "config_id",
               "aggregate", "role"):
         df[c] = df[c].astype(str)
     return df.reset_index(drop=True)
@@ -144,12 +160,12 @@ def _rows(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[s
 
 
 def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gpu: Any,
-           serving: Any) -> pd.DataFrame:
+           serving: Any, stack: str = DEFAULT_STACK) -> pd.DataFrame:
     """Add configuration columns and obs ids (``experiment/kind/k``)."""
     model, gname, tp = str(arch.name), str(gpu.name), int(serving.tp)
     df["experiment_id"], df["workload"] = experiment_id, workload
-    df["model"], df["gpu"], df["tp"] = model, gname, tp
-    df["config_id"] = f"{model}|{gname}|tp{tp}"
+    df["model"], df["gpu"], df["tp"], df["stack"] = model, gname, tp, stack
+    df["config_id"] = config_id(model, gname, tp, stack)
     df["max_num_batched_tokens"] = int(serving.max_num_batched_tokens)
     df["max_num_seqs"] = int(serving.max_num_seqs)
     df["ep"] = int(serving.ep)
@@ -549,7 +565,8 @@ _SPLITWISE_MODELS = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b",
 
 
 def observations_from_microbench(df: pd.DataFrame, terms: Sequence[str] = DEFAULT_TERMS,
-                                 report: IngestReport | None = None) -> pd.DataFrame:
+                                 report: IngestReport | None = None,
+                                 stack: str = "splitwise") -> pd.DataFrame:
     """``benchmark_mean`` rows from static-batch microbenchmarks (Splitwise format).
 
     Parameters
@@ -561,6 +578,12 @@ def observations_from_microbench(df: pd.DataFrame, terms: Sequence[str] = DEFAUL
         averaged into one row.
     terms
         Term set.
+    stack
+        Serving software the benchmark ran on (Splitwise's own harness by default): its rows
+        form configurations of their own (``model|gpu|tpN|stack``), and the hierarchy gives the
+        stack an effect, because a static-batch harness is not the traced vLLM server (measured:
+        Llama-2-70B H100 TP4 decode at batch 1 takes 29.4 ms in Splitwise, while the vLLM run's
+        median step at batch ~43 is 19.0 ms).
     report
         Counts of points kept/skipped (unknown model or GPU).
 
@@ -635,6 +658,6 @@ def observations_from_microbench(df: pd.DataFrame, terms: Sequence[str] = DEFAUL
         out = pd.concat(parts, ignore_index=True)
         out = _nullable_steps(out)
         frames.append(_label(out, experiment_id=eid, workload="splitwise", arch=arch, gpu=gpu,
-                             serving=serving))
+                             serving=serving, stack=stack))
         report.kept["benchmark_mean"] += len(out)
     return _finish(frames, terms)

@@ -27,6 +27,8 @@ import pymc as pm
 import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
+from bayes_latency.data.identifiability import IdentifiabilityReport, identifiability
+from bayes_latency.data.observations import DEFAULT_STACK, config_id
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import (
     BayesLatencyError,
@@ -56,11 +58,6 @@ NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
 def _hash_frame(df: pd.DataFrame) -> str:
     h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
     return hashlib.sha256(h.tobytes()).hexdigest()[:16]
-
-
-def config_id(model: str, gpu: str, tp: int) -> str:
-    """The configuration key used in the observation table."""
-    return f"{model}|{gpu}|tp{int(tp)}"
 
 
 class LatencyModel:
@@ -106,6 +103,7 @@ class LatencyModel:
         self.design: Design | None = None
         self.summaries: list[ConfigSummary] | None = None
         self.report = IngestReport(source="fit")
+        self.identifiability: IdentifiabilityReport | None = None
         self._noise: dict[str, dict[str, NoiseParams]] = {}
         self.timings: dict[str, float] = {}
 
@@ -122,12 +120,20 @@ class LatencyModel:
         rows = fit_rows(observations, self.report)
         if rows.empty:
             raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
-        configs = (rows[["config_id", "model", "gpu", "tp"]].drop_duplicates("config_id")
+        if "stack" not in rows.columns:  # tables written before the stack level existed
+            rows = rows.assign(stack=DEFAULT_STACK)
+        configs = (rows[["config_id", "model", "gpu", "tp", "stack"]].drop_duplicates("config_id")
                    .set_index("config_id").sort_index())
         configs["tp"] = configs["tp"].astype(int)
         self.design = Design(self.coefs, self.terms, self.alpha_terms, configs)
         self._data_hash = _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"]
                                            + feature_columns(self.coefs)])
+        self.identifiability = identifiability(rows, self.coefs, self._scale())
+        for g in self.identifiability.confounded_everywhere:
+            self.report.notes.append(
+                f"no configuration separates {'+'.join(g)}: the rows identify only a combination; "
+                "their split comes from the hierarchy (differences between configurations) and "
+                "the priors")
         return rows
 
     def build(self, observations: pd.DataFrame) -> pm.Model:
@@ -213,7 +219,8 @@ class LatencyModel:
         const = xr.Dataset(
             {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
              "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
-             "config_tp": ("config", d.configs["tp"].to_numpy().astype(int))},
+             "config_tp": ("config", d.configs["tp"].to_numpy().astype(int)),
+             "config_stack": ("config", d.configs["stack"].to_numpy().astype(str))},
             coords={"config": list(d.configs.index)})
         groups["constant_data"] = const
         groups["summaries"] = self._noise_dataset()
@@ -305,7 +312,7 @@ class LatencyModel:
         return model, gpu
 
     def coefficients(self, model: str, gpu: str, tp: int, n_draws: int | None = None,
-                     seed: int = 0) -> xr.Dataset:
+                     seed: int = 0, stack: str = DEFAULT_STACK) -> xr.Dataset:
         """Posterior draws of beta and alpha for any configuration.
 
         Levels (model, GPU, TP degree) seen in the data use their fitted effects; unseen levels
@@ -325,7 +332,7 @@ class LatencyModel:
         pa = prior_arrays(self.priors, self.coefs, [gpu])
         K = len(self.coefs)
         unseen: list[str] = []
-        cid = config_id(model, gpu, tp)
+        cid = config_id(model, gpu, tp, stack)
         if cid in self.design.configs.index:
             theta = np.concatenate([post["beta"].sel(config=cid).values,
                                     post["alpha"].sel(config=cid).values], axis=0).T
@@ -334,7 +341,12 @@ class LatencyModel:
         else:
             logt = post["mu"].values.T + pa.gpu_offset[0][None, :]
             if self.variant != "complete_pooling":
-                for level, value in (("model", model), ("gpu", gpu), ("tp", int(tp))):
+                levels = [("model", model), ("gpu", gpu), ("tp", int(tp))]
+                if "eff_stack" in post:
+                    levels.append(("stack", stack))
+                elif stack not in self.design.stacks:
+                    raise ConfigError(f"stack {stack!r}: the fit saw only {self.design.stacks}")
+                for level, value in levels:
                     eff = post[f"eff_{level}"]
                     if value in list(eff[level].values):
                         logt = logt + eff.sel({level: value}).values.T
@@ -352,8 +364,8 @@ class LatencyModel:
         ds = xr.Dataset({"beta": (("sample", "term"), theta[:, :nb]),
                          "alpha": (("sample", "alpha_term"), theta[:, nb:])},
                         coords={"term": list(self.terms), "alpha_term": list(self.alpha_terms)})
-        ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "unseen_levels": ",".join(unseen),
-                         "config_id": config_id(model, gpu, tp)})
+        ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "stack": stack,
+                         "unseen_levels": ",".join(unseen), "config_id": cid})
         return ds
 
     def _theta_rows(self, observations: pd.DataFrame, n_draws: int, seed: int) -> np.ndarray:
@@ -364,7 +376,8 @@ class LatencyModel:
             m = cfg == c
             first = observations.loc[m].iloc[0]
             ds = self.coefficients(str(first["model"]), str(first["gpu"]), int(first["tp"]),
-                                   n_draws=n_draws, seed=seed)
+                                   n_draws=n_draws, seed=seed,
+                                   stack=str(first.get("stack", DEFAULT_STACK)))
             th = np.concatenate([ds["beta"].values, ds["alpha"].values], axis=1)
             out[:, m, :] = th[:, None, :]
         return out
@@ -444,8 +457,36 @@ class LatencyModel:
                 failures.append(f"min bulk ESS {min_ess:.0f} < {gates['min_ess_bulk']:.0f}")
             if div > gates["max_divergences"]:
                 failures.append(f"{div} divergent transitions")
+        hints = self._convergence_hints(rhat, ess, gates) if failures else []
         return {"max_rhat": max_rhat, "min_ess_bulk": min_ess, "divergences": div,
-                "approximate": approx, "passed": not failures, "failures": failures}
+                "approximate": approx, "passed": not failures, "failures": failures, "hints": hints}
+
+    def _convergence_hints(self, rhat: xr.Dataset, ess: xr.Dataset, gates: dict) -> list[str]:
+        """What to do about failing gates: name the coefficients that fail and, when the data
+        identify them only jointly with others, say so (the usual cause on real traces)."""
+        bad: set[str] = set()
+        for v in ("beta", "alpha", "mu", "relevance"):
+            if v not in rhat:
+                continue
+            dim = next(d for d in rhat[v].dims if d in ("term", "alpha_term", "coef"))
+            fail = (rhat[v] > gates["max_rhat"]) | (ess[v] < gates["min_ess_bulk"])
+            other = [d for d in fail.dims if d != dim]
+            fail = fail.any(other) if other else fail
+            bad.update(str(c) for c in fail[dim].values[fail.values])
+        if not bad:
+            return []
+        hints = [f"coefficients failing the gates: {', '.join(sorted(bad))}"]
+        ident = getattr(self, "identifiability", None)
+        groups = ident.involved(sorted(bad)) if ident is not None else []
+        if groups:
+            hints.append("no configuration of the data separates "
+                         + "; ".join("+".join(g) for g in groups)
+                         + ": the posterior has corners where one of them carries the sum. Fit "
+                         "without all but one of each group (terms=...), or add configurations "
+                         "whose batches separate them (see bayes_latency.data.identifiability)")
+        else:
+            hints.append("raise target_accept (0.99) and draws; check the stage-1 notes of the fit report")
+        return hints
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
@@ -485,7 +526,9 @@ class LatencyModel:
         const = dt["constant_data"].to_dataset()
         configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
                                 "gpu": const["config_gpu"].values.astype(str),
-                                "tp": const["config_tp"].values.astype(int)},
+                                "tp": const["config_tp"].values.astype(int),
+                                "stack": (const["config_stack"].values.astype(str)
+                                          if "config_stack" in const else DEFAULT_STACK)},
                                index=pd.Index(const["config"].values.astype(str), name="config_id"))
         m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
         m.result = dt
@@ -559,9 +602,12 @@ def load_observations(path: str | Path) -> pd.DataFrame:
 def fit_command(args: argparse.Namespace) -> int:
     """``bayes-latency fit``: fit, save, and exit 1 when the convergence gates fail."""
     obs = load_observations(args.tables)
-    m = LatencyModel(priors=args.priors, method=args.method, sampler=args.sampler)
+    terms = getattr(args, "terms", None)
+    terms = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
+    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler)
     t0 = time.perf_counter()
-    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed)
+    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+          target_accept=getattr(args, "target_accept", TARGET_ACCEPT))
     out = m.save(args.out)
     conv = m.convergence({"max_rhat": args.max_rhat})
     print(m.report.format())
@@ -571,7 +617,7 @@ def fit_command(args: argparse.Namespace) -> int:
           f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
                                                   if conv["approximate"] else ""))
     if not conv["passed"]:
-        raise ConvergenceError("; ".join(conv["failures"]))
+        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"]))
     return 0
 
 

@@ -49,6 +49,7 @@ import pandas as pd
 import pymc as pm
 import pytensor.tensor as pt
 
+from bayes_latency.data.observations import DEFAULT_STACK
 from bayes_latency.model.likelihood import WINDOW_KINDS
 from bayes_latency.model.summaries import ConfigSummary, feature_columns
 
@@ -65,6 +66,7 @@ class PriorArrays:
     sigma_model: float
     sigma_gpu: float
     sigma_tp: float
+    sigma_stack: float
     sigma_config: dict
     ard: dict
     noise_sigma: dict[str, float]
@@ -106,6 +108,7 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
         sigma_model=_half_scale(hier.get("model"), 0.5),
         sigma_gpu=_half_scale(hier.get("gpu"), 0.3),
         sigma_tp=_half_scale(hier.get("tp"), 0.3),
+        sigma_stack=_half_scale(hier.get("stack"), 0.5),
         sigma_config=_config_scale(hier.get("config")),
         ard=dict(ard) or {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0},
         noise_sigma=nsig,
@@ -121,7 +124,7 @@ class Design:
     coefs: tuple[str, ...]
     beta_terms: tuple[str, ...]
     alpha_terms: tuple[str, ...]
-    configs: pd.DataFrame  # index config_id; columns model, gpu, tp
+    configs: pd.DataFrame  # index config_id; columns model, gpu, tp, stack
 
     @property
     def models(self) -> list[str]:
@@ -135,13 +138,21 @@ class Design:
     def tps(self) -> list[int]:
         return sorted(int(t) for t in self.configs["tp"].unique())
 
+    @property
+    def stacks(self) -> list[str]:
+        if "stack" not in self.configs:
+            return [DEFAULT_STACK]
+        return sorted(self.configs["stack"].unique())
+
     def coords(self) -> dict[str, list]:
         return {"coef": list(self.coefs), "term": list(self.beta_terms),
                 "alpha_term": list(self.alpha_terms), "config": list(self.configs.index),
-                "model": self.models, "gpu": self.gpus, "tp": self.tps}
+                "model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
 
     def index(self, level: str) -> np.ndarray:
-        levels = {"model": self.models, "gpu": self.gpus, "tp": self.tps}[level]
+        if level == "stack" and "stack" not in self.configs:
+            return np.zeros(len(self.configs), dtype=int)
+        levels = {"model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}[level]
         col = self.configs[level].astype(int) if level == "tp" else self.configs[level]
         return np.asarray([levels.index(v) for v in col])
 
@@ -230,6 +241,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             e_g = _effect("gpu", pa.sigma_gpu, "gpu", design)
             e_t = _effect("tp", pa.sigma_tp, "tp", design)
             loc = loc + e_m[design.index("model")] + e_g[g_idx] + e_t[design.index("tp")]
+            if len(design.stacks) > 1:  # serving software (only when the data mix stacks)
+                loc = loc + _effect("stack", pa.sigma_stack, "stack", design)[design.index("stack")]
         sig_c = pm.LogNormal("sigma_config", mu=np.log(pa.sigma_config["median"]),
                              sigma=pa.sigma_config["sigma"], dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))

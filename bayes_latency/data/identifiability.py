@@ -1,0 +1,195 @@
+"""Which coefficients the observation table can tell apart, before any sampling.
+
+Every fitted row is linear in the coefficients: ``y ~ x . theta``. Within one configuration the
+data identify only the directions in which the rows' features vary independently. On real vLLM
+traces several directions are flat:
+
+* ``weight_loading``, ``per_layer`` and ``per_step`` are constant per step of a configuration
+  (dense models), so one configuration identifies only their sum;
+* without speculative decoding a decoding request contributes one token, so ``decode_compute``
+  (decode tokens) and ``per_request`` (requests) move together on decode-only steps;
+* ``tp_allreduce`` scales with all tokens of the step, i.e. with ``prefill_compute`` (prefill
+  tokens) plus ``decode_compute`` (decode tokens).
+
+The hierarchy can still separate such coefficients through the *differences between*
+configurations (their feature ratios differ with model size and TP degree), but with few
+configurations the posterior of a flat direction is the prior's, and when the data ask for a
+sum far from what the priors expect, lognormal priors make "one term carries it" corners:
+NUTS chains settle in different corners (R-hat 1.8 measured on the two real H100 runs with
+all 11 terms). :func:`identifiability` finds those groups so that a fit can say so, and so that
+a user can choose a term set the data support.
+
+The analysis is the singular value decomposition of each configuration's *relative* design:
+rows divided by their observed value (``d log mu / d theta`` up to the coefficient scale), columns
+multiplied by the coefficient's typical size (the prior median), so singular values compare
+like with like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+#: A direction is flat when its singular value is below this fraction of the largest.
+REL_TOL = 1e-3
+#: A coefficient belongs to a flat direction when its weight in the unit null vector exceeds this.
+MEMBER_TOL = 0.01
+
+
+@dataclass
+class ConfigIdentifiability:
+    """Identifiability of one configuration's coefficients.
+
+    Attributes
+    ----------
+    config_id
+        The configuration.
+    active
+        Coefficients with a non-zero feature in at least one row.
+    rank
+        Number of directions the rows identify (singular values above ``REL_TOL`` x largest).
+    groups
+        Sets of active coefficients that the rows identify only jointly (connected through flat
+        directions), largest first.
+    null_vectors
+        The flat directions, as ``{coefficient: weight}`` of unit vectors in scaled coordinates.
+    """
+
+    config_id: str
+    active: list[str]
+    rank: int
+    groups: list[list[str]]
+    null_vectors: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class IdentifiabilityReport:
+    """Per-configuration analysis plus the groups that no configuration separates."""
+
+    configs: list[ConfigIdentifiability]
+
+    @property
+    def confounded_everywhere(self) -> list[list[str]]:
+        """Groups of coefficients that are flat in every configuration where they are active.
+
+        A pair of coefficients is "separated" by a configuration when both are active there and
+        they do not fall in one group. Returned groups are connected components of the pairs no
+        configuration separates.
+        """
+        pairs: dict[tuple[str, str], bool] = {}
+        for c in self.configs:
+            member = {t: i for i, g in enumerate(c.groups) for t in g}
+            for i, a in enumerate(c.active):
+                for b in c.active[i + 1:]:
+                    key = (min(a, b), max(a, b))
+                    joint = a in member and b in member and member[a] == member[b]
+                    pairs[key] = pairs.get(key, True) and joint
+        return _components([k for k, v in pairs.items() if v])
+
+    def involved(self, coefs: Sequence[str]) -> list[list[str]]:
+        """The groups of :attr:`confounded_everywhere` that contain any of ``coefs``."""
+        s = set(coefs)
+        return [g for g in self.confounded_everywhere if s.intersection(g)]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per configuration: active count, rank, and the flat groups."""
+        return pd.DataFrame([{"config_id": c.config_id, "n_active": len(c.active), "rank": c.rank,
+                              "flat_groups": "; ".join("+".join(g) for g in c.groups) or "-"}
+                             for c in self.configs])
+
+    def summary(self) -> str:
+        """A few lines for logs and error messages."""
+        lines = [f"{c.config_id}: rank {c.rank} of {len(c.active)} active coefficients"
+                 + (f"; identified only jointly: {', '.join('+'.join(g) for g in c.groups)}"
+                    if c.groups else "") for c in self.configs]
+        every = self.confounded_everywhere
+        if every:
+            lines.append("no configuration separates: " + ", ".join("+".join(g) for g in every))
+        return "\n".join(lines)
+
+
+def _components(pairs: list[tuple[str, str]]) -> list[list[str]]:
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in pairs:
+        parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for x in parent:
+        groups.setdefault(find(x), []).append(x)
+    return sorted((sorted(g) for g in groups.values()), key=lambda g: (-len(g), g))
+
+
+def config_identifiability(X: np.ndarray, y: np.ndarray, coefs: Sequence[str], scale: np.ndarray,
+                           config_id: str = "") -> ConfigIdentifiability:
+    """Identifiability of one configuration from its feature matrix.
+
+    Parameters
+    ----------
+    X
+        ``(n, K)`` features of the configuration's fitted rows.
+    y
+        ``(n,)`` observed values (positive), the row scale of the relative design.
+    coefs
+        Names of the ``K`` coefficients.
+    scale
+        ``(K,)`` typical coefficient sizes (prior medians).
+    config_id
+        Label for the report.
+    """
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if X.ndim != 2 or X.shape[1] != len(coefs) or len(y) != len(X):
+        raise ValueError(f"X {X.shape}, y {y.shape} and {len(coefs)} coefficients do not line up")
+    active = (X > 0).any(axis=0)
+    names = [c for c, a in zip(coefs, active, strict=True) if a]
+    if not names:
+        return ConfigIdentifiability(config_id, [], 0, [])
+    A = X[:, active] * np.asarray(scale, dtype=float)[active][None, :] / y[:, None]
+    _, s, vt = np.linalg.svd(A, full_matrices=True)
+    s_full = np.zeros(len(names))
+    s_full[: len(s)] = s
+    flat = s_full < REL_TOL * max(float(s_full[0]), 1e-300)
+    nulls = [{n: float(v) for n, v in zip(names, vt[i], strict=True) if abs(v) > MEMBER_TOL}
+             for i in np.flatnonzero(flat)]
+    pairs: list[tuple[str, str]] = []
+    singles: list[str] = []
+    for nv in nulls:
+        mem = sorted(nv)
+        if len(mem) == 1:
+            singles.append(mem[0])  # a feature too small to matter: identified by nothing
+        pairs.extend((mem[0], b) for b in mem[1:])
+    groups = _components(pairs) + [[s1] for s1 in sorted(set(singles)) if not any(s1 in p for p in pairs)]
+    return ConfigIdentifiability(config_id, names, int((~flat).sum()), groups, nulls)
+
+
+def identifiability(rows: pd.DataFrame, coefs: Sequence[str], scale: np.ndarray) -> IdentifiabilityReport:
+    """Analyse every configuration of an observation table (fitted rows, ``x_<coef>`` columns).
+
+    Parameters
+    ----------
+    rows
+        Rows with ``config_id``, ``value_us`` and ``x_<coef>`` for every coefficient.
+    coefs
+        Coefficient names.
+    scale
+        Typical coefficient sizes (prior medians), same order as ``coefs``.
+    """
+    cols = [f"x_{c}" for c in coefs]
+    missing = [c for c in cols + ["config_id", "value_us"] if c not in rows.columns]
+    if missing:
+        raise ValueError(f"identifiability: rows lack columns {missing}")
+    out = []
+    for cid, g in rows.groupby("config_id", sort=True):
+        out.append(config_identifiability(g[cols].to_numpy(float), g["value_us"].to_numpy(float),
+                                          coefs, scale, str(cid)))
+    return IdentifiabilityReport(out)

@@ -86,18 +86,29 @@ def select_rows(obs: pd.DataFrame, n_configs: int | None, max_rows: int | None,
 
 
 def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
-    """Per configuration: active coefficients and the rank / condition number of the scaled,
-    column-normalised feature matrix restricted to them (what the likelihood identifies)."""
+    """Per configuration: active coefficients, the exact rank of the scaled, column-normalised
+    feature matrix (``_ConfigProblem``; tolerance 1e-8) and the package's relative-design analysis
+    (:mod:`bayes_latency.data.identifiability`: rows / observed value, flat below 1e-3 of the
+    largest singular value) with its smallest/largest singular-value ratio."""
+    from bayes_latency.data.identifiability import REL_TOL, config_identifiability
+
     out = []
+    scale = model._scale()
     for cid, g in rows.groupby("config_id", sort=True):
-        p = _ConfigProblem(g, model.coefs, model._scale())
+        p = _ConfigProblem(g, model.coefs, scale)
         Xa = p.Xs[:, p.active]
         Xn = Xa / np.linalg.norm(Xa, axis=0)
         s = np.linalg.svd(Xn, compute_uv=False)
         rank = int(np.linalg.matrix_rank(Xn, tol=1e-8 * s[0]))
+        y = g["value_us"].to_numpy(float)
+        rel = np.linalg.svd(Xa / y[:, None], compute_uv=False)
+        ci = config_identifiability(p.X, y, model.coefs, scale, str(cid))
         out.append({"config": cid, "rows": int(len(g)),
                     "rows_by_kind": {str(k): int(v) for k, v in g["kind"].value_counts().sort_index().items()},
                     "active": int(p.active.sum()), "rank": rank, "cond": float(s[0] / s[-1]),
+                    "rel_rank": int(ci.rank), "rel_tol": REL_TOL,
+                    "rel_sv_min_over_max": float(rel[-1] / rel[0]),
+                    "rel_flat_groups": ["+".join(gr) for gr in ci.groups],
                     "prior_only": [c for c, a in zip(model.coefs, p.active, strict=True) if not a]})
     return out
 
@@ -210,6 +221,16 @@ def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, c
             sd = b.std(axis=(0, 1), ddof=1)
             pop[v] = {"z": ((a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))) / sd).tolist(),
                       "sd_ratio": (a.std(axis=(0, 1), ddof=1) / sd).tolist(), "coef": coefs}
+    noise = []
+    pn = pg.get("noise_sigma")
+    for c in cfgs:
+        for k, p in sorted(fast._noise.get(c, {}).items()):
+            d = {"config": c, "kind": k, "fast_sigma": p.sigma, "fast_tau": p.tau, "fast_nu": p.nu}
+            if pn is not None and k in list(pg["kind"].values):
+                d["full_sigma"] = float(pg["noise_sigma"].sel(config=c, kind=k).mean())
+                d["full_tau"] = float(pg["noise_tau"].sel(config=c, kind=k).mean())
+                d["full_nu"] = float(pg["noise_nu"].sel(kind=k).mean())
+            noise.append(d)
     fast_t = dict(fast.timings)
     fast_t["other_s"] = t_fast - sum(v for v in fast_t.values())
     full_t = dict(full.timings)
@@ -225,7 +246,7 @@ def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, c
         "fast_notes": list(fast.report.notes), "full_notes": list(full.report.notes),
         "all_active": stats(active), "beta_active": stats(active & beta_mask),
         "alpha_active": stats(active & ~beta_mask), "prior_only": stats(~active),
-        "worst": worst, "population": pop, "elements": elements,
+        "worst": worst, "population": pop, "noise": noise, "elements": elements,
     }
 
 
@@ -257,14 +278,17 @@ def markdown(r: dict, meta: dict) -> str:
          f"Coefficients compared: {r['n_beta']} beta terms ({', '.join(r['coefs'][:r['n_beta']])}) and "
          f"{len(r['coefs']) - r['n_beta']} alpha terms ({', '.join(r['coefs'][r['n_beta']:])}), "
          f"per configuration. Sampler nutpie, {meta['chains']} chains x {meta['draws']} draws "
-         f"({meta['tune']} tune). Machine: {meta['machine']}.", "",
+         f"({meta['tune']} tune). Machine: {meta['machine']}; code at git {meta['git_head']}; "
+         f"whole script {meta['wall_total_s']:.0f} s.", "",
          "## Identifiability of the chosen terms (scaled feature matrix per configuration)", "",
-         "| configuration | rows | rows by kind | active coefs | rank | condition | prior-only coefs |",
-         "|---|---|---|---|---|---|---|"]
+         "| configuration | rows | rows by kind | active coefs | exact rank | condition | "
+         "relative-design rank (tol 1e-3) | rel. sv min/max | flat groups (1e-3) | prior-only coefs |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for d in meta["identifiability"]:
         kinds = ", ".join(f"{k} {v}" for k, v in d["rows_by_kind"].items())
         L.append(f"| {d['config']} | {d['rows']} | {kinds} | {d['active']} | {d['rank']} | "
-                 f"{d['cond']:.3g} | {', '.join(d['prior_only']) or '-'} |")
+                 f"{d['cond']:.3g} | {d['rel_rank']} | {d['rel_sv_min_over_max']:.2g} | "
+                 f"{', '.join(d['rel_flat_groups']) or '-'} | {', '.join(d['prior_only']) or '-'} |")
     L += ["", "## Time and convergence", "",
           f"Speed ratio full / fast (whole `fit`): **{r['ratio']:.1f}x**; sampling only "
           f"(incl. compile): {r['sampling_ratio']:.1f}x.", "",
@@ -302,7 +326,26 @@ def markdown(r: dict, meta: dict) -> str:
         for v, d in r["population"].items():
             L.append(f"| {v} z | " + " | ".join(f"{x:+.2f}" for x in d["z"]) + " |")
             L.append(f"| {v} sd ratio | " + " | ".join(f"{x:.2f}" for x in d["sd_ratio"]) + " |")
+    if r["noise"]:
+        L += ["", "### Noise: profiled MLE (fast, per configuration and kind) vs posterior mean (full; "
+              "nu shared across configurations per kind)", "",
+              "| configuration | kind | sigma fast / full | tau fast / full | nu fast / full |",
+              "|---|---|---|---|---|"]
+        for d in r["noise"]:
+            L.append(f"| {d['config']} | {d['kind']} | {d['fast_sigma']:.4f} / {d.get('full_sigma', float('nan')):.4f} | "
+                     f"{d['fast_tau']:.2g} / {d.get('full_tau', float('nan')):.2g} | "
+                     f"{d['fast_nu']:.1f} / {d.get('full_nu', float('nan')):.1f} |")
     return "\n".join(L) + "\n"
+
+
+def _git_head() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=False).stdout.strip()
+    except OSError:
+        return ""
 
 
 def main() -> None:
@@ -337,7 +380,8 @@ def main() -> None:
     for d in ident:
         flag = "" if d["rank"] == d["active"] else "  <-- RANK DEFICIENT"
         print(f"  {d['config']:34s} rows {d['rows']:5d} active {d['active']:2d} rank {d['rank']:2d} "
-              f"cond {d['cond']:.3g}{flag}")
+              f"cond {d['cond']:.3g}; relative design rank {d['rel_rank']} sv min/max "
+              f"{d['rel_sv_min_over_max']:.2g} flat {d['rel_flat_groups'] or '-'}{flag}")
     r = compare(rows, terms, a.draws, a.tune, a.chains, a.seed, a.target_accept)
     fc, gc = r["fast_conv"], r["full_conv"]
     print(f"rows fitted: {r['rows']:,} over {len(r['configs'])} configurations; coefficients: "
@@ -369,6 +413,7 @@ def main() -> None:
                 "source": source, "max_rows_per_config": a.max_rows_per_config, "seed": a.seed,
                 "draws": a.draws, "tune": a.tune, "chains": a.chains, "terms": list(terms),
                 "machine": f"{platform.machine()}, Python {platform.python_version()}",
+                "git_head": _git_head(), "wall_total_s": time.perf_counter() - t0,
                 "identifiability": ident}
         out.with_suffix(".md").write_text(markdown(r, meta))
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "result": r}, indent=1, default=float))

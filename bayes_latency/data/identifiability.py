@@ -161,14 +161,16 @@ def config_identifiability(X: np.ndarray, y: np.ndarray, coefs: Sequence[str], s
     flat = s_full < REL_TOL * max(float(s_full[0]), 1e-300)
     nulls = [{n: float(v) for n, v in zip(names, vt[i], strict=True) if abs(v) > MEMBER_TOL}
              for i in np.flatnonzero(flat)]
-    pairs: list[tuple[str, str]] = []
-    singles: list[str] = []
-    for nv in nulls:
-        mem = sorted(nv)
-        if len(mem) == 1:
-            singles.append(mem[0])  # a feature too small to matter: identified by nothing
-        pairs.extend((mem[0], b) for b in mem[1:])
-    groups = _components(pairs) + [[s1] for s1 in sorted(set(singles)) if not any(s1 in p for p in pairs)]
+    # groups from the projector onto the flat subspace (basis-free: the SVD's choice of null
+    # vectors inside a multi-dimensional flat subspace is arbitrary)
+    N = vt[np.flatnonzero(flat)].T
+    P = N @ N.T
+    involved = np.diag(P) > MEMBER_TOL**2
+    pairs = [(names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))
+             if involved[i] and involved[j] and abs(P[i, j]) > MEMBER_TOL**2]
+    linked = {x for p in pairs for x in p}
+    groups = _components(pairs) + [[names[i]] for i in np.flatnonzero(involved)
+                                   if names[i] not in linked]
     return ConfigIdentifiability(config_id, names, int((~flat).sum()), groups, nulls)
 
 

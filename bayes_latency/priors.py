@@ -267,8 +267,16 @@ def parse_priors(raw: Any, source: str = "<dict>", terms: Sequence[str] = DEFAUL
     raw_h = raw.get("hierarchy")
     if not isinstance(raw_h, Mapping):
         raise _fail(src, "section 'hierarchy'", "hierarchy", "missing or not a mapping")
-    hierarchy = {str(k): _check_dist(v, src, f"hierarchy {k!r}", allowed=_POSITIVE_SUPPORT)
-                 for k, v in raw_h.items()}
+    hierarchy = {}
+    for k, v in raw_h.items():
+        spread = v.get("spread") if isinstance(v, Mapping) else None
+        entry = {kk: vv for kk, vv in v.items() if kk != "spread"} if isinstance(v, Mapping) else v
+        hierarchy[str(k)] = _check_dist(entry, src, f"hierarchy {k!r}", allowed=_POSITIVE_SUPPORT)
+        if spread is not None:
+            if isinstance(spread, bool) or not isinstance(spread, (int, float)) \
+                    or not math.isfinite(float(spread)) or float(spread) <= 0:
+                raise _fail(src, f"hierarchy {k!r}", "spread", f"must be a number > 0, got {spread!r}")
+            hierarchy[str(k)]["spread"] = float(spread)
     for eff in HIERARCHY_EFFECTS:
         if eff not in hierarchy:
             raise _fail(src, f"hierarchy {eff!r}", "hierarchy", "missing effect scale")

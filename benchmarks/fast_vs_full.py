@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -88,9 +89,9 @@ def select_rows(obs: pd.DataFrame, n_configs: int | None, max_rows: int | None,
 def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
     """Per configuration: active coefficients, the exact rank of the scaled, column-normalised
     feature matrix (``_ConfigProblem``; tolerance 1e-8) and the package's relative-design analysis
-    (:mod:`bayes_latency.data.identifiability`: rows / observed value, flat below 1e-3 of the
-    largest singular value) with its smallest/largest singular-value ratio."""
-    from bayes_latency.data.identifiability import REL_TOL, config_identifiability
+    (:mod:`bayes_latency.data.identifiability`: rows / observed value, columns in prior-median
+    units; its own flatness threshold) with the smallest/largest singular-value ratio."""
+    from bayes_latency.data.identifiability import config_identifiability
 
     out = []
     scale = model._scale()
@@ -106,7 +107,7 @@ def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
         out.append({"config": cid, "rows": int(len(g)),
                     "rows_by_kind": {str(k): int(v) for k, v in g["kind"].value_counts().sort_index().items()},
                     "active": int(p.active.sum()), "rank": rank, "cond": float(s[0] / s[-1]),
-                    "rel_rank": int(ci.rank), "rel_tol": REL_TOL,
+                    "rel_rank": int(ci.rank),
                     "rel_sv_min_over_max": float(rel[-1] / rel[0]),
                     "rel_flat_groups": ["+".join(gr) for gr in ci.groups],
                     "prior_only": [c for c, a in zip(model.coefs, p.active, strict=True) if not a]})
@@ -118,8 +119,10 @@ def timed_fit(method: str, rows: pd.DataFrame, terms: tuple[str, ...], draws: in
               chains: int, seed: int, target_accept: float | None) -> tuple[LatencyModel, float]:
     m = LatencyModel(method=method, terms=terms)
     kw = {} if target_accept is None else {"target_accept": target_accept}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m.fit(rows, draws=draws, tune=tune, chains=chains, seed=seed, **kw)
+    # CPU seconds of this process (all threads): robust to other jobs sharing the cores
+    m.timings["cpu_total_s"] = time.process_time() - c0
     return m, time.perf_counter() - t0
 
 
@@ -156,12 +159,30 @@ def _moments(theta: np.ndarray) -> dict[str, np.ndarray]:
             "mcse": sd / np.sqrt(np.maximum(ess_mean, 1.0))}
 
 
-def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, chains: int,
-            seed: int, target_accept: float | None) -> dict:
-    fast, t_fast = timed_fit("laplace-hierarchy", rows, terms, draws, tune, chains, seed, target_accept)
-    print(f"  fast path done in {t_fast:.1f} s", flush=True)
-    full, t_full = timed_fit("full", rows, terms, draws, tune, chains, seed, target_accept)
-    print(f"  full path done in {t_full:.1f} s", flush=True)
+def _stats(z: np.ndarray, z_mc: np.ndarray, ratio: np.ndarray, mask: np.ndarray) -> dict:
+    zz, mc, rr = z[mask], z_mc[mask], ratio[mask]
+    ok = np.isfinite(zz)
+    zz, mc, rr = zz[ok], mc[ok], rr[ok]
+    if zz.size == 0:
+        return {"n": 0}
+    az_ = np.abs(zz)
+    return {
+        "n": int(zz.size),
+        "median_abs_z": float(np.median(az_)), "max_abs_z": float(np.max(az_)),
+        "share_lt_0.1": float(np.mean(az_ < 0.1)), "share_lt_0.2": float(np.mean(az_ < 0.2)),
+        "rms_z": float(np.sqrt(np.mean(zz**2))),
+        "mean_z": float(np.mean(zz)),
+        "expected_median_abs_z_mc": float(MEDIAN_ABS_NORMAL * np.median(mc)),
+        "rms_z_mc": float(np.sqrt(np.mean(mc**2))),
+        "rms_z_systematic": float(np.sqrt(max(0.0, np.mean(zz**2) - np.mean(mc**2)))),
+        "share_abs_z_within_2_mcse": float(np.mean(az_ < 2 * mc)),
+        "sd_ratio_median": float(np.median(rr)), "sd_ratio_min": float(np.min(rr)),
+        "sd_ratio_max": float(np.max(rr)),
+    }
+
+
+def _elementwise(fast: LatencyModel, full: LatencyModel, rows: pd.DataFrame) -> dict:
+    """Per (configuration, coefficient): means, sds, ESS, z, MCSE-z; and the summary statistics."""
     coefs = list(fast.coefs)
     nb = len(fast.terms)
     F, G = _stack(fast), _stack(full)
@@ -187,32 +208,110 @@ def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, c
                 "ess_fast": float(mf["ess_bulk"][i, k]), "ess_full": float(mg["ess_bulk"][i, k]),
                 "z": float(z[i, k]), "z_mc_sd": float(z_mc[i, k]), "sd_ratio": float(ratio[i, k]),
             })
-
-    def stats(mask: np.ndarray) -> dict:
-        zz, mc, rr = z[mask], z_mc[mask], ratio[mask]
-        ok = np.isfinite(zz)
-        zz, mc, rr = zz[ok], mc[ok], rr[ok]
-        if zz.size == 0:
-            return {"n": 0}
-        az_ = np.abs(zz)
-        return {
-            "n": int(zz.size),
-            "median_abs_z": float(np.median(az_)), "max_abs_z": float(np.max(az_)),
-            "share_lt_0.1": float(np.mean(az_ < 0.1)), "share_lt_0.2": float(np.mean(az_ < 0.2)),
-            "rms_z": float(np.sqrt(np.mean(zz**2))),
-            "mean_z": float(np.mean(zz)),
-            "expected_median_abs_z_mc": float(MEDIAN_ABS_NORMAL * np.median(mc)),
-            "rms_z_mc": float(np.sqrt(np.mean(mc**2))),
-            "rms_z_systematic": float(np.sqrt(max(0.0, np.mean(zz**2) - np.mean(mc**2)))),
-            "share_abs_z_within_2_mcse": float(np.mean(az_ < 2 * mc)),
-            "sd_ratio_median": float(np.median(rr)), "sd_ratio_min": float(np.min(rr)),
-            "sd_ratio_max": float(np.max(rr)),
-        }
-
     beta_mask = np.zeros_like(active)
     beta_mask[:, :nb] = True
     act = [e for e in elements if e["active"] and np.isfinite(e["z"])]
-    worst = sorted(act, key=lambda e: -abs(e["z"]))[:10]
+    return {
+        "configs": cfgs, "coefs": coefs, "n_beta": nb,
+        "all_active": _stats(z, z_mc, ratio, active),
+        "beta_active": _stats(z, z_mc, ratio, active & beta_mask),
+        "alpha_active": _stats(z, z_mc, ratio, active & ~beta_mask),
+        "prior_only": _stats(z, z_mc, ratio, ~active),
+        "worst": sorted(act, key=lambda e: -abs(e["z"]))[:10], "elements": elements,
+    }
+
+
+def full_noise_summaries(rows: pd.DataFrame, model: LatencyModel, full: LatencyModel) -> list:
+    """Stage-1 summaries with the noise **fixed** at the full path's posterior means (sigma and
+    tau per configuration and kind, nu per kind) instead of profiled per configuration and kind:
+    maximum likelihood in theta and the information at fixed noise. Diagnostic only: it separates
+    what the noise model contributes to fast-vs-full differences from the quadratic expansion and
+    the closed-form integration."""
+    from scipy import optimize
+
+    from bayes_latency.model.summaries import ConfigSummary
+
+    post = full.result["posterior"].to_dataset()
+    scale = model._scale()
+    K = len(model.coefs)
+    out = []
+    for cid, g in rows.groupby("config_id", sort=True):
+        p = _ConfigProblem(g, model.coefs, scale)
+        eta = []
+        for k, what in p.layout:
+            if what == "nu":
+                v = float(post["noise_nu"].sel(kind=k).mean())
+            else:
+                v = float(post[f"noise_{what}"].sel(config=cid, kind=k).mean())
+            eta.append(np.log(v))
+        eta = np.asarray(eta)
+        act = np.flatnonzero(p.active)
+        # start at non-negative least squares on relative errors (as the package does)
+        A = p.Xs[:, act] / np.exp(p.log_y)[:, None]
+        u0 = np.maximum(optimize.nnls(A, np.ones(len(A)), maxiter=50 * K)[0], 1e-3)
+
+        def f(x: np.ndarray, p: _ConfigProblem = p, eta: np.ndarray = eta,
+              act: np.ndarray = act) -> tuple[float, np.ndarray]:
+            uu = np.zeros(K)
+            uu[act] = x
+            v, gu, _ = p.negloglik(uu, eta)
+            return v, gu[act]
+
+        def h(x: np.ndarray, p: _ConfigProblem = p, eta: np.ndarray = eta,
+              act: np.ndarray = act) -> np.ndarray:
+            uu = np.zeros(K)
+            uu[act] = x
+            H = -p.hess_uu(uu, eta)[np.ix_(act, act)]
+            w, V = np.linalg.eigh(0.5 * (H + H.T))
+            return (V * np.clip(w, 0.0, None)) @ V.T + 1e-10 * np.eye(act.size)
+
+        res = optimize.minimize(f, u0, jac=True, hess=h, method="trust-constr",
+                                bounds=optimize.Bounds(np.zeros(act.size), np.full(act.size, np.inf)),
+                                options={"maxiter": 1000, "gtol": 1e-10, "xtol": 1e-14})
+        u = np.zeros(K)
+        u[act] = np.maximum(res.x, 0.0)
+        val, gu, _ = p.negloglik(u, eta)
+        info_u = -p.hess_uu(u, eta)
+        w, V = np.linalg.eigh(0.5 * (info_u + info_u.T))
+        info_u = (V * np.clip(w, 0.0, None)) @ V.T
+        info_u[~p.active, :] = 0.0
+        info_u[:, ~p.active] = 0.0
+        grad_u = -gu
+        grad_u[~p.active] = 0.0
+        first = g.iloc[0]
+        out.append(ConfigSummary(
+            config_id=str(cid), model=str(first["model"]), gpu=str(first["gpu"]), tp=int(first["tp"]),
+            coefs=tuple(model.coefs), theta_hat=u * scale, grad=grad_u / scale,
+            info=info_u / np.outer(scale, scale), noise=p.noise_params(eta),
+            n_rows={k: int(np.sum(p.kind_idx == i)) for i, k in enumerate(p.kinds)}, loglik=-val,
+            converged=bool(res.success), message="noise fixed at full-path posterior means",
+            active=p.active.copy()))
+    return out
+
+
+def fast_with_full_noise(rows: pd.DataFrame, terms: tuple[str, ...], full: LatencyModel, draws: int,
+                         tune: int, chains: int, seed: int, target_accept: float | None
+                         ) -> tuple[LatencyModel, float]:
+    """The fast path with :func:`full_noise_summaries` in place of the stage-1 summaries."""
+    import bayes_latency.model.estimator as est
+
+    sums = full_noise_summaries(rows, LatencyModel(terms=terms), full)
+    orig = est.summarize
+    est.summarize = lambda *a, **k: sums  # noqa: ARG005 - same signature, fixed answer
+    try:
+        return timed_fit("laplace-hierarchy", rows, terms, draws, tune, chains, seed, target_accept)
+    finally:
+        est.summarize = orig
+
+
+def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, chains: int,
+            seed: int, target_accept: float | None, noise_diagnostic: bool = True) -> dict:
+    fast, t_fast = timed_fit("laplace-hierarchy", rows, terms, draws, tune, chains, seed, target_accept)
+    print(f"  fast path done in {t_fast:.1f} s", flush=True)
+    full, t_full = timed_fit("full", rows, terms, draws, tune, chains, seed, target_accept)
+    print(f"  full path done in {t_full:.1f} s", flush=True)
+    el = _elementwise(fast, full, rows)
+    cfgs, coefs = el["configs"], el["coefs"]
     pop = {}
     pf, pg = fast.result["posterior"].to_dataset(), full.result["posterior"].to_dataset()
     for v in ("mu", "sigma_config"):
@@ -222,32 +321,41 @@ def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, c
             pop[v] = {"z": ((a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))) / sd).tolist(),
                       "sd_ratio": (a.std(axis=(0, 1), ddof=1) / sd).tolist(), "coef": coefs}
     noise = []
-    pn = pg.get("noise_sigma")
     for c in cfgs:
         for k, p in sorted(fast._noise.get(c, {}).items()):
-            d = {"config": c, "kind": k, "fast_sigma": p.sigma, "fast_tau": p.tau, "fast_nu": p.nu}
-            if pn is not None and k in list(pg["kind"].values):
+            d = {"config": c, "kind": k, "n_rows": int(((rows["config_id"] == c) & (rows["kind"] == k)).sum()),
+                 "fast_sigma": p.sigma, "fast_tau": p.tau, "fast_nu": p.nu}
+            if "noise_sigma" in pg and k in list(pg["kind"].values):
                 d["full_sigma"] = float(pg["noise_sigma"].sel(config=c, kind=k).mean())
                 d["full_tau"] = float(pg["noise_tau"].sel(config=c, kind=k).mean())
                 d["full_nu"] = float(pg["noise_nu"].sel(kind=k).mean())
             noise.append(d)
+    fast_cpu, full_cpu = fast.timings.pop("cpu_total_s"), full.timings.pop("cpu_total_s")
     fast_t = dict(fast.timings)
     fast_t["other_s"] = t_fast - sum(v for v in fast_t.values())
     full_t = dict(full.timings)
     full_t["other_s"] = t_full - sum(v for v in full_t.values())
-    return {
-        "rows": int(len(fast._rows)), "rows_full": int(len(full._rows)), "configs": cfgs,
-        "coefs": coefs, "n_beta": nb,
+    out = {
+        "rows": int(len(fast._rows)), "rows_full": int(len(full._rows)),
         "fast_s": t_fast, "full_s": t_full, "ratio": t_full / t_fast,
+        "fast_cpu_s": fast_cpu, "full_cpu_s": full_cpu, "cpu_ratio": full_cpu / fast_cpu,
+        "load_avg_end": list(os.getloadavg()),
         "sampling_ratio": full.timings["sampling_s"] / fast.timings["sampling_s"],
         "fast_timings": fast_t, "full_timings": full_t,
         "fast_conv": fast.convergence(), "full_conv": full.convergence(),
         "fast_stats": _sample_stats(fast), "full_stats": _sample_stats(full),
         "fast_notes": list(fast.report.notes), "full_notes": list(full.report.notes),
-        "all_active": stats(active), "beta_active": stats(active & beta_mask),
-        "alpha_active": stats(active & ~beta_mask), "prior_only": stats(~active),
-        "worst": worst, "population": pop, "noise": noise, "elements": elements,
+        "population": pop, "noise": noise, **el,
     }
+    if noise_diagnostic:
+        diag, t_diag = fast_with_full_noise(rows, terms, full, draws, tune, chains, seed, target_accept)
+        print(f"  diagnostic (fast path, noise fixed at the full posterior means) done in {t_diag:.1f} s",
+              flush=True)
+        d = _elementwise(diag, full, rows)
+        out["noise_diagnostic"] = {"s": t_diag, "conv": diag.convergence(),
+                                   **{k: d[k] for k in ("all_active", "beta_active", "alpha_active",
+                                                        "prior_only", "worst", "elements")}}
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -282,7 +390,7 @@ def markdown(r: dict, meta: dict) -> str:
          f"whole script {meta['wall_total_s']:.0f} s.", "",
          "## Identifiability of the chosen terms (scaled feature matrix per configuration)", "",
          "| configuration | rows | rows by kind | active coefs | exact rank | condition | "
-         "relative-design rank (tol 1e-3) | rel. sv min/max | flat groups (1e-3) | prior-only coefs |",
+         "package identifiability rank | rel. sv min/max | package flat groups | prior-only coefs |",
          "|---|---|---|---|---|---|---|---|---|---|"]
     for d in meta["identifiability"]:
         kinds = ", ".join(f"{k} {v}" for k, v in d["rows_by_kind"].items())
@@ -291,7 +399,11 @@ def markdown(r: dict, meta: dict) -> str:
                  f"{', '.join(d['rel_flat_groups']) or '-'} | {', '.join(d['prior_only']) or '-'} |")
     L += ["", "## Time and convergence", "",
           f"Speed ratio full / fast (whole `fit`): **{r['ratio']:.1f}x**; sampling only "
-          f"(incl. compile): {r['sampling_ratio']:.1f}x.", "",
+          f"(incl. compile): {r['sampling_ratio']:.1f}x; CPU seconds of the process (all threads, "
+          f"robust to other jobs on the machine): fast {r['fast_cpu_s']:.0f}, full "
+          f"{r['full_cpu_s']:.0f}, ratio {r['cpu_ratio']:.1f}x. Load average at the end "
+          f"(1/5/15 min): {', '.join(f'{x:.1f}' for x in r['load_avg_end'])} on "
+          f"{os.cpu_count()} CPUs.", "",
           "| path | wall s | split (s) | max R-hat | min bulk ESS | divergences | tree depth mean | gates passed |",
           "|---|---|---|---|---|---|---|---|",
           _conv_line("fast (laplace-hierarchy)", r["fast_conv"], r["fast_stats"], r["fast_s"], r["fast_timings"]),
@@ -326,26 +438,58 @@ def markdown(r: dict, meta: dict) -> str:
         for v, d in r["population"].items():
             L.append(f"| {v} z | " + " | ".join(f"{x:+.2f}" for x in d["z"]) + " |")
             L.append(f"| {v} sd ratio | " + " | ".join(f"{x:.2f}" for x in d["sd_ratio"]) + " |")
+    nd = r.get("noise_diagnostic")
+    if nd:
+        c = nd["conv"]
+        L += ["", "## Diagnostic: fast path with the noise fixed at the full path's posterior means", "",
+              "Same rows, same hierarchy, but each configuration's summary is the maximum likelihood "
+              "and information in theta at **fixed** noise (sigma, tau per configuration and kind, nu "
+              "per kind = posterior means of the full fit) instead of noise profiled per "
+              "(configuration, kind). What remains is the quadratic expansion + closed-form "
+              f"integration + plug-in (not integrated) noise. {nd['s']:.1f} s; max R-hat "
+              f"{c['max_rhat']:.4f}, min bulk ESS {c['min_ess_bulk']:.0f}, divergences {c['divergences']}.", "",
+              "| elements | n | median abs z | max abs z | share < 0.1 | share < 0.2 | "
+              "expected median abs z from MCSE alone | RMS z / RMS MCSE-z / RMS systematic | "
+              "sd_fast / sd_full median [range] |",
+              "|---|---|---|---|---|---|---|---|---|",
+              _fmt_stats("all active", nd["all_active"]), _fmt_stats("beta active", nd["beta_active"]),
+              _fmt_stats("alpha active", nd["alpha_active"]), "",
+              "Worst 5: " + "; ".join(f"{e['config']} {e['coef']} z {e['z']:+.3f}" for e in nd["worst"][:5])]
     if r["noise"]:
-        L += ["", "### Noise: profiled MLE (fast, per configuration and kind) vs posterior mean (full; "
-              "nu shared across configurations per kind)", "",
-              "| configuration | kind | sigma fast / full | tau fast / full | nu fast / full |",
-              "|---|---|---|---|---|"]
+        L += ["", "### Noise: profiled MLE (fast, per configuration and kind) vs posterior mean (full: "
+              "sigma, tau per configuration and kind with half-normal priors, nu per kind shared "
+              "across configurations)", "",
+              "| configuration | kind | rows | sigma fast / full | tau fast / full | nu fast / full |",
+              "|---|---|---|---|---|---|"]
         for d in r["noise"]:
-            L.append(f"| {d['config']} | {d['kind']} | {d['fast_sigma']:.4f} / {d.get('full_sigma', float('nan')):.4f} | "
-                     f"{d['fast_tau']:.2g} / {d.get('full_tau', float('nan')):.2g} | "
+            tau = (f"{d['fast_tau']:.2g} / {d.get('full_tau', float('nan')):.2g}"
+                   if d["kind"] == "step_window" else "-")
+            L.append(f"| {d['config']} | {d['kind']} | {d.get('n_rows', '')} | "
+                     f"{d['fast_sigma']:.4f} / {d.get('full_sigma', float('nan')):.4f} | {tau} | "
                      f"{d['fast_nu']:.1f} / {d.get('full_nu', float('nan')):.1f} |")
     return "\n".join(L) + "\n"
 
 
 def _git_head() -> str:
+    """HEAD, the package/prior files modified in the working tree, and a hash of their sources
+    (read-only git calls): the code under test can differ from HEAD while it is being edited."""
+    import hashlib
     import subprocess
 
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=False).stdout.strip()
-    except OSError:
-        return ""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root,
+                                  check=False).stdout.strip()
+        except OSError:
+            return ""
+
+    h = hashlib.sha256()
+    for f in sorted([*root.glob("bayes_latency/**/*.py"), *root.glob("priors/*.yaml")]):
+        h.update(f.read_bytes())
+    dirty = git("status", "--short", "--", "bayes_latency", "priors").replace("\n", ";")
+    return f"{git('rev-parse', '--short', 'HEAD')} (modified: {dirty or 'none'}; source sha256 {h.hexdigest()[:12]})"
 
 
 def main() -> None:
@@ -364,12 +508,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-accept", type=float, default=None,
                     help="NUTS target acceptance (default: the package's)")
+    ap.add_argument("--no-noise-diagnostic", action="store_true",
+                    help="skip the third fit (fast path with the noise fixed at the full posterior means)")
     ap.add_argument("--out", help="write OUT.md and OUT.json")
     ap.add_argument("--label", default="", help="title suffix in the markdown report")
     a = ap.parse_args()
     terms = tuple(DEFAULT_TERMS) if a.terms == "default" else tuple(t for t in a.terms.split(",") if t)
 
     t0 = time.perf_counter()
+    code = _git_head()  # at start: the package may be edited while this runs
     if a.obs:
         obs, source = pd.read_parquet(a.obs), f"observation table {a.obs}"
     else:
@@ -382,7 +529,8 @@ def main() -> None:
         print(f"  {d['config']:34s} rows {d['rows']:5d} active {d['active']:2d} rank {d['rank']:2d} "
               f"cond {d['cond']:.3g}; relative design rank {d['rel_rank']} sv min/max "
               f"{d['rel_sv_min_over_max']:.2g} flat {d['rel_flat_groups'] or '-'}{flag}")
-    r = compare(rows, terms, a.draws, a.tune, a.chains, a.seed, a.target_accept)
+    r = compare(rows, terms, a.draws, a.tune, a.chains, a.seed, a.target_accept,
+                noise_diagnostic=not a.no_noise_diagnostic)
     fc, gc = r["fast_conv"], r["full_conv"]
     print(f"rows fitted: {r['rows']:,} over {len(r['configs'])} configurations; coefficients: "
           f"{r['n_beta']} beta + {len(r['coefs']) - r['n_beta']} alpha")
@@ -390,9 +538,13 @@ def main() -> None:
           f"{fc['max_rhat']:.3f} ESS {fc['min_ess_bulk']:.0f} div {fc['divergences']}")
     print(f"full-data NUTS:           {r['full_s']:.1f} s {r['full_timings']}  R-hat "
           f"{gc['max_rhat']:.3f} ESS {gc['min_ess_bulk']:.0f} div {gc['divergences']}")
-    print(f"speed-up: {r['ratio']:.1f}x (sampling only {r['sampling_ratio']:.1f}x)")
-    for name in ("all_active", "beta_active", "alpha_active", "prior_only"):
-        s = r[name]
+    print(f"speed-up: {r['ratio']:.1f}x (sampling only {r['sampling_ratio']:.1f}x; CPU seconds "
+          f"{r['fast_cpu_s']:.0f} vs {r['full_cpu_s']:.0f}, {r['cpu_ratio']:.1f}x)")
+    items = [(n, r[n]) for n in ("all_active", "beta_active", "alpha_active", "prior_only")]
+    if "noise_diagnostic" in r:
+        items.append(("diagnostic, noise fixed at full posterior: all_active",
+                      r["noise_diagnostic"]["all_active"]))
+    for name, s in items:
         if not s.get("n"):
             print(f"{name}: no elements")
             continue
@@ -410,10 +562,11 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"command": "python " + " ".join([sys.argv[0].split("/work/main/")[-1], *sys.argv[1:]]),
                 "label": a.label or f"{a.fleet if not a.obs else Path(a.obs).name}, terms {a.terms}",
-                "source": source, "max_rows_per_config": a.max_rows_per_config, "seed": a.seed,
+                "source": source, "max_rows_per_config": a.max_rows_per_config, "configs_arg": a.configs,
+                "seed": a.seed,
                 "draws": a.draws, "tune": a.tune, "chains": a.chains, "terms": list(terms),
                 "machine": f"{platform.machine()}, Python {platform.python_version()}",
-                "git_head": _git_head(), "wall_total_s": time.perf_counter() - t0,
+                "git_head": code, "wall_total_s": time.perf_counter() - t0,
                 "identifiability": ident}
         out.with_suffix(".md").write_text(markdown(r, meta))
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "result": r}, indent=1, default=float))

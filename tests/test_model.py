@@ -197,3 +197,51 @@ def test_approximate_sampler_is_labelled(data):
     assert m.result.attrs["approximate"] == "true"
     c = m.convergence()
     assert c["approximate"] and c["passed"]
+
+
+def test_pooled_effect_scales_option(data, tmp_path):
+    raw = yaml.safe_load(Path(load_priors().path).read_text())
+    raw["hierarchy"]["model"]["spread"] = 0.5
+    f = tmp_path / "pooled.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    obs, _ = data
+    model = LatencyModel(priors=f).build(obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:3])])
+    names = {v.name for v in model.free_RVs}
+    assert {"tau_model", "zeta_model", "sigma_gpu"} <= names and "sigma_model" not in names
+    assert "sigma_model" in {v.name for v in model.deterministics}
+
+
+def test_stack_level_only_when_stacks_mix(data):
+    obs, _ = data
+    two = obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:2])].copy()
+    m = LatencyModel()
+    assert "z_stack" not in {v.name for v in m.build(two).free_RVs}
+    bench = two[two["config_id"] == two["config_id"].iloc[0]].copy()
+    bench["stack"] = "splitwise"
+    bench["config_id"] = bench["config_id"] + "|splitwise"
+    mixed = pd.concat([two.assign(stack="vllm"), bench], ignore_index=True)
+    model = m.build(mixed)
+    assert {"z_stack", "sigma_stack"} <= {v.name for v in model.free_RVs}
+    assert m.design.stacks == ["splitwise", "vllm"] and len(m.design.configs) == 3
+
+
+def test_fit_hints_name_confounded_terms(fitted):
+    conv = fitted.convergence({"max_rhat": 1.0, "min_ess_bulk": 1e9})
+    assert not conv["passed"] and conv["hints"]
+    assert conv["hints"][0].startswith("coefficients failing the gates")
+    groups = fitted.identifiability.confounded_everywhere
+    assert any({"per_layer", "per_step"} <= set(g) for g in groups), groups  # constant per step
+    assert any("no configuration of the data separates" in h for h in conv["hints"])
+
+
+def test_fit_command_takes_terms(data, tmp_path):
+    obs, _ = data
+    obs.to_parquet(tmp_path / "observations.parquet")
+    from bayes_latency.cli import main
+
+    code = main(["fit", str(tmp_path), "--out", str(tmp_path / "p.nc"), "--draws", "20", "--tune", "20",
+                 "--terms", "prefill_compute,decode_kv,weight_loading,per_request",
+                 "--target-accept", "0.9"])
+    assert code == 1  # 20 draws cannot pass the gates, but the file is written with 4 terms
+    assert list(LatencyModel.load(tmp_path / "p.nc").terms) == [
+        "prefill_compute", "decode_kv", "weight_loading", "per_request"]

@@ -128,6 +128,7 @@ def test_term_errors_name_file_term_field(tmp_path: Path, case: str, field: str)
     (lambda r: r["hierarchy"].pop("tp"), "hierarchy 'tp'", "hierarchy"),
     (lambda r: r["hierarchy"]["gpu"].update(sigma=0), "hierarchy 'gpu'", "sigma"),
     (lambda r: r["hierarchy"]["gpu"].update(dist="normal"), "hierarchy 'gpu'", "dist"),
+    (lambda r: r["hierarchy"]["gpu"].update(spread=-1), "hierarchy 'gpu'", "spread"),
     (lambda r: r.update(ard={"dist": "beta", "alpha": 1.0}), "ard", "beta"),
     (lambda r: r["noise"].pop("step_window"), "noise 'step_window'", "noise"),
     (lambda r: r["noise"]["iteration"].pop("nu"), "noise 'iteration'", "nu"),

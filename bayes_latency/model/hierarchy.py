@@ -67,6 +67,7 @@ class PriorArrays:
     sigma_gpu: float
     sigma_tp: float
     sigma_stack: float
+    spread: dict[str, float | None]
     sigma_config: dict
     ard: dict
     noise_sigma: dict[str, float]
@@ -109,6 +110,8 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
         sigma_gpu=_half_scale(hier.get("gpu"), 0.3),
         sigma_tp=_half_scale(hier.get("tp"), 0.3),
         sigma_stack=_half_scale(hier.get("stack"), 0.5),
+        spread={f: (float(hier[f]["spread"]) if isinstance(hier.get(f), dict) and "spread" in hier[f]
+                    else None) for f in ("model", "gpu", "tp", "stack")},
         sigma_config=_config_scale(hier.get("config")),
         ard=dict(ard) or {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0},
         noise_sigma=nsig,
@@ -179,14 +182,30 @@ def _population(pa: PriorArrays, variant: str) -> pt.TensorVariable:
     return base + log_rel
 
 
-def _effect(name: str, scale_prior: float, level: str, design: Design) -> pt.TensorVariable:
+def _effect(name: str, scale_prior: float, level: str, design: Design,
+            spread: float | None = None) -> pt.TensorVariable:
     """Zero-sum effects ``e[level, k] = sigma[k] * z[level, k]`` (zero when there is one level).
+
+    ``sigma[k] ~ HalfNormal(scale_prior)`` independently per term (default), or, with ``spread``
+    (the prior file's ``hierarchy.<factor>.spread``), pooled over the terms:
+    ``sigma[k] = tau * exp(spread * zeta[k])``, ``tau ~ HalfNormal(scale_prior)``,
+    ``zeta[k] ~ N(0, 1)``. A factor with few levels says little about each term's scale on its
+    own; pooled, the terms inform one common scale. Measured on the demo fleet (true model-effect
+    sd 0.15): pooled scales are learned at ~0.12 (independent ones stay near the prior, 0.2-0.4)
+    and a held-out model's 90% band covers 97.1% of its iterations instead of 99.5%, but the
+    common scale mixes worse (R-hat 1.0125 and ESS 319 at 3000 draws against 1.0054 and 707),
+    so the default prior file leaves it off.
 
     Non-centred for every coefficient: centring the effects of well-measured coefficients gave
     106 divergences instead of 1-2 on the demo fleet (few levels per factor make the centred
     form a funnel in ``sigma``).
     """
-    sigma = pm.HalfNormal(f"sigma_{name}", sigma=scale_prior, dims="coef")
+    if spread is None:
+        sigma = pm.HalfNormal(f"sigma_{name}", sigma=scale_prior, dims="coef")
+    else:
+        tau = pm.HalfNormal(f"tau_{name}", sigma=scale_prior)
+        zeta = pm.Normal(f"zeta_{name}", 0.0, 1.0, dims="coef")
+        sigma = pm.Deterministic(f"sigma_{name}", tau * pt.exp(spread * zeta), dims="coef")
     n_levels = len(design.coords()[level])
     if n_levels <= 1:
         return pm.Deterministic(f"eff_{name}", pt.zeros((1, len(design.coefs))), dims=(level, "coef"))
@@ -237,12 +256,13 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         mu = _population(pa, variant)
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
         if variant != "complete_pooling":
-            e_m = _effect("model", pa.sigma_model, "model", design)
-            e_g = _effect("gpu", pa.sigma_gpu, "gpu", design)
-            e_t = _effect("tp", pa.sigma_tp, "tp", design)
+            e_m = _effect("model", pa.sigma_model, "model", design, pa.spread["model"])
+            e_g = _effect("gpu", pa.sigma_gpu, "gpu", design, pa.spread["gpu"])
+            e_t = _effect("tp", pa.sigma_tp, "tp", design, pa.spread["tp"])
             loc = loc + e_m[design.index("model")] + e_g[g_idx] + e_t[design.index("tp")]
             if len(design.stacks) > 1:  # serving software (only when the data mix stacks)
-                loc = loc + _effect("stack", pa.sigma_stack, "stack", design)[design.index("stack")]
+                e_s = _effect("stack", pa.sigma_stack, "stack", design, pa.spread["stack"])
+                loc = loc + e_s[design.index("stack")]
         sig_c = pm.LogNormal("sigma_config", mu=np.log(pa.sigma_config["median"]),
                              sigma=pa.sigma_config["sigma"], dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))

@@ -14,14 +14,19 @@ Data (read from ``../shared/data/real``, never copied; see its README):
 
 What :func:`main` does:
 
-1. builds one pooled observation table of all of it and fits :class:`LatencyModel`;
-2. reports convergence and per-term posteriors per configuration (``coefficients.csv``, forest);
-3. cross-validates over held-out experiments, a held-out TP degree and a held-out GPU x TP cell;
-4. runs three baselines on the same splits (per-experiment linear blackbox, non-pooled NNLS on
+1. builds one pooled observation table of all of it (Splitwise rows form configurations of their
+   own, ``model|gpu|tpN|splitwise``, and the hierarchy adds a ``stack`` level);
+2. analyses which coefficients the rows identify (:func:`identifiability_table`, with the default
+   11 terms and with :data:`REAL_TERMS`);
+3. fits :class:`LatencyModel` with :data:`REAL_TERMS` on all data and, separately, on the real
+   H100 iterations only; reports convergence and per-term posteriors (``coefficients.csv``,
+   ``coefficients_h100.csv``, forest);
+4. cross-validates over held-out experiments, a held-out TP degree and a held-out GPU x TP cell;
+5. runs three baselines on the same splits (per-experiment linear blackbox, non-pooled NNLS on
    our basis, BLIS's published ``trained-physics`` coefficients);
-5. compares the observed mean decode interval per token of the 16 runs with predicted mean
+6. compares the observed mean decode interval per token of the 16 runs with predicted mean
    iteration times;
-6. writes ``README.md``, CSV tables and PNG figures to the output folder.
+7. writes ``README.md``, CSV tables and PNG figures to the output folder.
 
 Times are in microseconds (µs) unless a column says otherwise (``_ms``).
 """
@@ -40,9 +45,12 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from bayes_latency.data.identifiability import identifiability
 from bayes_latency.data.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
 from bayes_latency.data.microbench import read_splitwise
 from bayes_latency.data.observations import (
+    DEFAULT_STACK,
+    config_id,
     observations_from_iterations,
     observations_from_microbench,
 )
@@ -63,6 +71,7 @@ __all__ = [
     "BLIS_ALPHA",
     "BLIS_BETA",
     "FitSettings",
+    "REAL_TERMS",
     "RealData",
     "Split",
     "blackbox_design",
@@ -70,11 +79,27 @@ __all__ = [
     "define_splits",
     "fit_blackbox",
     "fit_nnls",
+    "identifiability_table",
     "load_real_data",
     "main",
     "real_data_dir",
 ]
 
+#: Basis terms of every fit of ours in this study (and of the NNLS baseline).
+#:
+#: Measured reason (2 chains x 1000 draws after 1000 tuning, target_accept 0.99, nutpie): on the
+#: real H100 iterations every configuration identifies only rank 4 of its 9 active default
+#: coefficients (``weight_loading``, ``per_layer``, ``per_step`` are constant per step;
+#: ``decode_compute``, ``per_request``, ``tp_allreduce`` and ``prefill_compute`` are near-collinear:
+#: one token per decoding request, prefill chunks of 2-4 tokens in these prefix-cached runs), so
+#: with all 11 default terms the chains settle in different "one term carries the sum" corners:
+#: R-hat 1.83, bulk ESS 3 on the H100 iterations. With these 6 terms the same fit gives R-hat
+#: 1.0085, bulk ESS 418, no divergence (18 s); on all data (H100 + Splitwise, stack level) R-hat
+#: 1.015, ESS 118, 1 divergence, where keeping ``tp_allreduce`` gave R-hat 1.46. The constant
+#: group ``weight_loading + per_layer + per_step`` stays flat inside every configuration (see the
+#: identifiability section of the README); the hierarchy and the priors split it.
+REAL_TERMS: tuple[str, ...] = ("prefill_compute", "decode_kv", "weight_loading", "per_layer",
+                               "per_request", "per_step")
 #: BLIS's published ``trained-physics`` alpha (µs, µs, µs/token).
 BLIS_ALPHA: tuple[float, ...] = (15563.199579, 777.3455, 45.907545)
 #: BLIS's published ``trained-physics`` beta, in BLIS's slot order (see ``BLIS_BETA_ORDER``).
@@ -100,13 +125,17 @@ COMMAND = "bayes-latency study real --out results/real"
 class FitSettings:
     """Sampler settings of every fit of the study."""
 
-    draws: int = 500
-    tune: int = 500
+    draws: int = 2000
+    tune: int = 1000
     chains: int = 2
     seed: int = SEED
+    target_accept: float = 0.99
 
 
+#: The all-data fit and the H100-only fit.
 FULL = FitSettings()
+#: Every cross-validation fit.
+FULL_CV = FitSettings()
 QUICK = FitSettings(draws=200, tune=200)
 
 
@@ -253,7 +282,7 @@ class Split:
 # (name, family, source, model, gpu, tp, note)
 _SPLIT_SPECS: tuple[tuple[str, str, str, str, str, int, str], ...] = (
     ("run llama-2-70b H100 tp4", "a: experiment", "steps", "llama-2-70b", "H100-SXM", 4,
-     "Splitwise H100 TP4 of the same configuration stays in"),
+     "Splitwise H100 TP4 (same model/GPU/TP, other stack) stays in"),
     ("run codellama-34b H100 tp2", "a: experiment", "steps", "codellama-34b", "H100-SXM", 2,
      "the only CodeLlama data: the model level is unseen"),
     ("bench llama-2-70b A100 tp2", "a: experiment", "microbench", "llama-2-70b", "A100-80GB", 2,
@@ -261,7 +290,7 @@ _SPLIT_SPECS: tuple[tuple[str, str, str, str, str, int, str], ...] = (
     ("bench llama-2-70b A100 tp8", "a: experiment", "microbench", "llama-2-70b", "A100-80GB", 8,
      "A100 TP2/4 stay in; TP8 only seen through Bloom"),
     ("bench llama-2-70b H100 tp4", "a: experiment", "microbench", "llama-2-70b", "H100-SXM", 4,
-     "the real H100 TP4 run of the same configuration stays in"),
+     "the real vLLM H100 TP4 run (same model/GPU/TP, other stack) stays in"),
     ("bench bloom-176b A100 tp8", "a: experiment", "microbench", "bloom-176b", "A100-80GB", 8,
      "the only Bloom data: the model level is unseen"),
     ("bench llama-2-70b A100 tp4", "b: TP degree", "microbench", "llama-2-70b", "A100-80GB", 4,
@@ -396,7 +425,7 @@ def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, method: str
                                                     point[idx])
         return point, lo, hi, "pooled fit over the training experiments (held-out has no data)"
     if method == "nnls":
-        xc = _xcols()
+        xc = _xcols(REAL_TERMS)
         point = np.empty(len(test))
         lo, hi = np.empty(len(test)), np.empty(len(test))
         hows = set()
@@ -412,8 +441,8 @@ def baseline_predictions(train: pd.DataFrame, test: pd.DataFrame, method: str
                                                     tr["value_us"].to_numpy(float), point[idx])
         return point, lo, hi, "; ".join(sorted(hows))
     if method == "blis":
-        b = blis_published_beta()
-        xc = _xcols()
+        b = blis_published_beta(DEFAULT_TERMS)
+        xc = _xcols(DEFAULT_TERMS)
         point = test[xc].to_numpy(float) @ b
         lo, hi = _band_from_residuals(train[xc].to_numpy(float) @ b, y_tr, point)
         return point, lo, hi, "published coefficients (band from training residuals)"
@@ -431,13 +460,15 @@ def error_metrics(observed: np.ndarray, point: np.ndarray, lo: np.ndarray,
 
 
 # --------------------------------------------------------------------------------- ours
-def fit_ours(observations: pd.DataFrame, settings: FitSettings) -> tuple[Any, dict[str, Any]]:
-    """Fit :class:`LatencyModel` and return it with its convergence report and runtime."""
+def fit_ours(observations: pd.DataFrame, settings: FitSettings,
+             terms: Sequence[str] = REAL_TERMS) -> tuple[Any, dict[str, Any]]:
+    """Fit ``LatencyModel(terms=terms)`` and return it with its convergence report and runtime."""
     from bayes_latency.model.estimator import LatencyModel
 
     t0 = time.perf_counter()
-    m = LatencyModel().fit(observations, draws=settings.draws, tune=settings.tune,
-                           chains=settings.chains, seed=settings.seed)
+    m = LatencyModel(terms=tuple(terms)).fit(
+        observations, draws=settings.draws, tune=settings.tune, chains=settings.chains,
+        seed=settings.seed, target_accept=settings.target_accept)
     conv = m.convergence()
     conv["runtime_s"] = time.perf_counter() - t0
     conv["n_rows"] = len(observations)
@@ -473,7 +504,8 @@ def coefficient_table(model: Any, observations: pd.DataFrame) -> pd.DataFrame:
                     "us/token" if name == "alpha_per_token" else "us")
                 rows.append({
                     "config_id": cfg, "model": info["model"], "gpu": info["gpu"],
-                    "tp": int(info["tp"]), "block": var, "coef": name, "unit": unit,
+                    "tp": int(info["tp"]), "stack": str(info.get("stack", DEFAULT_STACK)),
+                    "block": var, "coef": name, "unit": unit,
                     "mean": float(v.mean()), "median": float(np.median(v)),
                     "q05": float(np.quantile(v, 0.05)), "q95": float(np.quantile(v, 0.95)),
                     "informed": bool(len(o) and (o[f"x_{name}"] > 0).any()),
@@ -502,6 +534,68 @@ def worst_rhat(model: Any, k: int = 8) -> pd.DataFrame:
     return r.sort_values("rhat", ascending=False).head(k).reset_index(drop=True)
 
 
+def identifiability_table(observations: pd.DataFrame,
+                          term_sets: dict[str, Sequence[str]] | None = None
+                          ) -> tuple[pd.DataFrame, dict[str, list[list[str]]]]:
+    """Per configuration: which coefficients the fitted rows identify, for each term set.
+
+    Runs :func:`~bayes_latency.data.identifiability.identifiability` on the rows a fit would use
+    (``fit_rows``) with the coefficients and prior-median scales of ``LatencyModel(terms=...)``.
+
+    Parameters
+    ----------
+    observations
+        Observation table.
+    term_sets
+        Label -> terms; default: the 11 default terms and :data:`REAL_TERMS`.
+
+    Returns
+    -------
+    (table, everywhere)
+        ``table``: one row per (term set, configuration) with ``term_set, config_id, n_active,
+        rank, flat_groups``; ``everywhere``: per term set, the groups no configuration separates.
+    """
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.summaries import fit_rows
+
+    if term_sets is None:
+        term_sets = {f"default ({len(DEFAULT_TERMS)} terms)": DEFAULT_TERMS,
+                     f"REAL_TERMS ({len(REAL_TERMS)} terms)": REAL_TERMS}
+    rows = fit_rows(observations)
+    frames, everywhere = [], {}
+    for label, terms in term_sets.items():
+        m = LatencyModel(terms=tuple(terms))
+        rep = identifiability(rows, m.coefs, m._scale())
+        frames.append(rep.to_frame().assign(term_set=label))
+        everywhere[label] = rep.confounded_everywhere
+    t = pd.concat(frames, ignore_index=True)
+    return t[["term_set", "config_id", "n_active", "rank", "flat_groups"]], everywhere
+
+
+def stack_effect(model: Any) -> pd.DataFrame:
+    """Posterior of the fitted stack effect: ratio of every coefficient's population value on
+    each stack to the vLLM stack, ``exp(eff_stack[s] - eff_stack[vllm])``, per term.
+
+    Empty when the fit has no stack level (one stack in the data).
+    """
+    post = model.result["posterior"].to_dataset()
+    if "eff_stack" not in post or DEFAULT_STACK not in list(post["stack"].values):
+        return pd.DataFrame()
+    eff = post["eff_stack"].stack(sample=("chain", "draw"))
+    base = eff.sel(stack=DEFAULT_STACK)
+    rows = []
+    for st in post["stack"].values:
+        if st == DEFAULT_STACK:
+            continue
+        r = np.exp(eff.sel(stack=st) - base)
+        for term in model.terms:
+            v = r.sel(coef=term).values
+            rows.append({"stack": str(st), "term": term, "ratio_mean": float(v.mean()),
+                         "ratio_q05": float(np.quantile(v, 0.05)),
+                         "ratio_q95": float(np.quantile(v, 0.95))})
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------------- CV
 def run_cv(data: RealData, splits: Sequence[Split], settings: FitSettings,
            log: Any = print) -> tuple[pd.DataFrame, pd.DataFrame, list[dict[str, Any]], dict]:
@@ -524,12 +618,13 @@ def run_cv(data: RealData, splits: Sequence[Split], settings: FitSettings,
         models[sp.name] = m
         conv.update(fit=f"cv: {sp.name}")
         convs.append(conv)
-        log(f"[study]   fit {conv['runtime_s']:.0f} s, max R-hat {conv['max_rhat']:.3f}, "
-            f"min ESS {conv['min_ess_bulk']:.0f}, divergences {conv['divergences']}")
+        _log_fit(conv, log)
         band = ours_predictions(m, test)
         cfg = test["config_id"].iloc[0]
+        stack = str(test["stack"].iloc[0]) if "stack" in test else DEFAULT_STACK
         unseen = m.coefficients(str(test["model"].iloc[0]), str(test["gpu"].iloc[0]),
-                                int(test["tp"].iloc[0]), n_draws=2).attrs["unseen_levels"]
+                                int(test["tp"].iloc[0]), n_draws=2,
+                                stack=stack).attrs["unseen_levels"]
         preds = {"ours": (band["pred_median_us"].to_numpy(), band["q05_us"].to_numpy(),
                           band["q95_us"].to_numpy(),
                           "posterior predictive median; unseen levels: " + (unseen or "none"))}
@@ -563,8 +658,8 @@ def _obs_rows_for_batches(batches: pd.DataFrame, arch: Any, gpu: Any, serving: S
         d[f"x_{a}"] = 0.0
     d["obs_id"] = [f"{prefix}/{i}" for i in range(len(d))]
     d["kind"], d["role"], d["n_steps"], d["value_us"] = "iteration", "beta", 1, np.nan
-    d["model"], d["gpu"], d["tp"] = arch.name, gpu.name, int(serving.tp)
-    d["config_id"] = f"{arch.name}|{gpu.name}|tp{int(serving.tp)}"
+    d["model"], d["gpu"], d["tp"], d["stack"] = arch.name, gpu.name, int(serving.tp), DEFAULT_STACK
+    d["config_id"] = config_id(arch.name, gpu.name, int(serving.tp), DEFAULT_STACK)
     return d
 
 
@@ -646,8 +741,9 @@ def workload_table(data: RealData, model: Any, cv_models: dict[str, Any],
                                 prefix_caching=True)
         summ = lc[lc["stage"] == "summary"].iloc[0]
         workload = d.name.rsplit("-", 1)[-1]
-        cfg_id = f"{arch.name}|{gpu.name}|tp{tp}"
-        unseen = model.coefficients(arch.name, gpu.name, tp, n_draws=2).attrs["unseen_levels"]
+        cfg_id = config_id(arch.name, gpu.name, tp, DEFAULT_STACK)
+        unseen = model.coefficients(arch.name, gpu.name, tp, n_draws=2,
+                                    stack=DEFAULT_STACK).attrs["unseen_levels"]
         row: dict[str, Any] = {
             "run": d.name, "model": arch.name, "tp": tp, "workload": workload,
             "successes": summ["successes"], "count": summ["count"],
@@ -768,20 +864,179 @@ def _coef_cell(r: pd.Series) -> str:
     return f"{g(r['mean'])} [{g(r['q05'])}, {g(r['q95'])}]{star}"
 
 
+def _cfg_label(model: str, gpu: str, tp: Any, stack: str = DEFAULT_STACK) -> str:
+    lab = f"{model} {str(gpu).split('-')[0]} tp{int(tp)}"
+    return lab if stack == DEFAULT_STACK else f"{lab} {stack}"
+
+
+def _coef_wide(coefs: pd.DataFrame, terms: Sequence[str]) -> pd.DataFrame:
+    """Term x configuration table of ``mean [5%, 95%]`` cells (beta block)."""
+    b = coefs[coefs["block"] == "beta"].copy()
+    b["cell"] = b.apply(_coef_cell, axis=1)
+    stack = b["stack"] if "stack" in b else pd.Series(DEFAULT_STACK, index=b.index)
+    b["cfg"] = [_cfg_label(m, g, t, s) for m, g, t, s in
+                zip(b["model"], b["gpu"], b["tp"], stack, strict=True)]
+    w = b.pivot(index="coef", columns="cfg", values="cell").reindex(list(terms))
+    return w.reset_index().rename(columns={"coef": "term"})
+
+
+def _conv_md(conv: pd.DataFrame) -> str:
+    c = conv.copy()
+    c["max_rhat"] = c["max_rhat"].map(lambda v: f"{v:.3f}")
+    c["min_ess_bulk"] = c["min_ess_bulk"].map(lambda v: f"{v:.0f}")
+    c["runtime_s"] = c["runtime_s"].map(lambda v: f"{v:.0f}")
+    c["failures"] = c["failures"].map(lambda f: "; ".join(f) if f else "")
+    return _md(c[["fit", "n_rows", "n_configs", "max_rhat", "min_ess_bulk", "divergences",
+                  "passed", "runtime_s", "failures"]])
+
+
+def _conv_phrase(r: pd.Series) -> str:
+    return (f"R-hat {r['max_rhat']:.3f}, min bulk ESS {r['min_ess_bulk']:.0f}, "
+            f"{int(r['divergences'])} divergence{'s' if int(r['divergences']) != 1 else ''}, "
+            f"{r['runtime_s']:.0f} s: gates {'passed' if bool(r['passed']) else 'NOT passed'}")
+
+
+def _span(v: pd.Series) -> str:
+    lo, hi = int(v.min()), int(v.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+H100_FIT = "h100 iterations only"
+H100_FIT_DEFAULT = "h100 iterations only, 11 default terms"
+
+
+def _ident_narrative(ident: pd.DataFrame, obs: pd.DataFrame, conv_by: pd.DataFrame) -> str:
+    """Why the fits use REAL_TERMS, from the identifiability table and the convergence rows."""
+    labels = list(dict.fromkeys(ident["term_set"]))
+    dflt, real = labels[0], labels[-1]
+    vllm = set(obs.loc[obs["source"] == "steps", "config_id"])
+    d = ident[(ident["term_set"] == dflt) & ident["config_id"].isin(vllm)]
+    parts = [f"With the {len(DEFAULT_TERMS)} default terms the real vLLM H100 configurations "
+             "identify " + "; ".join(f"{r['config_id']} rank {r['rank']} of {r['n_active']} "
+                                     f"(flat: {r['flat_groups']})" for _, r in d.iterrows())
+             + "."]
+    mixed = obs[(obs["source"] == "steps") & (obs["phase"] == "mixed")]
+    chunk = mixed.groupby("config_id")["prefill_tokens_step"].median()
+    parts.append("`weight_loading`, `per_layer` and `per_step` are constant per step (dense "
+                 "models); a decoding request contributes one token, so `decode_compute` (decode "
+                 "tokens) and `per_request` (requests) move together, and `tp_allreduce` follows "
+                 "all tokens of the step; prefill chunks in these prefix-cached runs are tiny "
+                 "(median prefill tokens per mixed step: " + ", ".join(
+                     f"{c} {v:.0f}" for c, v in chunk.items()) + "). Lognormal priors then "
+                 "make \"one term carries the sum\" corners in which NUTS chains settle "
+                 "separately.")
+    if H100_FIT_DEFAULT in conv_by.index and H100_FIT in conv_by.index:
+        a_, b_ = conv_by.loc[H100_FIT_DEFAULT], conv_by.loc[H100_FIT]
+        parts.append(f"Measured here on the H100 iterations (same sampler settings): the "
+                     f"{len(DEFAULT_TERMS)} default terms give R-hat {a_['max_rhat']:.3f}, bulk "
+                     f"ESS {a_['min_ess_bulk']:.0f}, {int(a_['divergences'])} divergences; the "
+                     f"{len(REAL_TERMS)} REAL_TERMS give R-hat {b_['max_rhat']:.3f}, ESS "
+                     f"{b_['min_ess_bulk']:.0f}, {int(b_['divergences'])} divergences.")
+    parts.append("When the term set was chosen (2 chains x 1000 draws, target_accept 0.99, an "
+                 "earlier package version), all data with REAL_TERMS + `tp_allreduce` gave R-hat "
+                 "1.46. `decode_compute` and `tp_allreduce` are left out because on these data "
+                 "their features are near multiples of `per_request` and `prefill_compute`; "
+                 "`prefill_kv`, `moe_layer` and `moe_dispatch` carry little or no information "
+                 "(tiny prefix reads, no MoE model).")
+    r = ident[ident["term_set"] == real]
+    groups: dict[str, int] = {}
+    for fg in r["flat_groups"]:
+        for g_ in str(fg).split("; "):
+            if g_ and g_ != "-":
+                groups[g_] = groups.get(g_, 0) + 1
+    if groups:
+        parts.append(f"With REAL_TERMS (rank {_span(r['rank'])} of {_span(r['n_active'])} "
+                     "active coefficients per configuration) what stays flat is "
+                     + ", ".join(f"`{g_}` in {n} of {len(r)} configurations"
+                                 for g_, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+                     + ": those coefficients are split by the hierarchy (differences between "
+                     "configurations) and the priors, while their combination, which is what a "
+                     "prediction uses, is measured.")
+    else:
+        parts.append("With REAL_TERMS every configuration identifies all its active "
+                     "coefficients.")
+    return " ".join(parts)
+
+
+def _cv_narrative(cv: pd.DataFrame, splits: Sequence[Split]) -> list[str]:
+    """Plain sentences: per split the lowest MdAPE, where ours stands, and the totals."""
+    a = cv[cv["subset"] == "all"]
+    if a.empty:
+        return []
+    wins: dict[str, list[str]] = {m: [] for m in METHODS}
+    lines = []
+    for sp in splits:
+        s = a[a["split"] == sp.name].set_index("method")["mdape_pct"]
+        if s.empty:
+            continue
+        best = str(s.idxmin())
+        wins[best].append(sp.name)
+        if "ours" in s.index:
+            ours = float(s["ours"])
+            if best == "ours":
+                rest = s.drop("ours")
+                second = str(rest.idxmin()) if len(rest) else None
+                lines.append(f"`{sp.name}`: **ours wins**, {ours:.1f}% vs "
+                             + (f"{second} {float(rest[second]):.1f}%" if second else "-"))
+            else:
+                lines.append(f"`{sp.name}`: **{best}** wins, {float(s[best]):.1f}% vs ours "
+                             f"{ours:.1f}%")
+    out = ["Who wins where (lowest MdAPE per split): " + "; ".join(lines) + "."]
+    out.append("Splits won: " + ", ".join(
+        f"{METHOD_LABELS[m]} {len(wins[m])}" for m in METHODS) + f" (of {len(lines)}).")
+    return out
+
+
 def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: bool,
                  conv: pd.DataFrame, coefs: pd.DataFrame, cv: pd.DataFrame,
                  workload: pd.DataFrame, splits: Sequence[Split], files: Sequence[str],
                  runtime_s: float, insample: pd.DataFrame | None = None,
-                 rhat: pd.DataFrame | None = None, fit_notes: Sequence[str] = ()) -> Path:
+                 rhat: pd.DataFrame | None = None, fit_notes: Sequence[str] = (),
+                 cv_settings: FitSettings | None = None, ident: pd.DataFrame | None = None,
+                 ident_every: dict[str, list[list[str]]] | None = None,
+                 coefs_h100: pd.DataFrame | None = None,
+                 insample_h100: pd.DataFrame | None = None,
+                 rhat_h100: pd.DataFrame | None = None,
+                 stack_eff: pd.DataFrame | None = None) -> Path:
     """Write ``README.md`` of the study."""
     obs = data.observations
+    cv_settings = cv_settings or settings
+    conv_by = conv.set_index("fit", drop=False)
     L: list[str] = []
     L.append("# Real-data study: the hierarchy on H100 step traces and Splitwise benchmarks\n")
+
+    def sset(s: FitSettings) -> str:
+        return (f"{s.chains} chains x {s.draws} draws after {s.tune} tuning, target_accept "
+                f"{s.target_accept}, seed {s.seed}")
+
     L.append(f"Regenerate with `{COMMAND}` (this folder is overwritten). "
-             f"Mode: {'QUICK (2 splits, draws 200)' if quick else 'full'}; every fit: NUTS "
-             f"(nutpie), {settings.chains} chains x {settings.draws} draws after {settings.tune} "
-             f"tuning, seed {settings.seed}, default priors and method (`LatencyModel()`). "
+             f"Mode: {'QUICK (2 splits, draws 200)' if quick else 'full'}. Every fit of ours: "
+             f"`LatencyModel(terms=REAL_TERMS)` (default priors and method, NUTS via nutpie), "
+             f"REAL_TERMS = {', '.join(f'`{t}`' for t in REAL_TERMS)}; all-data and H100-only "
+             f"fits {sset(settings)}; cross-validation fits {sset(cv_settings)}. "
              f"Total runtime {runtime_s / 60:.1f} min on 2 shared cores.\n")
+    # ---- summary
+    L.append("## Summary\n")
+    summ = []
+    for name in (H100_FIT, "all data"):
+        if name in conv_by.index:
+            summ.append(f"- Fit on **{name}**: {_conv_phrase(conv_by.loc[name])}.")
+    cvc = conv[conv["fit"].str.startswith("cv: ")]
+    if len(cvc):
+        summ.append(f"- Cross-validation fits: {int(cvc['passed'].sum())} of {len(cvc)} pass the "
+                    f"gates (max R-hat {cvc['max_rhat'].max():.3f}, min bulk ESS "
+                    f"{cvc['min_ess_bulk'].min():.0f}, {_span(cvc['divergences'])} divergences "
+                    "per fit).")
+    a = cv[cv["subset"] == "all"]
+    if len(a):
+        med = a.groupby("method")["mdape_pct"].median()
+        cov = a.groupby("method")["coverage90"].mean()
+        summ.append("- Held-out prediction (median of the per-split MdAPE / mean 90% coverage): "
+                    + "; ".join(f"{METHOD_LABELS[m]} {med[m]:.1f}% / {cov[m]:.2f}"
+                                for m in METHODS if m in med.index) + ".")
+        summ.extend("- " + x for x in _cv_narrative(cv, splits))
+    L.append("\n".join(summ) + "\n")
+    # ---- data
     L.append("## Data\n")
     L.append(f"Read from `{data.data_dir}` (never copied). One pooled observation table:\n")
     g = obs.groupby(["experiment_id", "source", "config_id", "kind"], sort=False).agg(
@@ -797,90 +1052,142 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
         "(prefix-shared blocks counted once, so a lower bound).\n"
         "- `benchmark_mean` rows: Splitwise static batches, one row per point (mean of 5 "
         "repetitions): `prompt_time` is one prefill step of batch x prompt tokens, `token_time` the "
-        "mean decode step over `token_size` steps.\n"
-        "- Llama-2-70B H100 TP4 appears twice (real run and microbenchmark): same configuration, "
-        "two observation kinds with their own noise.\n")
-    for cfg, o in obs.groupby("config_id"):
+        "mean decode step over `token_size` steps. Their serving stack is Splitwise's harness "
+        "(`stack` = `splitwise`), so they form configurations of their own (`model|gpu|tpN|"
+        "splitwise`).\n")
+    for (mdl, gpu, tp), o in obs.groupby(["model", "gpu", "tp"]):
         if set(o["source"]) >= {"steps", "microbench"}:
             real = o[o["source"] == "steps"]
             dec = o[(o["source"] == "microbench") & (o["phase"] == "decode")]
             b1 = dec[dec["decode_tokens_step"] == dec["decode_tokens_step"].min()]
             if len(real) and len(b1):
                 L.append(
-                    f"- Same configuration, two serving stacks ({cfg}): the Splitwise decode step "
-                    f"at batch {int(b1['decode_tokens_step'].iloc[0])} takes "
+                    f"- Same model/GPU/TP, two serving stacks ({mdl} {gpu} TP{tp}): the Splitwise "
+                    f"decode step at batch {int(b1['decode_tokens_step'].iloc[0])} takes "
                     f"{b1['value_us'].median() / 1e3:.1f} ms, while the real vLLM run's median "
                     f"step is {real['value_us'].median() / 1e3:.1f} ms with a median of "
                     f"{real['decode_tokens_step'].median():.0f} decoding requests. The "
-                    "microbenchmarks' software stack is much slower per step than the traced "
-                    "vLLM server, and the hierarchy has no level for the stack.\n")
-    L.append("## Fit on all data: convergence\n")
-    c = conv.copy()
-    for col in ("max_rhat",):
-        c[col] = c[col].map(lambda v: f"{v:.3f}")
-    c["min_ess_bulk"] = c["min_ess_bulk"].map(lambda v: f"{v:.0f}")
-    c["runtime_s"] = c["runtime_s"].map(lambda v: f"{v:.0f}")
-    c["failures"] = c["failures"].map(lambda f: "; ".join(f) if f else "")
-    L.append(_md(c[["fit", "n_rows", "n_configs", "max_rhat", "min_ess_bulk", "divergences",
-                    "passed", "runtime_s", "failures"]]) + "\n")
-    main_conv = conv.iloc[0]
-    if not bool(main_conv["passed"]):
-        L.append("**The convergence gates (R-hat <= 1.01, bulk ESS >= 400, no divergences) are "
-                 "NOT met.** The coefficients below and every number derived from them must be "
-                 "read with that caveat.\n")
+                    "microbenchmarks' harness is much slower per step than the traced vLLM "
+                    "server, so the hierarchy has a zero-sum `stack` level on the "
+                    "log-coefficients (prior `hierarchy.stack` halfnormal 1.0) and the two "
+                    "stacks are separate configurations (fitted stack effect below).\n")
+    # ---- identifiability
+    if ident is not None and len(ident):
+        L.append("## Identifiability: why the fits use 6 terms\n")
+        L.append(
+            "Before any sampling, `bayes_latency.data.identifiability` takes each configuration's "
+            "fitted rows, divides them by the observed value and scales each column by the "
+            "coefficient's prior median, and counts the directions whose singular value is above "
+            "the module's flatness tolerance (`rank`). Coefficients in a `flat_groups` entry are identified "
+            "only jointly inside that configuration; the hierarchy can split them only through "
+            "differences between configurations, otherwise the priors do. Saved as "
+            "`identifiability.csv`.\n")
+        labels = list(dict.fromkeys(ident["term_set"]))
+        for lab in labels:
+            t = ident[ident["term_set"] == lab].drop(columns="term_set")
+            every = (ident_every or {}).get(lab, [])
+            L.append(f"**{lab}**:\n")
+            L.append(_md(t) + "\n")
+            L.append("No configuration separates: "
+                     + (", ".join("`" + " + ".join(g_) + "`" for g_ in every) if every else
+                        "nothing (every pair is separated somewhere)") + ".\n")
+        L.append(_ident_narrative(ident, obs, conv_by) + "\n")
+    # ---- convergence
+    L.append("## Convergence of every fit\n")
+    L.append("Gates: R-hat <= 1.01, bulk ESS >= 400, no divergences (`LatencyModel.convergence`; "
+             "hints for failing fits are in `convergence.csv`).\n")
+    L.append(_conv_md(conv) + "\n")
+    failing = conv[~conv["passed"].astype(bool)]
+    if len(failing):
+        L.append("**Fits that do NOT meet the gates: " + ", ".join(
+            f"`{f}`" for f in failing["fit"]) + ".** Their coefficients and predictions must be "
+            "read with that caveat."
+            + (f" (`{H100_FIT_DEFAULT}` is the deliberate counter-example of the "
+               "identifiability section; nothing else uses it.)"
+               if H100_FIT_DEFAULT in set(failing["fit"]) else "") + "\n")
+    else:
+        L.append("Every fit meets the gates.\n")
     if rhat is not None and len(rhat):
         L.append("Largest R-hat among the configuration coefficients (beta) of the all-data fit: "
-                 + ", ".join(f"{r['config']} {r['term']} {r['rhat']:.2f}"
+                 + ", ".join(f"{r['config']} {r['term']} {r['rhat']:.3f}"
                              for _, r in rhat.iterrows()) + ".\n")
     if fit_notes:
-        L.append("Notes of the fit (verbatim from `LatencyModel.report`): "
+        L.append("Notes of the all-data fit (verbatim from `LatencyModel.report`): "
                  + "; ".join(f"`{n}`" for n in fit_notes) + ".\n")
+    # ---- H100 only
+    if coefs_h100 is not None and len(coefs_h100):
+        L.append("## Fit on the real H100 iterations only (both experiments)\n")
+        if H100_FIT in conv_by.index:
+            r = conv_by.loc[H100_FIT]
+            L.append(f"The `iteration` rows of the two real vLLM runs alone ({int(r['n_rows'])} rows, "
+                     f"{int(r['n_configs'])} configurations, one stack so no stack level): "
+                     f"{_conv_phrase(r)}.")
+        if rhat_h100 is not None and len(rhat_h100):
+            L.append("Largest beta R-hat: " + ", ".join(
+                f"{x['config']} {x['term']} {x['rhat']:.3f}" for _, x in rhat_h100.iterrows())
+                + ".")
+        L.append("\nPer-term posteriors, mean [5%, 95%] (`coefficients_h100.csv`); units as "
+                 "in the all-data table below:\n")
+        L.append(_md(_coef_wide(coefs_h100, REAL_TERMS)) + "\n")
+        if insample_h100 is not None and len(insample_h100):
+            L.append("In-sample: " + "; ".join(
+                f"{x['config_id']} MdAPE {x['mdape_pct']:.1f}%, 90% coverage "
+                f"{x['coverage90']:.2f}" for _, x in insample_h100.iterrows()) + ".\n")
+        L.append("The constant-per-step terms (`weight_loading`, `per_layer`, `per_step`) are "
+                 "identified only as a sum within each run (see identifiability): how the sum is "
+                 "split comes from the two runs' different layer counts and weight sizes and "
+                 "from the priors, hence their wide individual bands. The per-token terms "
+                 "(`decode_kv`, `per_request`, `prefill_compute`) are read from the variation of "
+                 "the batch."
+                 + (" `prefill_compute` is far below 1 (the roofline): these prefix-cached runs "
+                    "schedule prefill chunks of a few tokens, whose cost is within the noise of "
+                    "the per-step and per-request terms."
+                    if (coefs_h100.loc[coefs_h100["coef"] == "prefill_compute", "mean"]
+                        < 0.3).all() else "") + "\n")
+    # ---- all data
+    L.append("## Fit on all data\n")
+    if stack_eff is not None and len(stack_eff):
+        L.append("Fitted stack effect: population coefficient on the Splitwise harness divided by "
+                 "the one on vLLM, `exp(eff_stack[splitwise] - eff_stack[vllm])`, mean [5%, 95%]:"
+                 "\n")
+        se = stack_eff.copy()
+        se["ratio"] = [f"{m_:.3g} [{lo:.3g}, {hi:.3g}]" for m_, lo, hi in
+                       zip(se["ratio_mean"], se["ratio_q05"], se["ratio_q95"], strict=True)]
+        L.append(_md(se[["stack", "term", "ratio"]]) + "\n")
     if insample is not None and len(insample):
-        L.append("In-sample check of the all-data fit (posterior predictive median and 90% band "
-                 "on the rows it was fitted on):\n")
+        L.append("In-sample check (posterior predictive median and 90% band on the rows the fit "
+                 "saw):\n")
         t = insample.copy()
         t["mdape_pct"] = t["mdape_pct"].map(lambda v: _fmt(float(v)))
         t["coverage90"] = t["coverage90"].map(lambda v: _fmt(float(v), 2))
         L.append(_md(t) + "\n")
         bad = insample[insample["mdape_pct"] > 20.0]
         if len(bad):
-            L.append(
-                "In-sample errors above 20% (" + ", ".join(
-                    f"{r['config_id']} {r['kind']} {r['mdape_pct']:.0f}%"
-                    for _, r in bad.iterrows())
-                + ") mean the posterior does not reproduce data it was fitted on. The cause "
-                "visible here: for Llama-2-70B H100 TP4 the Splitwise microbenchmarks and the "
-                "real vLLM run disagree (different serving stacks) and share one coefficient "
-                "vector, so the stage-1 fit gives the `benchmark_mean` rows a very large noise. "
-                "(An earlier version clipped negative configuration-coefficient draws at 0, which "
-                "broke the sums that collinear terms are measured by - `decode_compute`, "
-                "`tp_allreduce` and `per_request` all scale with the decode batch on decode-only "
-                "steps - and gave 370% in-sample error on CodeLlama; draws now come from the "
-                "truncated conditional.)\n")
-    L.append("## Per-term posteriors (beta), per configuration\n")
+            L.append("In-sample errors above 20% (" + ", ".join(
+                f"{r['config_id']} {r['kind']} {r['mdape_pct']:.0f}%" for _, r in bad.iterrows())
+                + "): the posterior does not reproduce rows it was fitted on.\n")
+        else:
+            L.append(f"Every configuration is reproduced in-sample within "
+                     f"{insample['mdape_pct'].max():.1f}% MdAPE.\n")
+    L.append("### Per-term posteriors (beta), per configuration\n")
     L.append("Posterior mean [5%, 95%]. Roofline terms are dimensionless multipliers of an ideal "
              "time (1 = roofline); `per_layer` µs/layer, `per_request` µs/request, `per_step` µs. "
-             "`*` = no row of the configuration has a non-zero feature for this term (MoE terms, "
-             "`prefill_*` of decode-only data ...): the value is the hierarchy/prior speaking. "
-             "Alpha terms are prior-only here (no request-level data) and are in "
-             "`coefficients.csv` only.\n")
-    b = coefs[coefs["block"] == "beta"].copy()
-    b["cell"] = b.apply(_coef_cell, axis=1)
-    b["cfg"] = b["model"] + " " + b["gpu"].str.split("-").str[0] + " tp" + b["tp"].astype(str)
-    w = b.pivot(index="coef", columns="cfg", values="cell").reindex(list(DEFAULT_TERMS))
-    w = w.reset_index().rename(columns={"coef": "term"})
-    L.append(_md(w) + "\n")
+             "`*` = no row of the configuration has a non-zero feature for this term: the value "
+             "is the hierarchy/prior speaking. Alpha terms are prior-only here (no "
+             "request-level data) and are in `coefficients.csv` only.\n")
+    L.append(_md(_coef_wide(coefs, REAL_TERMS)) + "\n")
     L.append("BLIS's published `trained-physics` beta mapped onto our terms (for comparison): "
              + ", ".join(f"{t} {v:g}" for t, v in zip(BLIS_BETA_ORDER, BLIS_BETA, strict=True))
              + f"; alpha = {list(BLIS_ALPHA)}.\n")
+    # ---- CV
     L.append("## Cross-validation\n")
-    L.append("Each split refits the hierarchy without the held-out rows and predicts them "
-             f"({N_PRED_DRAWS} posterior predictive draws per row; point = predictive median, band = "
-             "central 90%). MdAPE = median absolute percentage error; cov90 = share of held-out "
-             "rows inside the 90% band.\n")
+    L.append("Each split refits ours without the held-out rows and predicts them "
+             f"({N_PRED_DRAWS} posterior predictive draws per row; point = predictive median, "
+             "band = central 90%; a held-out configuration is predicted from its fitted model / "
+             "GPU / TP / stack levels, unseen levels drawn from the population). MdAPE = median "
+             "absolute percentage error; cov90 = share of held-out rows inside the 90% band.\n")
     L.append(_md(pd.DataFrame([{"split": s.name, "family": s.family, "held out": ", ".join(
         s.held_out), "what stays in": s.note} for s in splits])) + "\n")
-    a = cv[cv["subset"] == "all"]
     tab = []
     for sp in splits:
         r = {"split": sp.name, "family": sp.family}
@@ -903,6 +1210,7 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
             + "; mean 90% coverage " + ", ".join(
             f"{m} {_fmt(float(cov[m]), 2)}" for m in METHODS if m in cov and np.isfinite(cov[m]))
             + ".\n")
+        L.append("\n".join(_cv_narrative(cv, splits)) + "\n")
     sub = cv[(cv["subset"] != "all") & (cv["method"] == "ours")]
     if len(sub):
         sp = sub.pivot_table(index="split", columns="subset", values="mdape_pct")
@@ -916,15 +1224,16 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
         "decode tokens) of the step, fitted per experiment. A held-out experiment has no data of "
         "its own, so it is always predicted by the **pooled fit over the training experiments** "
         "(all configurations together).\n"
-        "2. **NNLS, our basis, no pooling**: `scipy.optimize.nnls` on the same 11 basis features as "
-        "ours, fitted per configuration on its training rows; a held-out configuration with no "
-        "training rows uses the fit on all training rows.\n"
-        "3. **BLIS published**: BLIS's published `trained-physics` beta mapped onto our terms "
-        "through `BLIS_BETA_ORDER`. **This slot-to-term mapping is this package's own "
-        "(`physics/basis.py`), and BLIS's own feature normalisation may differ, so this baseline "
-        "is indicative only.** It is not refitted. The real H100 runs come from the BLIS "
-        "(inference-sim) repositories, so BLIS's coefficients were possibly trained on these very "
-        "runs: on the `run ...` splits its numbers need not be out-of-sample.\n\n"
+        f"2. **NNLS, our basis, no pooling**: `scipy.optimize.nnls` on the same {len(REAL_TERMS)} "
+        "basis features as ours (REAL_TERMS), fitted per configuration on its training rows; a "
+        "held-out configuration has no training rows (the Splitwise and vLLM rows of one "
+        "model/GPU/TP are different configurations), so it uses the fit on all training rows.\n"
+        "3. **BLIS published**: BLIS's published `trained-physics` beta on all 11 default terms, "
+        "mapped onto them through `BLIS_BETA_ORDER`. **This slot-to-term mapping is this "
+        "package's own (`physics/basis.py`), and BLIS's own feature normalisation may differ, so "
+        "this baseline is indicative only.** It is not refitted. The real H100 runs come from the "
+        "BLIS (inference-sim) repositories, so BLIS's coefficients were possibly trained on these "
+        "very runs: on the `run ...` splits its numbers need not be out-of-sample.\n\n"
         "Both least-squares baselines minimise the *relative* squared error (rows weighted by "
         "1/y), which favours them on MdAPE. Point baselines have no predictive distribution: their "
         "90% band is the point prediction times the 5% and 95% quantiles of exp(log residual) on "
@@ -947,8 +1256,9 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
             "with the shared system prompt cached; solved for the fixed point `t = predicted "
             "step(t)` and weighted over stages by successful requests. Models without any data in "
             "the fit (Llama-2-7B, Mixtral-8x7B) use population draws for the unseen model level "
-            "(MoE terms prior-only), so their bands are wide and the numbers are a prior-level "
-            "extrapolation.\n"
+            "(and Llama-2-7B also for the unseen TP 1), so their bands are wide and the numbers "
+            "are a prior-level extrapolation; REAL_TERMS has no MoE term, so Mixtral is "
+            "predicted as a dense model reading its expected distinct experts' weights.\n"
             "- `gap` = (decode interval - prediction) / decode interval, with the batch-based "
             "decode-token-weighted prediction where step summaries exist, else the typical batch.\n")
         wk = workload.copy()
@@ -1023,9 +1333,13 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
     for f in files:
         L.append(f"- `{f}`\n\n![{f}]({f})\n")
     L.append("## Files\n")
-    L.append("- `coefficients.csv`: per configuration and coefficient (beta and alpha): mean, "
-             "median, 5% / 95% quantiles, `informed`.\n- `convergence.csv`: every fit of the study "
-             "(all data, each CV split).\n- `cv.csv`: per split, method and subset (all / prefill "
+    L.append("- `coefficients.csv`: all-data fit, per configuration and coefficient (beta and "
+             "alpha): mean, median, 5% / 95% quantiles, `informed`.\n"
+             "- `coefficients_h100.csv`: the same (beta only) for the fit on the H100 iterations "
+             "only.\n- `identifiability.csv`: per term set and configuration: active coefficients, "
+             "rank, flat groups.\n- `convergence.csv`: every fit of the study (all data, H100 "
+             "iterations only with REAL_TERMS and with the 11 default terms, each CV split) with the "
+             "gate failures and the fit's hints.\n- `cv.csv`: per split, method and subset (all / prefill "
              "/ decode / mixed): n, MdAPE %, 90% coverage, how the prediction was made.\n"
              "- `workload.csv`: the workload-level table with all columns.\n"
              "- `insample.csv`: in-sample check of the all-data fit per configuration and kind.\n"
@@ -1036,6 +1350,15 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
 
 
 # --------------------------------------------------------------------------------- main
+CONV_COLUMNS = ["fit", "n_rows", "n_configs", "max_rhat", "min_ess_bulk", "divergences", "passed",
+                "runtime_s", "failures", "hints"]
+
+
+def _log_fit(conv: dict[str, Any], log: Any = print) -> None:
+    log(f"[study]   fit {conv['runtime_s']:.0f} s, max R-hat {conv['max_rhat']:.3f}, "
+        f"min ESS {conv['min_ess_bulk']:.0f}, divergences {conv['divergences']}")
+
+
 def main(out: Path, quick: bool = False) -> int:
     """Run the real-data study and write its results to ``out``.
 
@@ -1061,26 +1384,43 @@ def main(out: Path, quick: bool = False) -> int:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = QUICK if quick else FULL
+    cv_settings = QUICK if quick else FULL_CV
     data = load_real_data(data_dir)
     obs = data.observations
     print(f"[study] {data.notes[0]}")
+    ident, ident_every = identifiability_table(obs)
+    ident.to_csv(out / "identifiability.csv", index=False)
     print("[study] fitting all data")
     model, conv = fit_ours(obs, settings)
     conv["fit"] = "all data"
-    print(f"[study]   fit {conv['runtime_s']:.0f} s, max R-hat {conv['max_rhat']:.3f}, "
-          f"min ESS {conv['min_ess_bulk']:.0f}, divergences {conv['divergences']}")
+    _log_fit(conv)
     coefs = coefficient_table(model, obs)
     coefs.to_csv(out / "coefficients.csv", index=False, float_format="%.6g")
     insample = insample_table(model, obs)
     insample.to_csv(out / "insample.csv", index=False, float_format="%.4g")
     rhat = worst_rhat(model)
+    stack_eff = stack_effect(model)
     fit_notes = list(model.report.notes)
+    print("[study] fitting the H100 iterations only")
+    obs_h100 = obs[obs["source"] == "steps"].reset_index(drop=True)
+    model_h100, conv_h100 = fit_ours(obs_h100, settings)
+    conv_h100["fit"] = H100_FIT
+    _log_fit(conv_h100)
+    coefs_h100 = coefficient_table(model_h100, obs_h100)
+    coefs_h100 = coefs_h100[coefs_h100["block"] == "beta"].reset_index(drop=True)
+    coefs_h100.to_csv(out / "coefficients_h100.csv", index=False, float_format="%.6g")
+    insample_h100 = insample_table(model_h100, obs_h100)
+    rhat_h100 = worst_rhat(model_h100, k=3)
+    del model_h100
+    print("[study] fitting the H100 iterations only with the 11 default terms (for comparison)")
+    _, conv_h100_default = fit_ours(obs_h100, settings, terms=DEFAULT_TERMS)
+    conv_h100_default["fit"] = H100_FIT_DEFAULT
+    _log_fit(conv_h100_default)
     splits = define_splits(obs, quick=quick)
-    cv, heldout, convs, cv_models = run_cv(data, splits, settings)
-    conv_df = pd.DataFrame([conv] + convs)
-    conv_df = conv_df[["fit", "n_rows", "n_configs", "max_rhat", "min_ess_bulk", "divergences",
-                       "passed", "runtime_s", "failures"]]
-    conv_df.assign(failures=conv_df["failures"].map("; ".join)).to_csv(
+    cv, heldout, convs, cv_models = run_cv(data, splits, cv_settings)
+    conv_df = pd.DataFrame([conv, conv_h100, conv_h100_default] + convs)[CONV_COLUMNS]
+    conv_df.assign(failures=conv_df["failures"].map("; ".join),
+                   hints=conv_df["hints"].map("; ".join)).to_csv(
         out / "convergence.csv", index=False, float_format="%.4g")
     cv.to_csv(out / "cv.csv", index=False, float_format="%.4g")
     print("[study] workload level")
@@ -1088,9 +1428,11 @@ def main(out: Path, quick: bool = False) -> int:
     workload.to_csv(out / "workload.csv", index=False, float_format="%.5g")
     files = _plots(out, model, heldout, cv)
     runtime = time.perf_counter() - t0
-    write_readme(out, data=data, settings=settings, quick=quick, conv=conv_df, coefs=coefs,
-                 cv=cv, workload=workload, splits=splits, files=files, runtime_s=runtime,
-                 insample=insample, rhat=rhat, fit_notes=fit_notes)
+    write_readme(out, data=data, settings=settings, cv_settings=cv_settings, quick=quick,
+                 conv=conv_df, coefs=coefs, cv=cv, workload=workload, splits=splits, files=files,
+                 runtime_s=runtime, insample=insample, rhat=rhat, fit_notes=fit_notes,
+                 ident=ident, ident_every=ident_every, coefs_h100=coefs_h100,
+                 insample_h100=insample_h100, rhat_h100=rhat_h100, stack_eff=stack_eff)
     print(f"[study] wrote {out} in {runtime:.0f} s")
     return 0
 

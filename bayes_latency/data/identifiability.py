@@ -159,7 +159,10 @@ def config_identifiability(X: np.ndarray, y: np.ndarray, coefs: Sequence[str], s
     if not names:
         return ConfigIdentifiability(config_id, [], 0, [])
     A = X[:, active] * np.asarray(scale, dtype=float)[active][None, :] / y[:, None]
-    _, s, vt = np.linalg.svd(A, full_matrices=True)
+    # the right singular vectors of A are the eigenvectors of A'A (K x K; never form U, n x n)
+    w, v = np.linalg.eigh(A.T @ A)
+    order = np.argsort(w)[::-1]
+    s, vt = np.sqrt(np.clip(w[order], 0.0, None)), v[:, order].T
     s_full = np.zeros(len(names))
     s_full[: len(s)] = s
     flat = s_full < ABS_TOL

@@ -80,9 +80,14 @@ def test_recovery_coverage_and_zero_terms(small_fleet):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known shortfall (session 1): the held-out model's MdAPE "
-                   "is < 10% but its 90% band covers 99.5% of iterations (target 85-95%); with "
-                   "three training models sigma_model is wide, so unseen-model bands are too wide")
+@pytest.mark.xfail(strict=True, reason=(
+    "known shortfall: the held-out model's MdAPE is < 10% (6.1%), but its 90% band covers 99.5% "
+    "of its iterations (target 85-95%). With three training models the effect scales stay near "
+    "their prior (sigma_model 0.2-0.4 vs a true 0.15), so unseen-model bands are ~2x too wide; "
+    "pooled scales (priors hierarchy.model.spread) give 97.1% but fail the demo's mixing gates. "
+    "With one held-out model the coverage is nearly all-or-nothing (the realised model effect "
+    "falls inside the band or not); over the folds we ran: codellama 97.1%, llama-2-7b 89.1%, "
+    "mixtral 99.3% (pooled scales)"))
 def test_leave_one_model_out(small_fleet):
     from bayes_latency.model.estimator import LatencyModel
 
@@ -97,4 +102,4 @@ def test_leave_one_model_out(small_fleet):
     lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
     cover = float(np.mean((obs_v >= lo) & (obs_v <= hi)))
     assert mdape < 0.10, mdape
-    assert 0.85 <= cover <= 0.99, cover
+    assert 0.85 <= cover <= 0.95, cover

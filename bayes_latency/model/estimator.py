@@ -38,7 +38,13 @@ from bayes_latency.errors import (
 )
 from bayes_latency.model.hierarchy import VARIANTS, Design, build_model, config_draws, prior_arrays
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
-from bayes_latency.model.summaries import ConfigSummary, feature_columns, fit_rows, summarize
+from bayes_latency.model.summaries import (
+    ConfigSummary,
+    NoisePrior,
+    feature_columns,
+    fit_rows,
+    summarize,
+)
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
 METHODS = ("laplace-hierarchy", "full")
@@ -142,7 +148,9 @@ class LatencyModel:
         self._rows = rows
         if self.method == "laplace-hierarchy":
             t0 = time.perf_counter()
-            self.summaries = summarize(rows, self.coefs, self._scale())
+            pa = prior_arrays(self.priors, self.coefs, self.design.gpus)
+            noise_prior = NoisePrior(sigma=dict(pa.noise_sigma), nu_alpha=pa.nu_alpha, nu_beta=pa.nu_beta)
+            self.summaries = summarize(rows, self.coefs, self._scale(), noise_prior=noise_prior)
             self.timings["summaries_s"] = time.perf_counter() - t0
             bad = [s.config_id for s in self.summaries if not s.converged]
             if bad:

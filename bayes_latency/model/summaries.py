@@ -42,6 +42,35 @@ SIGMA_BOUNDS = (1e-4, 5.0)
 TAU_BOUNDS = (1e-7, 2.0)
 
 
+@dataclass(frozen=True)
+class NoisePrior:
+    """The priors of the noise parameters of the full model (:func:`.hierarchy._row_likelihood`),
+    used as penalties in stage 1: the noise is set at its posterior mode, not its maximum
+    likelihood. With a handful of rows of a kind (2-66 ``iteration`` rows per configuration of the
+    ``small`` fleet) the maximum likelihood collapses (``nu`` at its bound 1.5, ``sigma`` 0.009
+    against 0.154 in the full posterior) and shifted coefficient means by up to 0.65 posterior sd
+    against full-data NUTS (``benchmarks/fast_vs_full.py``)."""
+
+    sigma: dict[str, float]  # HalfNormal scale of sigma per kind
+    tau: float = 0.05  # HalfNormal scale of tau (window anchor error)
+    nu_alpha: float = 2.0  # Gamma(alpha, beta) of nu
+    nu_beta: float = 0.1
+
+    def logp_and_grad(self, layout: list[tuple[str, str]], eta: np.ndarray) -> tuple[float, np.ndarray]:
+        """Log prior density of the noise in log coordinates (Jacobian included), and its gradient."""
+        lp, g = 0.0, np.zeros(len(eta))
+        for j, (kind, what) in enumerate(layout):
+            v = float(np.exp(eta[j]))
+            if what == "nu":
+                lp += self.nu_alpha * eta[j] - self.nu_beta * v
+                g[j] = self.nu_alpha - self.nu_beta * v
+            else:
+                s0 = self.tau if what == "tau" else self.sigma.get(kind, 0.5)
+                lp += -0.5 * v**2 / s0**2 + eta[j]
+                g[j] = -(v**2) / s0**2 + 1.0
+        return lp, g
+
+
 @dataclass
 class ConfigSummary:
     """Likelihood summary of one configuration (see module docstring)."""
@@ -210,7 +239,8 @@ def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
     return u0, np.asarray(eta0)
 
 
-def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray) -> ConfigSummary:
+def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
+                     noise_prior: NoisePrior | None = None) -> ConfigSummary:
     """Maximum likelihood and curvature of one configuration's rows (see module docstring).
 
     Parameters
@@ -221,6 +251,8 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
         Coefficient names (beta terms then alpha terms).
     scale
         Typical magnitude of each coefficient (prior medians); the optimiser works in ``theta/scale``.
+    noise_prior
+        Priors of the noise parameters (penalties; ``None`` = plain maximum likelihood).
     """
     first = rows.iloc[0]
     p = _ConfigProblem(rows, coefs, scale)
@@ -255,9 +287,16 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
         w, V = np.linalg.eigh(0.5 * (H + H.T))  # Newton needs a PSD model of the curvature
         return (V * np.clip(w, 0.0, None)) @ V.T + RIDGE * np.eye(act.size)
 
+    def neg_log_prior(e: np.ndarray) -> tuple[float, np.ndarray]:
+        if noise_prior is None:
+            return 0.0, np.zeros(len(e))
+        lp, g = noise_prior.logp_and_grad(p.layout, e)
+        return -lp, -g
+
     def f_e(e: np.ndarray) -> tuple[float, np.ndarray]:
         f, _, ge = p.negloglik(u, e)
-        return f, ge
+        fp, gp = neg_log_prior(e)
+        return f + fp, ge + gp
 
     converged, message, f_prev = False, "", np.inf
     for _ in range(MAX_ALTERNATIONS):
@@ -290,6 +329,7 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
         e2[j] -= h
         _, gu1, ge1 = p.negloglik(u, e1)
         _, gu2, ge2 = p.negloglik(u, e2)
+        ge1, ge2 = ge1 + neg_log_prior(e1)[1], ge2 + neg_log_prior(e2)[1]
         Hee[:, j] = (ge1 - ge2) / (2 * h)
         Hue[:, j] = (gu1 - gu2) / (2 * h)
     Hee = 0.5 * (Hee + Hee.T)
@@ -326,19 +366,19 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
     )
 
 
-def _summarize_one(args: tuple[pd.DataFrame, tuple[str, ...], np.ndarray]) -> ConfigSummary:
+def _summarize_one(args: tuple) -> ConfigSummary:
     return summarize_config(*args)
 
 
 def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-              workers: int | None = None) -> list[ConfigSummary]:
+              workers: int | None = None, noise_prior: NoisePrior | None = None) -> list[ConfigSummary]:
     """One :class:`ConfigSummary` per configuration of the (already filtered) fit rows.
 
     Configurations are independent, so they run in ``workers`` processes (default: the CPU
     count, at most 4; 1 for small inputs, where starting processes costs more than it saves).
     """
     cols = ["config_id", "model", "gpu", "tp", "kind", "n_steps", "value_us", *feature_columns(coefs)]
-    jobs = [(g[cols], tuple(coefs), scale) for _, g in rows.groupby("config_id", sort=True)]
+    jobs = [(g[cols], tuple(coefs), scale, noise_prior) for _, g in rows.groupby("config_id", sort=True)]
     if workers is None:
         workers = 1 if len(rows) < 20_000 else min(len(jobs), os.cpu_count() or 1, 4)
     if workers <= 1:

@@ -5,7 +5,11 @@ Usage::
     python benchmarks/fast_vs_full.py [--fleet tiny|small|demo | --obs PATH]
         [--terms prefill_compute,decode_kv,weight_loading,per_request | --terms default]
         [--max-rows-per-config 600] [--configs N] [--draws 1000] [--tune 1000] [--seed 0]
-        [--out results/benchmarks/fast_vs_full]
+        [--out results/benchmarks/fast_vs_full_<name>] [--no-noise-diagnostic]
+
+    # the runs of results/benchmarks/fast_vs_full.md (~15-17 min each on 2 shared cores)
+    python benchmarks/fast_vs_full.py --fleet small --max-rows-per-config 800 --draws 500 --tune 500 \
+        --out results/benchmarks/fast_vs_full_small_800
 
 Fits exactly the same rows twice (``LatencyModel(method="laplace-hierarchy")`` then
 ``LatencyModel(method="full")``, one after the other, never concurrently), times both, prints the
@@ -26,6 +30,13 @@ Monte Carlo error: each posterior mean carries an MCSE of ``sd / sqrt(ESS)`` on 
 identical posteriors give ``|z| > 0``. The report gives, per element, the MCSE-only spread of z
 (``sqrt(mcse_fast^2 + mcse_full^2) / sd_full``), the expected median |z| from Monte Carlo error
 alone, and the systematic part of z that remains after subtracting it (RMS).
+
+Diagnostic (third fit, skip with ``--no-noise-diagnostic``): the fast path again, but with each
+configuration's summary computed at the noise **fixed** at the full path's posterior means instead
+of noise profiled per (configuration, kind). It attributes fast-vs-full differences to the noise
+model (the two paths model noise differently: per (configuration, kind) profiled MLE vs
+``nu`` per kind shared across configurations with priors) rather than to the quadratic expansion
+and the closed-form integration.
 
 Outputs (``--out PREFIX``): ``PREFIX.md`` (report) and ``PREFIX.json`` (all numbers, including the
 per-element table).

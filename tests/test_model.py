@@ -245,3 +245,17 @@ def test_fit_command_takes_terms(data, tmp_path):
     assert code == 1  # 20 draws cannot pass the gates, but the file is written with 4 terms
     assert list(LatencyModel.load(tmp_path / "p.nc").terms) == [
         "prefill_compute", "decode_kv", "weight_loading", "per_request"]
+
+
+def test_fit_rows_checks_only_the_fitted_terms():
+    obs, _ = make_observations(CONFIGS[:1], n_iter=20, n_win=0, n_alpha=5)
+    beta_cols = [f"x_{t}" for t in DEFAULT_TERMS]
+    obs.loc[0, beta_cols] = 0.0
+    obs.loc[0, "x_decode_compute"] = 5.0  # non-zero only in a term the fit leaves out
+    terms = [t for t in DEFAULT_TERMS if t != "decode_compute"]
+    from bayes_latency.data.report import IngestReport
+
+    rep = IngestReport()
+    rows = fit_rows(obs, rep, terms + list(ALPHA_TERMS))
+    assert 0 not in rows.index and rep.dropped["invalid_or_zero_features"] == 1
+    assert 0 in fit_rows(obs).index

@@ -123,7 +123,7 @@ class LatencyModel:
                    if c not in observations.columns]
         if missing:
             raise ConfigError(f"observation table lacks columns {missing} needed by terms {self.coefs}")
-        rows = fit_rows(observations, self.report)
+        rows = fit_rows(observations, self.report, self.coefs)
         if rows.empty:
             raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
         if "stack" not in rows.columns:  # tables written before the stack level existed

@@ -101,9 +101,12 @@ def feature_columns(coefs: tuple[str, ...] | list[str]) -> list[str]:
     return [f"x_{c}" for c in coefs]
 
 
-def fit_rows(observations: pd.DataFrame, report: IngestReport | None = None) -> pd.DataFrame:
+def fit_rows(observations: pd.DataFrame, report: IngestReport | None = None,
+             coefs: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
     """The rows the model fits: role beta or alpha, positive finite value, non-zero features.
 
+    Features are the ``x_<coef>`` columns of ``coefs`` (default: every ``x_`` column), so a row
+    whose only non-zero features belong to terms left out of a fit is dropped, with its count.
     Other rows are left out with a counted reason in ``report`` (never silently).
     """
     report = report if report is not None else IngestReport(source="fit rows")
@@ -116,7 +119,7 @@ def fit_rows(observations: pd.DataFrame, report: IngestReport | None = None) -> 
     bad = ~np.isfinite(v) | (v <= 0)
     if bad.any():
         report.drop("nonpositive_or_nan_value", int(bad.sum()))
-    xcols = [c for c in rows.columns if c.startswith("x_")]
+    xcols = feature_columns(coefs) if coefs is not None else [c for c in rows.columns if c.startswith("x_")]
     X = rows[xcols].to_numpy(dtype=float)
     badx = ~np.isfinite(X).all(axis=1) | (X < 0).any(axis=1) | (X.sum(axis=1) <= 0)
     badx &= ~bad

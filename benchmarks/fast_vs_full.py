@@ -238,65 +238,18 @@ def full_noise_summaries(rows: pd.DataFrame, model: LatencyModel, full: LatencyM
     maximum likelihood in theta and the information at fixed noise. Diagnostic only: it separates
     what the noise model contributes to fast-vs-full differences from the quadratic expansion and
     the closed-form integration."""
-    from scipy import optimize
-
-    from bayes_latency.model.summaries import ConfigSummary
+    from bayes_latency.model.likelihood import NoiseParams
+    from bayes_latency.model.summaries import summarize_config
 
     post = full.result["posterior"].to_dataset()
     scale = model._scale()
-    K = len(model.coefs)
     out = []
     for cid, g in rows.groupby("config_id", sort=True):
-        p = _ConfigProblem(g, model.coefs, scale)
-        eta = []
-        for k, what in p.layout:
-            if what == "nu":
-                v = float(post["noise_nu"].sel(kind=k).mean())
-            else:
-                v = float(post[f"noise_{what}"].sel(config=cid, kind=k).mean())
-            eta.append(np.log(v))
-        eta = np.asarray(eta)
-        act = np.flatnonzero(p.active)
-        # start at non-negative least squares on relative errors (as the package does)
-        A = p.Xs[:, act] / np.exp(p.log_y)[:, None]
-        u0 = np.maximum(optimize.nnls(A, np.ones(len(A)), maxiter=50 * K)[0], 1e-3)
-
-        def f(x: np.ndarray, p: _ConfigProblem = p, eta: np.ndarray = eta,
-              act: np.ndarray = act) -> tuple[float, np.ndarray]:
-            uu = np.zeros(K)
-            uu[act] = x
-            v, gu, _ = p.negloglik(uu, eta)
-            return v, gu[act]
-
-        def h(x: np.ndarray, p: _ConfigProblem = p, eta: np.ndarray = eta,
-              act: np.ndarray = act) -> np.ndarray:
-            uu = np.zeros(K)
-            uu[act] = x
-            H = -p.hess_uu(uu, eta)[np.ix_(act, act)]
-            w, V = np.linalg.eigh(0.5 * (H + H.T))
-            return (V * np.clip(w, 0.0, None)) @ V.T + 1e-10 * np.eye(act.size)
-
-        res = optimize.minimize(f, u0, jac=True, hess=h, method="trust-constr",
-                                bounds=optimize.Bounds(np.zeros(act.size), np.full(act.size, np.inf)),
-                                options={"maxiter": 1000, "gtol": 1e-10, "xtol": 1e-14})
-        u = np.zeros(K)
-        u[act] = np.maximum(res.x, 0.0)
-        val, gu, _ = p.negloglik(u, eta)
-        info_u = -p.hess_uu(u, eta)
-        w, V = np.linalg.eigh(0.5 * (info_u + info_u.T))
-        info_u = (V * np.clip(w, 0.0, None)) @ V.T
-        info_u[~p.active, :] = 0.0
-        info_u[:, ~p.active] = 0.0
-        grad_u = -gu
-        grad_u[~p.active] = 0.0
-        first = g.iloc[0]
-        out.append(ConfigSummary(
-            config_id=str(cid), model=str(first["model"]), gpu=str(first["gpu"]), tp=int(first["tp"]),
-            coefs=tuple(model.coefs), theta_hat=u * scale, grad=grad_u / scale,
-            info=info_u / np.outer(scale, scale), noise=p.noise_params(eta),
-            n_rows={k: int(np.sum(p.kind_idx == i)) for i, k in enumerate(p.kinds)}, loglik=-val,
-            converged=bool(res.success), message="noise fixed at full-path posterior means",
-            active=p.active.copy()))
+        noise = {str(k): NoiseParams(
+            sigma=float(post["noise_sigma"].sel(config=cid, kind=k).mean()),
+            tau=float(post["noise_tau"].sel(config=cid, kind=k).mean()),
+            nu=float(post["noise_nu"].sel(kind=k).mean())) for k in g["kind"].unique()}
+        out.append(summarize_config(g, model.coefs, scale, fixed_noise=noise))
     return out
 
 

@@ -259,3 +259,17 @@ def test_fit_rows_checks_only_the_fitted_terms():
     rows = fit_rows(obs, rep, terms + list(ALPHA_TERMS))
     assert 0 not in rows.index and rep.dropped["invalid_or_zero_features"] == 1
     assert 0 in fit_rows(obs).index
+
+
+def test_summary_with_fixed_noise_keeps_it_and_matches_the_free_fit():
+    obs, _ = make_observations([("llama-2-70b", "H100", 4)], n_iter=400, n_win=200, n_alpha=100, seed=6)
+    rows = fit_rows(obs)
+    scale = np.asarray([load_priors().prior_median(c) for c in COEFS])
+    free = summarize_config(rows, COEFS, scale)
+    fixed = summarize_config(rows, COEFS, scale, fixed_noise=free.noise)
+    for k, p in free.noise.items():
+        assert fixed.noise[k].sigma == pytest.approx(p.sigma) and fixed.noise[k].nu == pytest.approx(p.nu)
+    k = COEFS.index("decode_kv")
+    assert fixed.theta_hat[k] == pytest.approx(free.theta_hat[k], rel=1e-3)
+    # nothing is profiled out: the information is at least the profiled one along decode_kv
+    assert fixed.info[k, k] >= free.info[k, k] * (1 - 1e-6)

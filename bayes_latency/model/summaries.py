@@ -243,7 +243,8 @@ def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
 
 
 def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-                     noise_prior: NoisePrior | None = None) -> ConfigSummary:
+                     noise_prior: NoisePrior | None = None,
+                     fixed_noise: dict[str, NoiseParams] | None = None) -> ConfigSummary:
     """Maximum likelihood and curvature of one configuration's rows (see module docstring).
 
     Parameters
@@ -256,6 +257,9 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
         Typical magnitude of each coefficient (prior medians); the optimiser works in ``theta/scale``.
     noise_prior
         Priors of the noise parameters (penalties; ``None`` = plain maximum likelihood).
+    fixed_noise
+        Noise parameters by kind to hold fixed instead of estimating and profiling them (a
+        diagnostic: ``benchmarks/fast_vs_full.py`` fixes them at the full path's posterior).
     """
     first = rows.iloc[0]
     p = _ConfigProblem(rows, coefs, scale)
@@ -273,7 +277,10 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
     eta_lo = np.array([b[0] for b in eta_bounds])
     eta_hi = np.array([b[1] for b in eta_bounds])
     u = np.where(p.active, u0, 0.0)
-    eta = np.clip(eta0, eta_lo, eta_hi)
+    if fixed_noise is None:
+        eta = np.clip(eta0, eta_lo, eta_hi)
+    else:
+        eta = np.log([getattr(fixed_noise[k], what) for k, what in p.layout])
     ua = u[act].copy()
 
     def f_u(x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -310,12 +317,16 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
             ua = np.maximum(ru.x, 0.0)
             u = np.zeros(K)
             u[act] = ua
-        re = optimize.minimize(f_e, eta, jac=True, method="L-BFGS-B",
-                               bounds=list(zip(eta_lo, eta_hi, strict=True)),
-                               options={"maxiter": 500, "ftol": 1e-12})
-        eta = re.x
-        f_now = float(re.fun)
-        message = f"alternating Newton/L-BFGS: f={f_now:.6f}"
+        if fixed_noise is None:
+            re = optimize.minimize(f_e, eta, jac=True, method="L-BFGS-B",
+                                   bounds=list(zip(eta_lo, eta_hi, strict=True)),
+                                   options={"maxiter": 500, "ftol": 1e-12})
+            eta = re.x
+            f_now = float(re.fun)
+            message = f"alternating Newton/L-BFGS: f={f_now:.6f}"
+        else:
+            f_now = p.negloglik(u, eta)[0]
+            message = f"Newton with the noise fixed: f={f_now:.6f}"
         if abs(f_prev - f_now) <= 1e-8 * max(1.0, abs(f_now)):
             converged = True
             break
@@ -337,7 +348,8 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
         Hue[:, j] = (gu1 - gu2) / (2 * h)
     Hee = 0.5 * (Hee + Hee.T)
     # only profile noise parameters that are not stuck at a bound
-    free = np.array([b[0] + 1e-6 < e < b[1] - 1e-6 for e, b in zip(eta, eta_bounds, strict=True)])
+    free = np.array([fixed_noise is None and b[0] + 1e-6 < e < b[1] - 1e-6
+                     for e, b in zip(eta, eta_bounds, strict=True)], dtype=bool)
     info_u = Huu.copy()
     if free.any():
         Hf = Hee[np.ix_(free, free)]

@@ -160,16 +160,14 @@ def config_identifiability(X: np.ndarray, y: np.ndarray, coefs: Sequence[str], s
         return ConfigIdentifiability(config_id, [], 0, [])
     A = X[:, active] * np.asarray(scale, dtype=float)[active][None, :] / y[:, None]
     # the right singular vectors of A are the eigenvectors of A'A (K x K; never form U, n x n)
-    w, v = np.linalg.eigh(A.T @ A)
+    w, vecs = np.linalg.eigh(A.T @ A)
     order = np.argsort(w)[::-1]
-    s, vt = np.sqrt(np.clip(w[order], 0.0, None)), v[:, order].T
-    s_full = np.zeros(len(names))
-    s_full[: len(s)] = s
-    flat = s_full < ABS_TOL
-    nulls = [{n: float(v) for n, v in zip(names, vt[i], strict=True) if abs(v) > MEMBER_TOL}
+    s, vt = np.sqrt(np.clip(w[order], 0.0, None)), vecs[:, order].T
+    flat = s < ABS_TOL
+    nulls = [{n: float(x) for n, x in zip(names, vt[i], strict=True) if abs(x) > MEMBER_TOL}
              for i in np.flatnonzero(flat)]
-    # groups from the projector onto the flat subspace (basis-free: the SVD's choice of null
-    # vectors inside a multi-dimensional flat subspace is arbitrary)
+    # groups from the projector onto the flat subspace (basis-free: the choice of null vectors
+    # inside a multi-dimensional flat subspace is arbitrary)
     N = vt[np.flatnonzero(flat)].T
     P = N @ N.T
     involved = np.diag(P) > MEMBER_TOL**2

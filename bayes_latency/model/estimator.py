@@ -534,10 +534,10 @@ class LatencyModel:
         const = dt["constant_data"].to_dataset()
         configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
                                 "gpu": const["config_gpu"].values.astype(str),
-                                "tp": const["config_tp"].values.astype(int),
-                                "stack": (const["config_stack"].values.astype(str)
-                                          if "config_stack" in const else DEFAULT_STACK)},
+                                "tp": const["config_tp"].values.astype(int)},
                                index=pd.Index(const["config"].values.astype(str), name="config_id"))
+        if "config_stack" in const:  # Design fills in vLLM otherwise
+            configs["stack"] = const["config_stack"].values.astype(str)
         m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
         m.result = dt
         m._data_hash = a.get("data_hash")

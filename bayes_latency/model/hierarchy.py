@@ -127,7 +127,11 @@ class Design:
     coefs: tuple[str, ...]
     beta_terms: tuple[str, ...]
     alpha_terms: tuple[str, ...]
-    configs: pd.DataFrame  # index config_id; columns model, gpu, tp, stack
+    configs: pd.DataFrame  # index config_id; columns model, gpu, tp, stack (default: vLLM)
+
+    def __post_init__(self) -> None:
+        if "stack" not in self.configs:
+            self.configs = self.configs.assign(stack=DEFAULT_STACK)
 
     @property
     def models(self) -> list[str]:
@@ -143,8 +147,6 @@ class Design:
 
     @property
     def stacks(self) -> list[str]:
-        if "stack" not in self.configs:
-            return [DEFAULT_STACK]
         return sorted(self.configs["stack"].unique())
 
     def coords(self) -> dict[str, list]:
@@ -153,8 +155,6 @@ class Design:
                 "model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
 
     def index(self, level: str) -> np.ndarray:
-        if level == "stack" and "stack" not in self.configs:
-            return np.zeros(len(self.configs), dtype=int)
         levels = {"model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}[level]
         col = self.configs[level].astype(int) if level == "tp" else self.configs[level]
         return np.asarray([levels.index(v) for v in col])

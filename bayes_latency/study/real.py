@@ -568,11 +568,10 @@ def identifiability_table(observations: pd.DataFrame,
     if term_sets is None:
         term_sets = {f"default ({len(DEFAULT_TERMS)} terms)": DEFAULT_TERMS,
                      f"REAL_TERMS ({len(REAL_TERMS)} terms)": REAL_TERMS}
-    rows = fit_rows(observations)
     frames, everywhere = [], {}
     for label, terms in term_sets.items():
         m = LatencyModel(terms=tuple(terms))
-        rep = identifiability(rows, m.coefs, m._scale())
+        rep = identifiability(fit_rows(observations, coefs=m.coefs), m.coefs, m._scale())
         frames.append(rep.to_frame().assign(term_set=label))
         everywhere[label] = rep.confounded_everywhere
     t = pd.concat(frames, ignore_index=True)

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
     s.add_argument("--draws", type=int, default=1000)
-    s.add_argument("--tune", type=int, default=1000)
+    s.add_argument("--tune", type=int, default=500)
     s.add_argument("--chains", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results/")
     s.add_argument("--fleet", default="demo")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--draws", type=int, default=3000, help="posterior draws per chain")
+    s.add_argument("--draws", type=int, default=4000, help="posterior draws per chain")
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")

@@ -99,7 +99,7 @@ def _fmt_pct(x: float) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:+.1f}%"
 
 
-def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 3000) -> int:
+def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 4000) -> int:
     """Run the demo into ``out`` (see module docstring); 0 when every gate passes, else 1."""
     from bayes_latency.checks.diagnostics import diagnose, run_checks
     from bayes_latency.checks.ppc import FixedCoefficientModel, request_ppc, workload_ppc
@@ -119,7 +119,7 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 3000) -
     held = config_id(*HELD_OUT)
     train = obs[obs["config_id"] != held]
     model = LatencyModel()
-    model.fit(train, draws=draws, tune=1000, chains=2, seed=seed, target_accept=0.99)
+    model.fit(train, draws=draws, tune=500, chains=2, seed=seed, target_accept=0.99)
     posterior = model.save(out / "posterior.nc")
     conv = model.convergence()
     pr.step("fit", f"{len(model.design.configs)} configurations, {len(model._rows):,} rows; "

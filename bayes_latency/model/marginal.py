@@ -16,17 +16,24 @@ with ``l`` the quadratic log-likelihood. By the envelope theorem (``theta*`` max
 so value and gradient come out of one Cholesky per configuration. Written as a numba kernel
 (compiled once and cached on disk) because PyTensor's generic linear-algebra graph took 30-110 s
 to compile in Numba for this model; a JAX implementation serves the numpyro sampler.
+
+The Numba implementation is registered with a cache key, so PyTensor's on-disk Numba cache can
+reuse the compiled graph in later processes (the key hashes the kernel's source).
+The JAX implementation is registered only when the numpyro sampler asks for it
+(:func:`register_jax`): importing JAX costs ~2.7 s that nutpie fits should not pay.
 """
 
 from __future__ import annotations
+
+import hashlib
+import inspect
 
 import numba
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
-from pytensor.link.jax.dispatch import jax_funcify
-from pytensor.link.numba.dispatch import numba_funcify
+from pytensor.link.numba.dispatch.basic import register_funcify_default_op_cache_key
 
 
 @numba.njit(cache=True)
@@ -43,14 +50,29 @@ def marginal_kernel(m, sig, th, g, info):  # noqa: ANN001, ANN201 - numba kernel
     Returns
     -------
     (value as a 0-d array, d value / d m (C, K), d value / d sig (K,))
+
+    Only the coefficients with information (``info[c, k, k] > 0``) of each configuration enter
+    its block. Written as loops over preallocated buffers, with ``A^-1`` formed once from the
+    inverse Cholesky factor: 22 us per evaluation on the demo fleet (12 configurations, ~12
+    coefficients each) against 31 us for the version built from small NumPy calls.
     """
     C, K = m.shape
     val = 0.0
     dm = np.zeros((C, K))
     dsig = np.zeros(K)
+    idx = np.empty(K, dtype=np.int64)
+    Ic = np.empty((K, K))
+    L = np.zeros((K, K))
+    Li = np.zeros((K, K))
+    Ainv = np.empty((K, K))
+    d = np.empty(K)
+    r = np.empty(K)
+    delta = np.empty(K)
+    gc = np.empty(K)
+    w = np.empty(K)
+    y = np.empty(K)
+    dt = np.empty(K)
     for c in range(C):
-        # only coefficients with information contribute; factorise that block only
-        idx = np.empty(K, dtype=np.int64)
         n = 0
         for k in range(K):
             if info[c, k, k] > 0.0:
@@ -58,24 +80,20 @@ def marginal_kernel(m, sig, th, g, info):  # noqa: ANN001, ANN201 - numba kernel
                 n += 1
         if n == 0:
             continue
-        idx = idx[:n]
-        Ic = np.empty((n, n))
         for a in range(n):
+            ka = idx[a]
+            d[a] = m[c, ka] * sig[ka]
+            delta[a] = th[c, ka] - m[c, ka]
+            gc[a] = g[c, ka]
             for b in range(n):
-                Ic[a, b] = info[c, idx[a], idx[b]]
-        d = np.empty(n)
-        r = np.empty(n)
-        delta = np.empty(n)
+                Ic[a, b] = info[c, ka, idx[b]]
+        # r = I (theta_hat - m) + g
         for a in range(n):
-            d[a] = m[c, idx[a]] * sig[idx[a]]
-            delta[a] = th[c, idx[a]] - m[c, idx[a]]
-        for a in range(n):
-            acc = g[c, idx[a]]
+            acc = gc[a]
             for b in range(n):
                 acc += Ic[a, b] * delta[b]
             r[a] = acc
-        # A = 1 + D I D, Cholesky by hand (LAPACK call overhead dominates at n ~ 10)
-        L = np.zeros((n, n))
+        # A = 1 + D I D = L L'
         for a in range(n):
             for b in range(a + 1):
                 acc = d[a] * Ic[a, b] * d[b] + (1.0 if a == b else 0.0)
@@ -85,8 +103,7 @@ def marginal_kernel(m, sig, th, g, info):  # noqa: ANN001, ANN201 - numba kernel
                     L[a, a] = np.sqrt(acc)
                 else:
                     L[a, b] = acc / L[b, b]
-        # Linv (lower triangular), A^-1 = Linv' Linv
-        Li = np.zeros((n, n))
+        # Li = L^-1 (lower triangular); A^-1 = Li' Li
         for a in range(n):
             Li[a, a] = 1.0 / L[a, a]
             for b in range(a):
@@ -94,25 +111,56 @@ def marginal_kernel(m, sig, th, g, info):  # noqa: ANN001, ANN201 - numba kernel
                 for j in range(b, a):
                     acc -= L[a, j] * Li[j, b]
                 Li[a, b] = acc / L[a, a]
-        Ainv = Li.T @ Li
-        y = Ainv @ (d * r)
-        dt = d * y - delta
-        gc = np.empty(n)
+        # y = A^-1 D r = Li' (Li (d r))
         for a in range(n):
-            gc[a] = g[c, idx[a]]
-        val += dt @ gc - 0.5 * (dt @ (Ic @ dt)) - 0.5 * (y @ y)
+            acc = 0.0
+            for j in range(a + 1):
+                acc += Li[a, j] * d[j] * r[j]
+            w[a] = acc
+        for a in range(n):
+            acc = 0.0
+            for j in range(a, n):
+                acc += Li[j, a] * w[j]
+            y[a] = acc
+        # log Z = l(theta*) - y'y / 2 - log|A| / 2, theta* - theta_hat = d y - delta
+        for a in range(n):
+            dt[a] = d[a] * y[a] - delta[a]
+        lin = 0.0
+        quad = 0.0
+        yy = 0.0
+        for a in range(n):
+            lin += dt[a] * gc[a]
+            yy += y[a] * y[a]
+            acc = 0.0
+            for b in range(n):
+                acc += Ic[a, b] * dt[b]
+            quad += dt[a] * acc
+        val += lin - 0.5 * quad - 0.5 * yy
+        # A^-1 = Li' Li (symmetric: lower half into Ainv)
+        for a in range(n):
+            for b in range(a + 1):
+                acc = 0.0
+                for i in range(a, n):
+                    acc += Li[i, a] * Li[i, b]
+                Ainv[a, b] = acc
+                Ainv[b, a] = acc
         for a in range(n):
             val -= np.log(L[a, a])
             # (A^-1 D I)_aa
-            Maa = 0.0
+            maa = 0.0
             for j in range(n):
-                Maa += Ainv[a, j] * d[j] * Ic[j, a]
+                maa += Ainv[a, j] * d[j] * Ic[j, a]
             k = idx[a]
             yd = y[a] / d[a] if d[a] > 1e-300 else r[a]
-            gd = y[a] * yd - Maa
+            gd = y[a] * yd - maa
             dm[c, k] = yd + sig[k] * gd
             dsig[k] += m[c, k] * gd
     return np.array(val), dm, dsig
+
+
+#: Salt of the Numba cache key of :class:`MarginalLoglik`: a hash of the kernel's source, so an
+#: edited kernel never reuses a cached graph compiled with the old one.
+KERNEL_VERSION = int(hashlib.sha256(inspect.getsource(marginal_kernel.py_func).encode()).hexdigest()[:12], 16)
 
 
 class MarginalLoglik(Op):
@@ -150,7 +198,7 @@ def marginal_loglik_op(m, sig, th, g, info) -> pt.TensorVariable:  # noqa: ANN00
     return marginal_op(m, sig, th, g, info)[0]
 
 
-@numba_funcify.register(MarginalLoglik)
+@register_funcify_default_op_cache_key(MarginalLoglik)
 def _numba_marginal(op, node=None, **kwargs):  # noqa: ANN001, ANN202
     kernel = marginal_kernel
 
@@ -159,10 +207,23 @@ def _numba_marginal(op, node=None, **kwargs):  # noqa: ANN001, ANN202
         return kernel(np.ascontiguousarray(m), np.ascontiguousarray(sig), np.ascontiguousarray(th),
                       np.ascontiguousarray(g), np.ascontiguousarray(info))
 
-    return marginal
+    return marginal, KERNEL_VERSION
 
 
-@jax_funcify.register(MarginalLoglik)
+_JAX_REGISTERED = False
+
+
+def register_jax() -> None:
+    """Register the JAX implementation of :class:`MarginalLoglik` (for the numpyro sampler)."""
+    global _JAX_REGISTERED
+    if _JAX_REGISTERED:
+        return
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    jax_funcify.register(MarginalLoglik)(_jax_marginal)
+    _JAX_REGISTERED = True
+
+
 def _jax_marginal(op, **kwargs):  # noqa: ANN001, ANN202
     import jax
     import jax.numpy as jnp

@@ -1,0 +1,123 @@
+"""Wall time of the demo fit (the speed goal of issue #5), one fresh process per run.
+
+Usage::
+
+    python benchmarks/demo_fit_speed.py [--tables results/tables] [--seeds 0 1 2]
+        [--draws 4000] [--tune 500] [--target-accept 0.99] [--cold] [--out PREFIX]
+
+Each run is ``LatencyModel().fit(...)`` on the demo's training rows (the demo's observation table
+minus its held-out configuration), exactly as ``bayes-latency demo`` calls it, in a new Python
+process, timed from the observation table to a converged posterior (stage-1 summaries, model
+build, nutpie compilation, sampling, conditional draws of the configuration coefficients,
+assembly). Imports are not timed. The gates are those of ``LatencyModel.convergence`` (max R-hat
+<= 1.01, min bulk ESS >= 400, 0 divergences).
+
+``--cold`` points PyTensor's and Numba's on-disk caches at empty temporary directories, so the
+run pays every compilation, as the first fit on a fresh machine does; without it the caches of
+earlier runs are reused (a user's second and later fits).
+
+Outputs (``--out PREFIX``): ``PREFIX.md`` and ``PREFIX.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+import pandas as pd
+from bayes_latency.data.observations import config_id
+from bayes_latency.demo import HELD_OUT
+from bayes_latency.model.estimator import LatencyModel
+tables, draws, tune, ta, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+obs = pd.read_parquet(f"{tables}/observations.parquet")
+train = obs[obs["config_id"] != config_id(*HELD_OUT)]
+m = LatencyModel()
+t0 = time.perf_counter()
+m.fit(train, draws=draws, tune=tune, chains=2, seed=seed, target_accept=ta)
+wall = time.perf_counter() - t0
+c = m.convergence()
+ss = m.result["sample_stats"]
+print("RESULT " + json.dumps({"seed": seed, "wall_s": wall, "timings": m.timings,
+    "max_rhat": c["max_rhat"], "min_ess_bulk": c["min_ess_bulk"], "divergences": c["divergences"],
+    "passed": c["passed"], "mean_leapfrog_steps": float(ss["n_steps"].mean()),
+    "configs": len(m.design.configs), "rows": len(m._rows)}))
+"""
+
+
+def run_one(tables: str, draws: int, tune: int, ta: float, seed: int, cold: bool) -> dict:
+    env = dict(os.environ)
+    tmp = None
+    if cold:
+        tmp = tempfile.TemporaryDirectory(prefix="bl_cold_")
+        env["PYTENSOR_FLAGS"] = f"base_compiledir={tmp.name}/pytensor"
+        env["NUMBA_CACHE_DIR"] = f"{tmp.name}/numba"
+    out = subprocess.run([sys.executable, "-c", CHILD, tables, str(draws), str(tune), str(ta), str(seed)],
+                         capture_output=True, text=True, env=env, check=False)
+    if tmp is not None:
+        tmp.cleanup()
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"run with seed {seed} failed:\n{out.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def report(runs: list[dict], args: argparse.Namespace) -> str:
+    lines = [f"# Demo fit wall time ({'cold caches' if args.cold else 'warm caches'})", "",
+             f"{runs[0]['configs']} configurations, {runs[0]['rows']:,} rows; 2 chains x "
+             f"({args.tune} tune + {args.draws} draws), target_accept {args.target_accept}; "
+             f"{os.cpu_count()} CPUs, {platform.python_version()}.", "",
+             "| seed | wall s | stage 1 s | compile s | sampling s | conditional draws s | "
+             "R-hat | ESS | divergences | leapfrog/draw | gates |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        t = r["timings"]
+        samp = t.get("sampling_s", 0.0) - t.get("compile_s", 0.0)
+        lines.append(f"| {r['seed']} | {r['wall_s']:.1f} | {t.get('summaries_s', 0):.1f} | "
+                     f"{t.get('compile_s', 0):.1f} | {samp:.1f} | {t.get('config_draws_s', 0):.1f} | "
+                     f"{r['max_rhat']:.4f} | {r['min_ess_bulk']:.0f} | {r['divergences']} | "
+                     f"{r['mean_leapfrog_steps']:.0f} | {'pass' if r['passed'] else 'FAIL'} |")
+    walls = sorted(r["wall_s"] for r in runs)
+    lines += ["", f"Wall time: median {walls[len(walls) // 2]:.1f} s, max {walls[-1]:.1f} s; "
+              f"{sum(r['passed'] for r in runs)} of {len(runs)} runs pass the gates; "
+              f"{sum(r['passed'] and r['wall_s'] <= 60 for r in runs)} pass within 60 s."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables", default="results/tables")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--draws", type=int, default=4000)
+    ap.add_argument("--tune", type=int, default=500)
+    ap.add_argument("--target-accept", type=float, default=0.99)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not Path(args.tables, "observations.parquet").exists():
+        print(f"no {args.tables}/observations.parquet: run `bayes-latency demo` first", file=sys.stderr)
+        return 2
+    runs = []
+    for s in args.seeds:
+        r = run_one(args.tables, args.draws, args.tune, args.target_accept, s, args.cold)
+        print(f"seed {s}: {r['wall_s']:.1f} s, R-hat {r['max_rhat']:.4f}, ESS {r['min_ess_bulk']:.0f}, "
+              f"divergences {r['divergences']}, {'pass' if r['passed'] else 'FAIL'}", flush=True)
+        runs.append(r)
+    text = report(runs, args)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{args.out}.md").write_text(text)
+        Path(f"{args.out}.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Stage 1 (:mod:`bayes_latency.model.summaries`): derivatives, the projected Newton optimiser, the
+profiled information. Small synthetic tables; every test runs in well under a second."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from obs_factory import make_observations
+from scipy import optimize
+
+from bayes_latency.model.summaries import (
+    RIDGE,
+    NoisePrior,
+    _ConfigProblem,
+    _initial,
+    _noise_prior_terms,
+    _Objective,
+    _projected_newton,
+    fit_rows,
+    summarize,
+    summarize_config,
+)
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
+from bayes_latency.priors import load_priors
+
+COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
+PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
+                          "alpha_departure": 0.2})
+
+
+@pytest.fixture(scope="module")
+def scale() -> np.ndarray:
+    return np.asarray([load_priors().prior_median(c) for c in COEFS])
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """One configuration; the true ``prefill_kv`` and ``decode_compute`` are 0 (see obs_factory)."""
+    obs, _ = make_observations([("llama-2-70b", "H100", 4)], n_iter=300, n_win=150, n_alpha=80, seed=0)
+    return fit_rows(obs)
+
+
+def _joint_point(p: _ConfigProblem, s) -> tuple[np.ndarray, np.ndarray]:
+    """``(u, eta)`` of a summary."""
+    return s.theta_hat / p.scale, np.log([getattr(s.noise[k], w) for k, w in p.layout])
+
+
+# ---------------------------------------------------------------- derivatives
+def test_derivatives_match_finite_differences(rows, scale):
+    p = _ConfigProblem(rows, COEFS, scale)
+    u0, eta0 = _initial(p)
+    rng = np.random.default_rng(1)
+    u = np.where(p.active, u0 * np.exp(0.2 * rng.standard_normal(p.K)), 0.0)
+    eta = eta0 + 0.3 * rng.standard_normal(len(eta0))
+    f, g, H = p.derivatives(u, eta, 2)
+    z = np.concatenate([u, eta])
+    keep = np.concatenate([p.active, np.ones(len(eta), bool)])
+    fd_g, fd_H = np.zeros(z.size), np.zeros((z.size, z.size))
+    for j in np.flatnonzero(keep):
+        h = 1e-6 * max(1.0, abs(z[j]))
+        zp, zm = z.copy(), z.copy()
+        zp[j] += h
+        zm[j] -= h
+        fp, gp, _ = p.derivatives(zp[:p.K], zp[p.K:], 1)
+        fm, gm, _ = p.derivatives(zm[:p.K], zm[p.K:], 1)
+        fd_g[j] = (fp - fm) / (2 * h)
+        fd_H[:, j] = (gp - gm) / (2 * h)
+    assert f == pytest.approx(p.derivatives(u, eta, 0)[0], abs=1e-9)
+    gk = g[keep]
+    assert np.allclose(gk, fd_g[keep], rtol=1e-5, atol=1e-6 * np.abs(gk).max())
+    Hk, Fk = H[np.ix_(keep, keep)], fd_H[np.ix_(keep, keep)]
+    assert np.allclose(Hk, Fk, rtol=1e-4, atol=1e-6 * np.abs(Hk).max())
+    assert np.allclose(H, H.T)
+    # the public pieces agree with the joint evaluation
+    f1, gu, ge = p.negloglik(u, eta)
+    assert f1 == f and np.allclose(gu, g[:p.K]) and np.allclose(ge, g[p.K:])
+    assert np.allclose(-p.hess_uu(u, eta), H[:p.K, :p.K], rtol=1e-10, atol=1e-12 * np.abs(H).max())
+
+
+def test_noise_prior_hessian_matches_finite_differences(rows, scale):
+    p = _ConfigProblem(rows, COEFS, scale)
+    eta = np.log(np.linspace(0.05, 8.0, len(p.layout)))
+    lp, g, h = _noise_prior_terms(PRIOR, p.layout, eta)
+    assert lp == PRIOR.logp_and_grad(p.layout, eta)[0]
+    for j in range(len(eta)):
+        e1, e2 = eta.copy(), eta.copy()
+        e1[j] += 1e-6
+        e2[j] -= 1e-6
+        fd = (PRIOR.logp_and_grad(p.layout, e1)[1][j] - PRIOR.logp_and_grad(p.layout, e2)[1][j]) / 2e-6
+        assert h[j] == pytest.approx(fd, rel=1e-6)
+    assert _noise_prior_terms(None, p.layout, eta)[0] == 0.0
+
+
+# ---------------------------------------------------------------- the optimiser
+def test_projected_newton_solves_a_box_quadratic():
+    """A convex quadratic whose unconstrained minimum violates two bounds: the exact KKT point."""
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((6, 6))
+    Q = A @ A.T + 0.1 * np.eye(6)
+    c = Q @ np.array([1.0, -0.5, 2.0, 0.3, -1.0, 0.7])  # unconstrained minimum
+
+    def fun(x, order):
+        return 0.5 * x @ Q @ x - c @ x, Q @ x - c, Q
+
+    lo, hi = np.zeros(6), np.full(6, 1.5)
+    res = _projected_newton(fun, np.full(6, 0.5), lo, hi)
+    ref = optimize.minimize(lambda x: fun(x, 1)[:2], np.full(6, 0.5), jac=True, method="L-BFGS-B",
+                            bounds=list(zip(lo, hi, strict=True)),
+                            options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 10_000})
+    assert res.converged
+    assert np.allclose(res.x, ref.x, atol=1e-6)
+    g = Q @ res.x - c
+    assert np.all(np.abs(g[(res.x > 0) & (res.x < 1.5)]) < 1e-9)
+    assert np.all(g[res.x == 0] >= -1e-9) and np.all(g[res.x == 1.5] <= 1e-9)
+
+
+def test_kkt_at_the_stage1_optimum(rows, scale):
+    """Gradient zero on free coefficients and noise, pointing out of the box at the bound 0."""
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
+    assert s.converged
+    p = _ConfigProblem(rows, COEFS, scale)
+    u0, _ = _initial(p)
+    obj = _Objective(p, u0[p.active], PRIOR)
+    u, eta = _joint_point(p, s)
+    x = np.concatenate([u[p.active], eta])
+    _, g, H = obj(x, 2)
+    at_bound = x[:int(p.active.sum())] == 0
+    # a truly-zero coefficient ends at the bound, held there by its gradient
+    assert at_bound[list(np.flatnonzero(p.active)).index(COEFS.index("prefill_kv"))]
+    na = int(p.active.sum())
+    free = np.concatenate([~at_bound, np.ones(len(eta), bool)])
+    # in posterior-sd units: |g_i| / sqrt(H_ii)
+    assert np.all(np.abs(g[free]) / np.sqrt(np.diag(H)[free]) < 1e-6)
+    assert np.all(g[~free] > 0)
+    # the summary's gradient is the data part, balanced by the ridge on the free coefficients
+    free_c = np.flatnonzero(p.active)[~at_bound]
+    gd = (s.grad * scale)[free_c] - RIDGE * (u - u0)[free_c]
+    assert np.all(np.abs(gd) / np.sqrt(np.diag(H)[:na][~at_bound]) < 1e-6)
+
+
+def test_agrees_with_trust_constr_on_the_coefficient_step(rows, scale):
+    """Noise fixed: the problem is the coefficient step of the former optimiser (scipy trust-constr)."""
+    p = _ConfigProblem(rows, COEFS, scale)
+    u0, _ = _initial(p)
+    fixed = summarize_config(rows, COEFS, scale, noise_prior=PRIOR).noise
+    s = summarize_config(rows, COEFS, scale, fixed_noise=fixed)
+    assert s.converged
+    assert s.noise == fixed
+    eta = np.log([getattr(fixed[k], w) for k, w in p.layout])
+    obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
+    na = int(p.active.sum())
+
+    def hess(x):
+        return obj(x, 2)[2]
+
+    ref = optimize.minimize(lambda x: obj(x, 1)[:2], np.maximum(u0[p.active], 1e-9), jac=True,
+                            hess=hess, method="trust-constr",
+                            bounds=optimize.Bounds(np.zeros(na), np.full(na, np.inf)),
+                            options={"maxiter": 2000, "gtol": 1e-12, "xtol": 1e-14})
+    x_new = (s.theta_hat / scale)[p.active]
+    f_new, f_ref = obj(x_new, 0)[0], obj(np.maximum(ref.x, 0.0), 0)[0]
+    assert f_new <= f_ref + 1e-7
+    H = obj(x_new, 2)[2]
+    sd = np.sqrt(np.diag(np.linalg.inv(H)))
+    assert np.all(np.abs(x_new - np.maximum(ref.x, 0.0)) / sd < 1e-3)
+
+
+def test_joint_optimum_is_not_beaten_by_lbfgsb(rows, scale):
+    """L-BFGS-B on (u, eta) from the stage-1 optimum finds nothing better."""
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
+    p = _ConfigProblem(rows, COEFS, scale)
+    u0, _ = _initial(p)
+    obj = _Objective(p, u0[p.active], PRIOR)
+    u, eta = _joint_point(p, s)
+    x = np.concatenate([u[p.active], eta])
+    na = int(p.active.sum())
+    bounds = [(0.0, None)] * na + [(None, None)] * len(eta)
+    ref = optimize.minimize(lambda z: obj(z, 1)[:2], x, jac=True, method="L-BFGS-B", bounds=bounds,
+                            options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000})
+    assert obj(x, 0)[0] <= ref.fun + 1e-7
+
+
+def test_information_is_the_profiled_curvature(rows, scale):
+    """The information equals the Schur complement built from finite differences of the gradient."""
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
+    p = _ConfigProblem(rows, COEFS, scale)
+    u, eta = _joint_point(p, s)
+    K, ne = p.K, len(eta)
+
+    def grad(uu, ee):
+        _, g, _ = p.derivatives(uu, ee, 1)
+        return g[:K], g[K:] - _noise_prior_terms(PRIOR, p.layout, ee)[1]
+
+    h = 1e-5
+    Hee, Hue = np.zeros((ne, ne)), np.zeros((K, ne))
+    for j in range(ne):
+        e1, e2 = eta.copy(), eta.copy()
+        e1[j] += h
+        e2[j] -= h
+        (gu1, ge1), (gu2, ge2) = grad(u, e1), grad(u, e2)
+        Hee[:, j] = (ge1 - ge2) / (2 * h)
+        Hue[:, j] = (gu1 - gu2) / (2 * h)
+    Huu = -p.hess_uu(u, eta)
+    info_u = Huu - Hue @ np.linalg.solve(0.5 * (Hee + Hee.T), Hue.T)
+    info_u = 0.5 * (info_u + info_u.T)
+    w, V = np.linalg.eigh(info_u)
+    info_u = (V * np.clip(w, 0.0, None)) @ V.T
+    info_u[~p.active] = 0.0
+    info_u[:, ~p.active] = 0.0
+    info = info_u / np.outer(scale, scale)
+    assert np.linalg.norm(s.info - info) / np.linalg.norm(info) < 1e-5
+    assert np.all(s.info[~s.active] == 0) and np.all(s.grad[~s.active] == 0)
+
+
+def test_plain_maximum_likelihood_and_fixed_noise(rows, scale):
+    s = summarize_config(rows, COEFS, scale)
+    assert s.converged and s.message.startswith("projected Newton on (u, eta)")
+    assert np.all(s.theta_hat >= 0) and np.isfinite(s.loglik)
+    for k, v in s.noise.items():  # noise within the bounds, tau only for windows
+        assert 1.5 <= v.nu <= 200.0
+        assert (v.tau > 0) == (k == "step_window")
+    fixed = summarize_config(rows, COEFS, scale, fixed_noise=s.noise)
+    assert fixed.converged and fixed.noise == s.noise
+    # holding the noise at the joint optimum leaves the coefficients where they were (in sd units of
+    # the objective's curvature, ridge included: directions the data leave flat have a large sd)
+    p = _ConfigProblem(rows, COEFS, scale)
+    u0, _ = _initial(p)
+    eta = np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
+    sd = np.sqrt(np.diag(np.linalg.inv(obj((s.theta_hat / scale)[p.active], 2)[2])))
+    assert np.all(np.abs((fixed.theta_hat - s.theta_hat) / scale)[p.active] / sd < 1e-3)
+    assert fixed.loglik == pytest.approx(s.loglik, abs=1e-8)
+
+
+def test_summarize_serial_and_pool_agree(scale):
+    obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-70b", "A100", 4)],
+                               n_iter=150, n_win=60, n_alpha=40, seed=4)
+    rows = fit_rows(obs)
+    one = summarize(rows, COEFS, scale, workers=1, noise_prior=PRIOR)
+    two = summarize(rows, COEFS, scale, workers=2, noise_prior=PRIOR)
+    assert [s.config_id for s in one] == sorted(rows["config_id"].unique())
+    for a, b in zip(one, two, strict=True):
+        assert a.config_id == b.config_id and a.converged
+        assert np.array_equal(a.theta_hat, b.theta_hat) and np.array_equal(a.info, b.info)

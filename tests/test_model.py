@@ -234,6 +234,13 @@ def test_fit_hints_name_confounded_terms(fitted):
     assert any("no configuration of the data separates" in h for h in conv["hints"])
 
 
+def test_hints_after_load_still_name_confounded_terms(fitted, tmp_path):
+    loaded = LatencyModel.load(fitted.save(tmp_path / "p.nc"))
+    assert loaded.identifiability.to_dict() == fitted.identifiability.to_dict()
+    conv = loaded.convergence({"max_rhat": 1.0, "min_ess_bulk": 1e9})
+    assert any("no configuration of the data separates" in h for h in conv["hints"])
+
+
 def test_fit_command_takes_terms(data, tmp_path):
     obs, _ = data
     obs.to_parquet(tmp_path / "observations.parquet")

@@ -98,6 +98,18 @@ class IdentifiabilityReport:
         s = set(coefs)
         return [g for g in self.confounded_everywhere if s.intersection(g)]
 
+    def to_dict(self) -> list[dict]:
+        """Plain data (JSON-ready); :meth:`from_dict` restores the report."""
+        return [{"config_id": c.config_id, "active": list(c.active), "rank": int(c.rank),
+                 "groups": [list(g) for g in c.groups],
+                 "null_vectors": [{k: float(v) for k, v in nv.items()} for nv in c.null_vectors]}
+                for c in self.configs]
+
+    @classmethod
+    def from_dict(cls, data: list[dict]) -> IdentifiabilityReport:
+        """The report written by :meth:`to_dict`."""
+        return cls([ConfigIdentifiability(**c) for c in data])
+
     def to_frame(self) -> pd.DataFrame:
         """One row per configuration: active count, rank, and the flat groups."""
         return pd.DataFrame([{"config_id": c.config_id, "n_active": len(c.active), "rank": c.rank,

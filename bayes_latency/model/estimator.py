@@ -254,6 +254,8 @@ class LatencyModel:
             "approximate": "true" if self.sampler == "laplace" else "false",
             "timings": json.dumps(self.timings), "fit_report": json.dumps(self.report.to_dict()),
         })
+        if self.identifiability is not None:
+            out.attrs["identifiability"] = json.dumps(self.identifiability.to_dict())
         return out
 
     def _noise_dataset(self) -> xr.Dataset:
@@ -555,6 +557,8 @@ class LatencyModel:
         m.result = dt
         m._data_hash = a.get("data_hash")
         m.timings = json.loads(a.get("timings", "{}"))
+        if "identifiability" in a:  # hints after loading name the confounded groups too
+            m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
         m._noise_from_result()
         return m
 

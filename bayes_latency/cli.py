@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
     s.add_argument("--draws", type=int, default=1000)
     s.add_argument("--tune", type=int, default=500)
+    s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
+                   help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "
+                        "identified only jointly)")
     s.add_argument("--chains", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)

@@ -6,7 +6,8 @@ Usage::
         [--draws 4000] [--tune 500] [--target-accept 0.99] [--cold] [--out PREFIX]
 
 Each run is ``LatencyModel().fit(...)`` on the demo's training rows (the demo's observation table
-minus its held-out configuration), exactly as ``bayes-latency demo`` calls it, in a new Python
+minus its held-out configuration), exactly as ``bayes-latency demo`` calls it (diagonal mass-matrix
+adaptation), in a new Python
 process, timed from the observation table to a converged posterior (stage-1 summaries, model
 build, nutpie compilation, sampling, conditional draws of the configuration coefficients,
 assembly). Imports are not timed. The gates are those of ``LatencyModel.convergence`` (max R-hat
@@ -41,7 +42,7 @@ obs = pd.read_parquet(f"{tables}/observations.parquet")
 train = obs[obs["config_id"] != config_id(*HELD_OUT)]
 m = LatencyModel()
 t0 = time.perf_counter()
-m.fit(train, draws=draws, tune=tune, chains=2, seed=seed, target_accept=ta)
+m.fit(train, draws=draws, tune=tune, chains=2, seed=seed, target_accept=ta, adaptation="diag")
 wall = time.perf_counter() - t0
 c = m.convergence()
 ss = m.result["sample_stats"]

@@ -242,3 +242,30 @@ def test_summarize_serial_and_pool_agree(scale):
     for a, b in zip(one, two, strict=True):
         assert a.config_id == b.config_id and a.converged
         assert np.array_equal(a.theta_hat, b.theta_hat) and np.array_equal(a.info, b.info)
+
+
+# ---------------------------------------------------------------- multi-start on small tables
+def test_small_configurations_keep_the_best_of_several_noise_starts(scale, monkeypatch):
+    """With a few dozen heavy-tailed rows the objective has several optima; the grid of noise
+    starts must end no worse than the single default start, and large tables keep one start."""
+    import bayes_latency.model.summaries as S
+
+    obs, _ = make_observations([("llama-2-70b", "H100", 4)], n_iter=30, n_win=0, n_alpha=0, seed=5)
+    small = fit_rows(obs)
+    rng = np.random.default_rng(0)
+    small = small.assign(value_us=small["value_us"] * np.exp(0.3 * rng.standard_t(1.5, len(small))))
+    p = _ConfigProblem(small, COEFS, scale)
+    assert len(S._noise_starts(p, np.zeros(len(p.layout)), np.full(len(p.layout), -9.0),
+                               np.full(len(p.layout), 9.0))) == 1 + 9
+    multi = summarize_config(small, COEFS, scale, PRIOR)
+    monkeypatch.setattr(S, "MULTISTART_MAX_ROWS", 0)
+    assert len(S._noise_starts(p, np.zeros(len(p.layout)), np.full(len(p.layout), -9.0),
+                               np.full(len(p.layout), 9.0))) == 1
+    single = summarize_config(small, COEFS, scale, PRIOR)
+
+    def objective(s) -> float:
+        u, eta = _joint_point(p, s)
+        obj = _Objective(p, u[p.active], PRIOR)  # ridge centre at the point: ridge term 0
+        return obj(np.concatenate([u[p.active], eta]), 0)[0]
+
+    assert objective(multi) <= objective(single) + 1e-9

@@ -55,11 +55,14 @@ LOGLIK_ROWS = 1000
 #: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
 #: funnel-like corners where the ARD tail meets the effect scales).
 TARGET_ACCEPT = 0.95
-#: nutpie's mass-matrix adaptation. Measured on the demo fleet (2 chains, 1000 draws, target
-#: accept 0.9): "diag" 5.8 s of sampling, 85 leapfrog steps per draw, against 24.5 s and 197 steps
-#: for "low_rank" (the low-rank estimate, fitted on funnel-shaped scale parameters, made the
-#: trajectories longer, and each step costs more).
-NUTPIE_ADAPTATION = "diag"
+#: nutpie's mass-matrix adaptation by default ("low_rank"; ``fit(adaptation="diag")`` for the
+#: other). Measured: on the demo fleet (well-separated coefficients) "diag" takes 2x fewer
+#: leapfrog steps (target_accept 0.9, 1000 draws: 5.8 s of sampling and 85 steps per draw against
+#: 24.5 s and 197), and the demo uses it; on the real data, whose coefficients are identified
+#: partly as sums (strongly correlated population parameters), "diag" failed where "low_rank"
+#: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
+NUTPIE_ADAPTATION = "low_rank"
+ADAPTATIONS = ("low_rank", "diag")
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
@@ -166,13 +169,17 @@ class LatencyModel:
 
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 500, chains: int = 2,
-            seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT
-            ) -> LatencyModel:
+            seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
+            adaptation: str = NUTPIE_ADAPTATION) -> LatencyModel:
         """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.
 
         ``target_accept`` is NUTS's step-size target (nutpie and PyMC); raise it towards 0.99 when
-        a few divergences remain.
+        a few divergences remain. ``adaptation`` is nutpie's mass-matrix adaptation, ``"low_rank"``
+        (default; needed when coefficients are identified only jointly) or ``"diag"`` (cheaper
+        when they are not; see :data:`NUTPIE_ADAPTATION`).
         """
+        if adaptation not in ADAPTATIONS:
+            raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")
         t_start = time.perf_counter()
         model = self.build(observations)
         self.timings["build_s"] = time.perf_counter() - t_start
@@ -188,7 +195,7 @@ class LatencyModel:
                 self.timings["compile_s"] = time.perf_counter() - t0
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                                    cores=min(chains, 2), seed=seed, progress_bar=progress,
-                                   adaptation=NUTPIE_ADAPTATION, target_accept=target_accept)
+                                   adaptation=adaptation, target_accept=target_accept)
             else:
                 if self.sampler == "numpyro":
                     from bayes_latency.model.marginal import register_jax
@@ -632,7 +639,8 @@ def fit_command(args: argparse.Namespace) -> int:
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler)
     t0 = time.perf_counter()
     m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
-          target_accept=getattr(args, "target_accept", TARGET_ACCEPT))
+          target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
+          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION))
     out = m.save(args.out)
     conv = m.convergence({"max_rhat": args.max_rhat})
     print(m.report.format())

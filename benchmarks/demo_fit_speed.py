@@ -71,7 +71,9 @@ def run_one(tables: str, draws: int, tune: int, ta: float, seed: int, cold: bool
 
 
 def report(runs: list[dict], args: argparse.Namespace) -> str:
+    cmd = " ".join(["python benchmarks/demo_fit_speed.py", *sys.argv[1:]])
     lines = [f"# Demo fit wall time ({'cold caches' if args.cold else 'warm caches'})", "",
+             f"Command: `{cmd}`", "",
              f"{runs[0]['configs']} configurations, {runs[0]['rows']:,} rows; 2 chains x "
              f"({args.tune} tune + {args.draws} draws), target_accept {args.target_accept}; "
              f"{os.cpu_count()} CPUs, {platform.python_version()}.", "",

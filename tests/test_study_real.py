@@ -82,13 +82,15 @@ def test_baselines_on_split_and_metrics() -> None:
 
 
 def test_real_terms_and_settings() -> None:
-    """The study fits the 6 terms the real data identify best, at target_accept 0.99."""
+    """The study fits the 6 terms the real data identify best, at target_accept 0.99 (0.995 for
+    the H100-only fits, measured to pass the gates with 4 of 4 seeds)."""
     assert study.REAL_TERMS == ("prefill_compute", "decode_kv", "weight_loading", "per_layer",
                                 "per_request", "per_step")
     assert set(study.REAL_TERMS) <= set(DEFAULT_TERMS)
     assert not {"decode_compute", "tp_allreduce"} & set(study.REAL_TERMS)
     for s in (study.FULL, study.FULL_CV, study.QUICK):
         assert s.target_accept == 0.99
+    assert study.FULL_H100.target_accept == 0.995
     assert study.QUICK.draws <= 200 and study.FULL.draws >= 1000
 
 

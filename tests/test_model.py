@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     obs, _ = data
-    return LatencyModel().fit(obs, draws=600, tune=600, chains=2, seed=1)
+    return LatencyModel().fit(obs, draws=1000, tune=600, chains=2, seed=1)
 
 
 # ---------------------------------------------------------------- stage 1
@@ -237,6 +238,8 @@ def test_fit_hints_name_confounded_terms(fitted):
 def test_hints_after_load_still_name_confounded_terms(fitted, tmp_path):
     loaded = LatencyModel.load(fitted.save(tmp_path / "p.nc"))
     assert loaded.identifiability.to_dict() == fitted.identifiability.to_dict()
+    settings = json.loads(loaded.result.attrs["sampler_settings"])
+    assert settings["adaptation"] == "low_rank" and settings["draws"] == 1000
     conv = loaded.convergence({"max_rhat": 1.0, "min_ess_bulk": 1e9})
     assert any("no configuration of the data separates" in h for h in conv["hints"])
 

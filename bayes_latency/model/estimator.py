@@ -207,6 +207,8 @@ class LatencyModel:
                 dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
                                random_seed=seed, progressbar=progress, **kw)
         self.timings["sampling_s"] = time.perf_counter() - t0
+        self._settings = {"draws": draws, "tune": tune, "chains": chains, "seed": seed,
+                          "target_accept": target_accept, "adaptation": adaptation}
         self._add_config_draws(dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = self._assemble(dt, model)
@@ -263,6 +265,8 @@ class LatencyModel:
         })
         if self.identifiability is not None:
             out.attrs["identifiability"] = json.dumps(self.identifiability.to_dict())
+        if getattr(self, "_settings", None):
+            out.attrs["sampler_settings"] = json.dumps(self._settings)
         return out
 
     def _noise_dataset(self) -> xr.Dataset:

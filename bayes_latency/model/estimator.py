@@ -120,6 +120,7 @@ class LatencyModel:
         self.identifiability: IdentifiabilityReport | None = None
         self._noise: dict[str, dict[str, NoiseParams]] = {}
         self.timings: dict[str, float] = {}
+        self._settings: dict[str, object] = {}
 
     # ------------------------------------------------------------------ building
     def _scale(self) -> np.ndarray:
@@ -265,7 +266,7 @@ class LatencyModel:
         })
         if self.identifiability is not None:
             out.attrs["identifiability"] = json.dumps(self.identifiability.to_dict())
-        if getattr(self, "_settings", None):
+        if self._settings:
             out.attrs["sampler_settings"] = json.dumps(self._settings)
         return out
 

@@ -99,17 +99,25 @@ class NoisePrior:
 
     def logp_and_grad(self, layout: list[tuple[str, str]], eta: np.ndarray) -> tuple[float, np.ndarray]:
         """Log prior density of the noise in log coordinates (Jacobian included), and its gradient."""
-        lp, g = 0.0, np.zeros(len(eta))
+        lp, g, _ = self.derivatives(layout, eta)
+        return lp, g
+
+    def derivatives(self, layout: list[tuple[str, str]], eta: np.ndarray
+                    ) -> tuple[float, np.ndarray, np.ndarray]:
+        """Log prior, its gradient and the diagonal of its Hessian (independent parameters)."""
+        lp, g, h = 0.0, np.zeros(len(eta)), np.zeros(len(eta))
         for j, (kind, what) in enumerate(layout):
             v = float(np.exp(eta[j]))
             if what == "nu":
                 lp += self.nu_alpha * eta[j] - self.nu_beta * v
                 g[j] = self.nu_alpha - self.nu_beta * v
+                h[j] = -self.nu_beta * v
             else:
                 s0 = self.tau if what == "tau" else self.sigma.get(kind, 0.5)
                 lp += -0.5 * v**2 / s0**2 + eta[j]
                 g[j] = -(v**2) / s0**2 + 1.0
-        return lp, g
+                h[j] = -2.0 * v**2 / s0**2
+        return lp, g, h
 
 
 @dataclass
@@ -215,14 +223,6 @@ class _ConfigProblem:
         tau = np.where(self.has_tau, np.exp(eta[np.maximum(self.j_tau, 0)]), 0.0)
         return sig, tau, np.exp(eta[self.j_nu])
 
-    def noise_arrays(self, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per-row (s, nu) and per-row d s / d log sigma, d s / d log tau."""
-        sig, tau, nu = self._kind_noise(eta)
-        vs = sig[self.kind_idx] ** 2 * self.inv_n
-        vt = tau[self.kind_idx] ** 2 * self.inv_n2
-        s = np.sqrt(vs + vt)
-        return s, nu[self.kind_idx], vs / s, vt / s
-
     def noise_params(self, eta: np.ndarray) -> dict[str, NoiseParams]:
         """Noise parameters by kind."""
         vals: dict[str, dict[str, float]] = {k: {"sigma": 0.0, "tau": 0.0, "nu": 30.0} for k in self.kinds}
@@ -325,17 +325,6 @@ class _ConfigProblem:
         f, g, _ = self.derivatives(u, eta, 1)
         return f, g[:self.K], g[self.K:]
 
-    def hess_uu(self, u: np.ndarray, eta: np.ndarray) -> np.ndarray:
-        """Analytic Hessian of the log-likelihood in ``u`` (negative semi-definite near the mode)."""
-        mu = np.maximum(self.Xs @ u, 1e-300)
-        r = self.log_y - np.log(mu)
-        s, nu, _, _ = self.noise_arrays(eta)
-        q = nu * s**2 + r**2
-        f1 = -(nu + 1) * r / q
-        f2 = -(nu + 1) * (nu * s**2 - r**2) / q**2
-        w = (f1 + f2) / mu**2
-        return (self.Xs * w[:, None]).T @ self.Xs
-
 
 def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
     """Start: non-negative least squares on relative errors, noise at moderate values."""
@@ -366,20 +355,10 @@ def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
 
 def _noise_prior_terms(prior: NoisePrior | None, layout: list[tuple[str, str]], eta: np.ndarray
                        ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Log prior of the noise (:meth:`NoisePrior.logp_and_grad`), its gradient and the diagonal of
-    its Hessian (the prior is independent across parameters); zeros without a prior."""
+    """:meth:`NoisePrior.derivatives`, or zeros without a prior."""
     if prior is None:
         return 0.0, np.zeros(len(eta)), np.zeros(len(eta))
-    lp, g = prior.logp_and_grad(layout, eta)
-    h = np.empty(len(eta))
-    for j, (kind, what) in enumerate(layout):
-        v = float(np.exp(eta[j]))
-        if what == "nu":
-            h[j] = -prior.nu_beta * v
-        else:
-            s0 = prior.tau if what == "tau" else prior.sigma.get(kind, 0.5)
-            h[j] = -2.0 * v**2 / s0**2
-    return lp, g, h
+    return prior.derivatives(layout, eta)
 
 
 class _Objective:

@@ -8,10 +8,10 @@ Schema (``schema_version: 1``; see ``priors/README.md``)::
     gpu_overrides:  # optional: per GPU name (aliases allowed), partial term entries
       A100-80GB: {prefill_compute: {median: 2.5}}
     hierarchy:      # scales of the crossed model / gpu / tp effects on log-coefficients
-      model: {dist: halfnormal, sigma: 0.5}
+      model: {dist: halfnormal, sigma: 0.25}
       gpu:   {dist: halfnormal, sigma: 0.3}
       tp:    {dist: halfnormal, sigma: 0.3}
-    ard: {dist: beta, alpha: 1.0, beta: 0.5}
+    ard: {dist: logistic_gate, loc: -1.5, scale: 1.0, sharpness: 4.0}
     noise:          # per observation kind: log-residual scale and Student-t dof
       iteration: {sigma: {dist: halfnormal, sigma: 0.5}, nu: {dist: gamma, alpha: 2, beta: 0.1}}
 

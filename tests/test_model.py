@@ -125,6 +125,27 @@ def test_unseen_configuration_has_wider_bands(fitted):
     assert np.all(np.isfinite(unseen["beta"].values)) and np.all(unseen["beta"].values >= 0)
 
 
+def test_unseen_model_effect_includes_the_uncertainty_of_the_zero_sum_mean(fitted):
+    """A new model lies N(0, sigma^2 (1 + 1/n)) from the fitted mean of n zero-sum effects."""
+    from bayes_latency.model.hierarchy import prior_arrays
+
+    gpu = fitted._canonical("llama-2-7b", "H100")[1]
+    ds = fitted.coefficients("llama-3.1-8b", "H100", 1)
+    post = fitted.result["posterior"].to_dataset().stack(sample=("chain", "draw"))
+    n_models = post.sizes["model"]
+    k = "decode_kv"
+    offset = prior_arrays(fitted.priors, fitted.coefs, [gpu]).gpu_offset[0][fitted.coefs.index(k)]
+    base = (post["mu"].sel(coef=k) + offset + post["eff_gpu"].sel(gpu=gpu, coef=k)
+            + post["eff_tp"].sel(tp=1, coef=k)).values
+    resid = np.log(ds["beta"].sel(term=k).values) - base
+    sig2 = float((post["sigma_model"].sel(coef=k) ** 2).mean())
+    sc2 = float((post["sigma_config"].sel(coef=k) ** 2).mean())
+    expected = sig2 * (1 + 1 / n_models) + sc2
+    assert n_models == 3 and sc2 < 0.2 * sig2, (sc2, sig2)
+    # the draws' spread matches (1 + 1/n); without the factor it would be 25% lower
+    assert 0.88 < resid.var() / expected < 1.12, (resid.var(), expected, sig2 + sc2)
+
+
 def test_unknown_architecture_or_gpu_is_a_config_error(fitted):
     with pytest.raises(ConfigError):
         fitted.coefficients("not-a-model", "H100", 1)

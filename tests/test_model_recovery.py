@@ -80,14 +80,6 @@ def test_recovery_coverage_and_zero_terms(small_fleet):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "known shortfall: median MdAPE over the 4 held-out models is 8.8% (< 10%), but their 90% "
-    "bands cover 98.1% of held-out iterations on average (target 85-95%): per fold codellama "
-    "98.9%, llama-2-70b 93.6%, llama-2-7b 99.6%, mixtral 100% (default low-rank adaptation). "
-    "With diag adaptation the same folds gave 99.5/74.5/99.8/100% (mean 93.4%): the one model "
-    "whose effect is large (llama-2-70b, MdAPE 29%) decides, and its band's tail moves with the "
-    "sampler at 1000 draws; the others' bands are wide (effect scales near their prior with 3 "
-    "training models). Pooled scales (priors hierarchy.<factor>.spread): mean 79.5%."))
 def test_leave_one_model_out(small_fleet):
     """Every model of the fleet held out in turn (4 fits): predictions of its iteration times.
 
@@ -95,6 +87,12 @@ def test_leave_one_model_out(small_fleet):
     effect falls inside the population band or not, so one fold's coverage is close to 0% or
     100% of its iterations. The 90% band is calibrated when it covers ~90% of held-out
     iterations averaged over the folds; the test checks that, and the median MdAPE.
+
+    Measured (fit seeds 4, 5, 6): mean coverage 90.5%, 93.6%, 92.7%; median MdAPE 9.3-9.5%.
+    Per fold (seed 4): codellama-34b 98.9%, llama-2-70b 64.5% (MdAPE 30%: the fit splits the
+    per-configuration constant between weight_loading, per_layer and per_step in a way that
+    does not extrapolate to 80 layers), llama-2-7b 99.0%, mixtral-8x7b 99.7%
+    (``benchmarks/leave_one_model_out.py``).
     """
     from bayes_latency.model.estimator import LatencyModel
 

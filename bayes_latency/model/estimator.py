@@ -24,6 +24,7 @@ import arviz as az
 import numpy as np
 import pandas as pd
 import pymc as pm
+import pytensor
 import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
@@ -63,6 +64,13 @@ TARGET_ACCEPT = 0.95
 #: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
 NUTPIE_ADAPTATION = "low_rank"
 ADAPTATIONS = ("low_rank", "diag")
+#: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
+#: (fast-math on), code compiled fresh and the same code loaded from PyTensor's on-disk cache
+#: round differently, so the same fit with the same seed gave different chains on a machine's
+#: first run and on later runs (measured: first draw of z_pop -0.5577 fresh, -0.4990 cached,
+#: -0.5095 with only the PyTensor cache cold). Off, fresh and cached runs agree bit for bit, and
+#: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
+NUMBA_FASTMATH = False
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
@@ -192,7 +200,8 @@ class LatencyModel:
             elif self.sampler == "nutpie":
                 import nutpie
 
-                compiled = nutpie.compile_pymc_model(model)
+                with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH):
+                    compiled = nutpie.compile_pymc_model(model)
                 self.timings["compile_s"] = time.perf_counter() - t0
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                                    cores=min(chains, 2), seed=seed, progress_bar=progress,
@@ -209,7 +218,8 @@ class LatencyModel:
                                random_seed=seed, progressbar=progress, **kw)
         self.timings["sampling_s"] = time.perf_counter() - t0
         self._settings = {"draws": draws, "tune": tune, "chains": chains, "seed": seed,
-                          "target_accept": target_accept, "adaptation": adaptation}
+                          "target_accept": target_accept, "adaptation": adaptation,
+                          "numba_fastmath": NUMBA_FASTMATH}
         self._add_config_draws(dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = self._assemble(dt, model)
@@ -350,9 +360,10 @@ class LatencyModel:
                      seed: int = 0, stack: str = DEFAULT_STACK) -> xr.Dataset:
         """Posterior draws of beta and alpha for any configuration.
 
-        Levels (model, GPU, TP degree) seen in the data use their fitted effects; unseen levels
-        draw their effect from the population distribution ``N(0, sigma_level)``, so the bands of
-        an unseen configuration widen honestly.
+        Levels (model, GPU, TP degree) seen in the data use their fitted effects; an unseen level
+        draws its effect from the population, ``N(0, sigma_level^2 (1 + 1/n))`` around the
+        fitted mean (the ``n`` seen levels' zero-sum effects leave their average in the mean),
+        so the bands of an unseen configuration widen honestly.
 
         Returns
         -------
@@ -387,7 +398,11 @@ class LatencyModel:
                         logt = logt + eff.sel({level: value}).values.T
                     else:
                         unseen.append(level)
-                        sig = post[f"sigma_{level}"].values.T  # (S, K)
+                        # the fitted effects sum to zero over the n seen levels, so the
+                        # population mean carries their average: a new level lies
+                        # N(0, sigma^2 (1 + 1/n)) from it, not N(0, sigma^2)
+                        inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
+                        sig = post[f"sigma_{level}"].values.T * inflate  # (S, K)
                         logt = logt + sig * rng.standard_normal((S, K))
             unseen.append("config")
             sc = post["sigma_config"].values.T

@@ -192,10 +192,10 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     ``sigma[k] = tau * exp(spread * zeta[k])``, ``tau ~ HalfNormal(scale_prior)``,
     ``zeta[k] ~ N(0, 1)``. A factor with few levels says little about each term's scale on its
     own; pooled, the terms inform one common scale. Measured on the demo fleet (true model-effect
-    sd 0.15), leaving each of its 4 models out in turn: pooled scales are learned at 0.07-0.14
-    (independent ones stay near the prior, ~0.3), and the held-out models' 90% bands cover 79.5%
-    of their iterations on average (llama-2-70b, whose effect is the largest, 30%) against
-    93.4-98.1% with independent scales (diag / low-rank adaptation); so the default prior file
+    sd 0.15), leaving each of its 4 models out in turn: pooled scales are learned at 0.07-0.12
+    and the held-out models' 90% bands cover 82.3% of their iterations on average
+    (llama-2-70b 35%) against 90.5-93.6% with independent scales under the default
+    ``HalfNormal(0.25)`` (``benchmarks/leave_one_model_out.py``); so the default prior file
     leaves pooling off.
 
     Non-centred for every coefficient: centring the effects of well-measured coefficients gave

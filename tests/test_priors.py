@@ -37,7 +37,7 @@ def test_default_loads() -> None:
     assert p.prior_median("decode_compute") == 5.0
     assert 500 <= p.prior_median("per_step") <= 3000
     assert 1000 <= p.prior_median("alpha_arrival") <= 20000
-    for eff, s in (("model", 0.5), ("gpu", 0.3), ("tp", 0.3)):
+    for eff, s in (("model", 0.25), ("gpu", 0.3), ("tp", 0.3)):
         assert p.hierarchy_scale(eff) == {"dist": "halfnormal", "sigma": s}
     assert p.ard == {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0}
     for k in REQUIRED_NOISE_KINDS:

@@ -34,8 +34,8 @@ alone, and the systematic part of z that remains after subtracting it (RMS).
 Diagnostic (third fit, skip with ``--no-noise-diagnostic``): the fast path again, but with each
 configuration's summary computed at the noise **fixed** at the full path's posterior means instead
 of noise profiled per (configuration, kind). It attributes fast-vs-full differences to the noise
-model (the two paths model noise differently: per (configuration, kind) profiled MLE vs
-``nu`` per kind shared across configurations with priors) rather than to the quadratic expansion
+model (the fast path profiles the noise per (configuration, kind) at its posterior mode; the full
+path integrates over it with the same priors) rather than to the quadratic expansion
 and the closed-form integration.
 
 Outputs (``--out PREFIX``): ``PREFIX.md`` (report) and ``PREFIX.json`` (all numbers, including the
@@ -234,7 +234,7 @@ def _elementwise(fast: LatencyModel, full: LatencyModel, rows: pd.DataFrame) -> 
 
 def full_noise_summaries(rows: pd.DataFrame, model: LatencyModel, full: LatencyModel) -> list:
     """Stage-1 summaries with the noise **fixed** at the full path's posterior means (sigma and
-    tau per configuration and kind, nu per kind) instead of profiled per configuration and kind:
+    tau, nu per configuration and kind) instead of profiled per configuration and kind:
     maximum likelihood in theta and the information at fixed noise. Diagnostic only: it separates
     what the noise model contributes to fast-vs-full differences from the quadratic expansion and
     the closed-form integration."""
@@ -248,7 +248,7 @@ def full_noise_summaries(rows: pd.DataFrame, model: LatencyModel, full: LatencyM
         noise = {str(k): NoiseParams(
             sigma=float(post["noise_sigma"].sel(config=cid, kind=k).mean()),
             tau=float(post["noise_tau"].sel(config=cid, kind=k).mean()),
-            nu=float(post["noise_nu"].sel(kind=k).mean())) for k in g["kind"].unique()}
+            nu=float(post["noise_nu"].sel(config=cid, kind=k).mean())) for k in g["kind"].unique()}
         out.append(summarize_config(g, model.coefs, scale, fixed_noise=noise))
     return out
 
@@ -292,7 +292,7 @@ def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, c
             if "noise_sigma" in pg and k in list(pg["kind"].values):
                 d["full_sigma"] = float(pg["noise_sigma"].sel(config=c, kind=k).mean())
                 d["full_tau"] = float(pg["noise_tau"].sel(config=c, kind=k).mean())
-                d["full_nu"] = float(pg["noise_nu"].sel(kind=k).mean())
+                d["full_nu"] = float(pg["noise_nu"].sel(config=c, kind=k).mean())
             noise.append(d)
     fast_cpu, full_cpu = fast.timings.pop("cpu_total_s"), full.timings.pop("cpu_total_s")
     fast_t = dict(fast.timings)
@@ -407,8 +407,8 @@ def markdown(r: dict, meta: dict) -> str:
         c = nd["conv"]
         L += ["", "## Diagnostic: fast path with the noise fixed at the full path's posterior means", "",
               "Same rows, same hierarchy, but each configuration's summary is the maximum likelihood "
-              "and information in theta at **fixed** noise (sigma, tau per configuration and kind, nu "
-              "per kind = posterior means of the full fit) instead of noise profiled per "
+              "and information in theta at **fixed** noise (sigma, tau, nu per configuration and kind "
+              "= posterior means of the full fit) instead of noise profiled per "
               "(configuration, kind). What remains is the quadratic expansion + closed-form "
               f"integration + plug-in (not integrated) noise. {nd['s']:.1f} s; max R-hat "
               f"{c['max_rhat']:.4f}, min bulk ESS {c['min_ess_bulk']:.0f}, divergences {c['divergences']}.", "",
@@ -421,8 +421,7 @@ def markdown(r: dict, meta: dict) -> str:
               "Worst 5: " + "; ".join(f"{e['config']} {e['coef']} z {e['z']:+.3f}" for e in nd["worst"][:5])]
     if r["noise"]:
         L += ["", "### Noise: profiled MLE (fast, per configuration and kind) vs posterior mean (full: "
-              "sigma, tau per configuration and kind with half-normal priors, nu per kind shared "
-              "across configurations)", "",
+              "sigma, tau, nu per configuration and kind with the same priors)", "",
               "| configuration | kind | rows | sigma fast / full | tau fast / full | nu fast / full |",
               "|---|---|---|---|---|---|"]
         for d in r["noise"]:

@@ -335,7 +335,7 @@ class LatencyModel:
                 if self.method == "full" and "noise_sigma" in post:
                     sig = float(post["noise_sigma"].sel(config=c, kind=k).mean())
                     tau = float(post["noise_tau"].sel(config=c, kind=k).mean())
-                    nu = float(post["noise_nu"].sel(kind=k).mean())
+                    nu = float(post["noise_nu"].sel(config=c, kind=k).mean())
                     d[str(k)] = NoiseParams(sig, tau if k == "step_window" else 0.0, nu)
                 else:
                     s = float(ds["noise_sigma"].sel(config=c, kind=k))

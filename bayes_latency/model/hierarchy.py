@@ -34,7 +34,7 @@ Likelihood, two forms:
   parametrisation tried (non-centred, partially centred, whitened).
 * ``method="full"``: every row, Student-t on the log scale (:mod:`.likelihood`), with the
   configuration coefficients sampled explicitly (``theta = m * (1 + sigma_config * eps)``) and
-  noise scales per (configuration, kind) and dof per kind as free parameters: the slow reference.
+  noise scales and Student-t dof per (configuration, kind) as free parameters: the slow reference.
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
@@ -407,10 +407,13 @@ def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame
                           dims=("config", "kind"))
     win = np.asarray([k in WINDOW_KINDS for k in kinds], dtype=float)
     tau = pm.HalfNormal("noise_tau", sigma=0.05, dims=("config", "kind"))
-    nu = pm.Gamma("noise_nu", alpha=pa.nu_alpha, beta=pa.nu_beta, dims="kind")
+    # dof per (configuration, kind), as stage 1 of the fast path estimates it: the two paths are
+    # then the same model (a dof shared per kind left the fast path's beta means up to 0.12
+    # posterior sd from this path's)
+    nu = pm.Gamma("noise_nu", alpha=pa.nu_alpha, beta=pa.nu_beta, dims=("config", "kind"))
     s_sig = sigma[cfg_idx, kind_idx]
     s_tau = tau[cfg_idx, kind_idx] * win[kind_idx]
     scale = pt.sqrt(s_sig**2 / n + s_tau**2 / n**2)
     mu = pt.sum(theta[cfg_idx] * X, axis=1)
-    pm.StudentT("obs_log_value", nu=nu[kind_idx], mu=pt.log(mu), sigma=scale,
+    pm.StudentT("obs_log_value", nu=nu[cfg_idx, kind_idx], mu=pt.log(mu), sigma=scale,
                 observed=np.log(rows["value_us"].to_numpy(dtype=float)), dims="obs")

@@ -13,7 +13,9 @@ The second-order expansion ``log L_c(theta) ~ l_hat + g.(theta - theta_hat)
 - 1/2 (theta - theta_hat)' I (theta - theta_hat)`` then stands in for thousands of rows inside the
 hierarchical model (:mod:`.hierarchy`). With thousands of rows per configuration the likelihood
 is very nearly quadratic in ``theta`` over the posterior's range (Bernstein-von Mises), which is why
-this reproduces the full-data posterior (``benchmarks/fast_vs_full.py`` measures it).
+this reproduces the full-data posterior: on 6 configurations x 800 rows, all 42 posterior
+means within 0.1 posterior sd of full-data NUTS (max 0.090; ``benchmarks/fast_vs_full.py``,
+``results/benchmarks/fast_vs_full.md``).
 Coefficients whose features are all zero for a configuration get zero information: the prior
 speaks for them.
 

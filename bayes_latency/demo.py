@@ -25,6 +25,10 @@ from bayes_latency.model.estimator import LatencyModel, config_id
 HELD_OUT = ("llama-2-70b", "A100-80GB", 4)
 #: An architecture absent from the fleet altogether (export only: no data to check against).
 UNSEEN_MODEL = ("llama-3.1-8b", "H100-SXM", 1)
+#: Sampler settings of the demo's fit (timed as they are by ``benchmarks/demo_fit_speed.py``).
+#: Diagonal adaptation: measured 2x fewer leapfrog steps than low-rank on this fleet, whose
+#: coefficients every configuration separates (see ``estimator.NUTPIE_ADAPTATION``).
+DEMO_FIT = {"tune": 500, "chains": 2, "target_accept": 0.99, "adaptation": "diag"}
 
 
 class _Progress:
@@ -119,10 +123,7 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 4000) -
     held = config_id(*HELD_OUT)
     train = obs[obs["config_id"] != held]
     model = LatencyModel()
-    # diagonal adaptation: measured 2x fewer leapfrog steps than low-rank on this fleet, whose
-    # coefficients every configuration separates (see estimator.NUTPIE_ADAPTATION)
-    model.fit(train, draws=draws, tune=500, chains=2, seed=seed, target_accept=0.99,
-              adaptation="diag")
+    model.fit(train, draws=draws, seed=seed, **DEMO_FIT)
     posterior = model.save(out / "posterior.nc")
     conv = model.convergence()
     pr.step("fit", f"{len(model.design.configs)} configurations, {len(model._rows):,} rows; "

@@ -6,11 +6,11 @@ Usage::
         [--draws 4000] [--tune 500] [--target-accept 0.99] [--cold] [--out PREFIX]
 
 Each run is ``LatencyModel().fit(...)`` on the demo's training rows (the demo's observation table
-minus its held-out configuration), exactly as ``bayes-latency demo`` calls it (diagonal mass-matrix
-adaptation), in a new Python
-process, timed from the observation table to a converged posterior (stage-1 summaries, model
-build, nutpie compilation, sampling, conditional draws of the configuration coefficients,
-assembly). Imports are not timed. The gates are those of ``LatencyModel.convergence`` (max R-hat
+minus its held-out configuration), exactly as ``bayes-latency demo`` calls it
+(``bayes_latency.demo.DEMO_FIT``: diagonal mass-matrix adaptation), in a new Python process,
+timed from the observation table to a converged posterior (stage-1 summaries, model build,
+nutpie compilation, sampling, conditional draws of the configuration coefficients, assembly).
+Imports are not timed. The gates are those of ``LatencyModel.convergence`` (max R-hat
 <= 1.01, min bulk ESS >= 400, 0 divergences).
 
 ``--cold`` points PyTensor's and Numba's on-disk caches at empty temporary directories, so the
@@ -31,18 +31,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bayes_latency.demo import DEMO_FIT
+
 CHILD = r"""
 import json, sys, time
 import pandas as pd
 from bayes_latency.data.observations import config_id
-from bayes_latency.demo import HELD_OUT
+from bayes_latency.demo import DEMO_FIT, HELD_OUT
 from bayes_latency.model.estimator import LatencyModel
 tables, draws, tune, ta, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 obs = pd.read_parquet(f"{tables}/observations.parquet")
 train = obs[obs["config_id"] != config_id(*HELD_OUT)]
 m = LatencyModel()
 t0 = time.perf_counter()
-m.fit(train, draws=draws, tune=tune, chains=2, seed=seed, target_accept=ta, adaptation="diag")
+m.fit(train, draws=draws, seed=seed, **{**DEMO_FIT, "tune": tune, "target_accept": ta})
 wall = time.perf_counter() - t0
 c = m.convergence()
 ss = m.result["sample_stats"]
@@ -99,8 +101,8 @@ def main() -> int:
     ap.add_argument("--tables", default="results/tables")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--draws", type=int, default=4000)
-    ap.add_argument("--tune", type=int, default=500)
-    ap.add_argument("--target-accept", type=float, default=0.99)
+    ap.add_argument("--tune", type=int, default=DEMO_FIT["tune"])
+    ap.add_argument("--target-accept", type=float, default=DEMO_FIT["target_accept"])
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -47,15 +47,16 @@ def fleet_tables(fleet: str, seed: int, work: Path) -> pd.DataFrame:
 
 def evaluate(m, rows: pd.DataFrame, n_draws: int = 400, seed: int = 0) -> dict:
     """MdAPE of the predictive median and 90% band coverage on ``rows``."""
+    from bayes_latency.checks.ppc import band_summary
+
     y = m.sample_posterior_predictive(rows, n_draws=n_draws, seed=seed).values
-    obs_v = rows["value_us"].to_numpy(float)
-    lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
+    band = band_summary(y, rows["value_us"].to_numpy(float))
     post = m.result["posterior"]
     sig = {f: float(post[f"sigma_{f}"].mean()) for f in ("model", "gpu", "tp")
            if f"sigma_{f}" in post}
-    return {"mdape": float(np.median(np.abs(np.median(y, axis=0) / obs_v - 1))),
-            "coverage_90": float(np.mean((obs_v >= lo) & (obs_v <= hi))),
-            "band_log10_width": float(np.median(np.log10(hi / lo))),
+    return {"mdape": float(band["ape"].median() / 100.0),
+            "coverage_90": float(band["in_90"].mean()),
+            "band_log10_width": float(np.median(np.log10(band["q95_us"] / band["q05_us"]))),
             "sigma_mean": sig, "n_rows": len(rows)}
 
 

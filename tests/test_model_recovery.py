@@ -95,6 +95,7 @@ def test_leave_one_model_out(small_fleet):
     99.7%. Seeds 4-6 compiled with fast-math: 90.5-93.6%, median MdAPE 9.3-9.5%
     (``benchmarks/leave_one_model_out.py``).
     """
+    from bayes_latency.checks.ppc import band_summary
     from bayes_latency.model.estimator import LatencyModel
 
     _, obs = small_fleet
@@ -103,10 +104,8 @@ def test_leave_one_model_out(small_fleet):
         m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, seed=4, target_accept=0.99)
         rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]
         y = m.sample_posterior_predictive(rows, n_draws=400).values
-        obs_v = rows["value_us"].to_numpy(float)
-        mdape = float(np.median(np.abs(np.median(y, axis=0) / obs_v - 1)))
-        lo, hi = np.quantile(y, [0.05, 0.95], axis=0)
-        folds[held] = (mdape, float(np.mean((obs_v >= lo) & (obs_v <= hi))))
+        band = band_summary(y, rows["value_us"].to_numpy(float))
+        folds[held] = (float(band["ape"].median() / 100.0), float(band["in_90"].mean()))
     assert len(folds) >= 3, folds
     assert np.median([f[0] for f in folds.values()]) < 0.10, folds
     assert 0.85 <= np.mean([f[1] for f in folds.values()]) <= 0.95, folds

@@ -151,12 +151,49 @@ def summarize_coefficients(coefs: xr.Dataset, hdi_prob: float = 0.9) -> pd.DataF
 # BLIS
 
 
-def _blis_vectors(beta: xr.DataArray, alpha: xr.DataArray) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """``(sample, 3)`` alpha and ``(sample, 10)`` beta in BLIS order, and the notes."""
-    from bayes_latency.physics.basis import ALPHA_TERMS, BLIS_BETA_ORDER
+def _fold_features(terms: list[str], config: Mapping[str, Any] | None) -> dict[str, float]:
+    """Per-step feature of each foldable extra term in ``terms`` for ``config`` (see ``Term.fold``)."""
+    from bayes_latency.physics import ServingConfig, basis_matrix, load_architecture, load_gpu
+    from bayes_latency.physics.basis import get_term
+
+    foldable = [t for t in terms if get_term(t).fold is not None]
+    if not foldable:
+        return {}
+    if config is None or "model" not in config or "gpu" not in config:
+        raise BayesLatencyError(
+            f"term(s) {foldable} fold into BLIS's per-step coefficient by their per-step feature, "
+            "which needs the configuration (model, gpu, tp)")
+    arch = load_architecture(str(config["model"]))
+    serving = ServingConfig.from_dict(dict(config), arch=arch)
+    one_decode = {"num_prefill_reqs": 0.0, "prefill_tokens": 0.0, "prefill_attn_pairs": 0.0,
+                  "prefill_kv_tokens": 0.0, "num_decode_reqs": 1.0, "decode_tokens": 1.0,
+                  "decode_ctx_tokens": 1.0}
+    x = basis_matrix(one_decode, arch, load_gpu(str(config["gpu"])), serving, foldable)[0]
+    return {t: float(v) for t, v in zip(foldable, x, strict=True)}
+
+
+def _blis_vectors(beta: xr.DataArray, alpha: xr.DataArray,
+                  config: Mapping[str, Any] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(sample, 3)`` alpha and ``(sample, 11)`` beta in BLIS slot order, and the notes.
+
+    Rules (BLIS's ``StepTime`` reads ``beta_coeffs`` positionally, ``sim/latency/
+    trained_physics_model.go``): every default term fills its slot (``Term.blis_index``); a slot
+    whose term is not in the posterior (fitted with ``--terms``) is exported as 0, with a note;
+    an extra term whose feature is a per-configuration constant (``Term.fold == "per_step"``)
+    adds ``beta·x`` to the per-step slot, with a note; any other extra term is refused
+    (:class:`BayesLatencyError`), because BLIS would silently not simulate its cost.
+    """
+    from bayes_latency.physics.basis import ALPHA_TERMS, BLIS_BETA_ORDER, get_term
 
     notes = []
     terms = [str(t) for t in beta["term"].values]
+    refused = [t for t in terms if get_term(t).blis_index is None and get_term(t).fold is None]
+    if refused:
+        raise BayesLatencyError(
+            f"term(s) {refused} have no BLIS slot and cannot be folded into one (their features "
+            "vary from step to step): BLIS would not simulate their cost. Refit without them "
+            "(bayes-latency fit --terms ...) to export for BLIS, or export --format json")
     b = np.zeros((beta.sizes["sample"], len(BLIS_BETA_ORDER)))
     for slot, name in enumerate(BLIS_BETA_ORDER):
         if name in terms:
@@ -164,12 +201,12 @@ def _blis_vectors(beta: xr.DataArray, alpha: xr.DataArray) -> tuple[np.ndarray, 
         else:
             notes.append(f"term {name!r} (BLIS beta slot {slot}) is not in the posterior: "
                          "exported as 0")
-    for name in terms:
-        info = coefficient_info(name)
-        if not info["exportable"]:
-            notes.append(f"term {name!r} is not exportable to BLIS: left out")
-        elif info["blis_slot"] is None:
-            notes.append(f"term {name!r} has no BLIS slot: left out (its cost is not simulated)")
+    step_slot = BLIS_BETA_ORDER.index("per_step")
+    for name, x in _fold_features(terms, config).items():
+        b[:, step_slot] += beta.values[:, terms.index(name)] * x
+        notes.append(f"term {name!r} (no BLIS slot) folded into per_step (slot {step_slot}): "
+                     f"coefficient x {x:g} {get_term(name).feature_unit} per step "
+                     f"(exact for every non-empty step)")
     aterms = [str(t) for t in alpha["alpha_term"].values]
     a = np.zeros((alpha.sizes["sample"], len(ALPHA_TERMS)))
     for slot, name in enumerate(ALPHA_TERMS):
@@ -184,12 +221,13 @@ def _block(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
                                              "beta_coeffs": [float(v) for v in b]}}
 
 
-def blis_notes(coefs: xr.Dataset) -> list[str]:
-    """Notes on terms left out of (or missing from) the BLIS export of ``coefs``."""
-    return _blis_vectors(*_arrays(coefs))[2]
+def blis_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None) -> list[str]:
+    """Notes on terms folded into, left out of, or missing from the BLIS export of ``coefs``."""
+    return _blis_vectors(*_arrays(coefs), config)[2]
 
 
-def blis_block(coefs: xr.Dataset, stat: str = "mean") -> dict[str, Any]:
+def blis_block(coefs: xr.Dataset, stat: str = "mean",
+               config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """BLIS ``trained_physics_coefficients`` of one configuration.
 
     Parameters
@@ -198,21 +236,25 @@ def blis_block(coefs: xr.Dataset, stat: str = "mean") -> dict[str, Any]:
         ``beta (sample, term)`` and ``alpha (sample, alpha_term)``.
     stat
         ``"mean"`` or ``"median"`` of the draws.
+    config
+        The configuration (``model``, ``gpu``, ``tp``); needed only to fold extra terms.
 
     Returns
     -------
     dict
-        ``{"trained_physics_coefficients": {"alpha_coeffs": [3 floats], "beta_coeffs": [10 floats
-        in BLIS_BETA_ORDER]}}``. See :func:`blis_notes` for terms left out.
+        ``{"trained_physics_coefficients": {"alpha_coeffs": [3 floats], "beta_coeffs": [11 floats
+        in BLIS_BETA_ORDER]}}``: alpha = (ARRIVED -> QUEUED delay µs, fixed completion overhead
+        µs, µs added to every inter-token interval), beta in BLIS's slot order. See
+        :func:`blis_notes` for terms folded or left out.
 
     Raises
     ------
     BayesLatencyError
-        Unknown ``stat``, or a non-finite / negative coefficient.
+        Unknown ``stat``, a term BLIS cannot represent, or a non-finite / negative coefficient.
     """
     if stat not in STATS:
         raise BayesLatencyError(f"unknown statistic {stat!r}; use one of {STATS}")
-    a, b, _ = _blis_vectors(*_arrays(coefs))
+    a, b, _ = _blis_vectors(*_arrays(coefs), config)
     reduce = np.mean if stat == "mean" else np.median
     return _block(reduce(a, axis=0), reduce(b, axis=0))
 
@@ -222,7 +264,7 @@ def _fmt(v: float) -> str:
 
 
 def blis_flags(coefs: xr.Dataset | Mapping[str, Any], stat: str = "mean") -> str:
-    """BLIS command-line flags ``--alpha-coeffs a,b,c --beta-coeffs b0,...,b9``.
+    """BLIS command-line flags ``--alpha-coeffs a,b,c --beta-coeffs b0,...,b10``.
 
     Parameters
     ----------
@@ -244,13 +286,14 @@ def _pick_draws(n_total: int, n_draws: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n_total, size=n_draws, replace=n_draws > n_total))
 
 
-def blis_draws(coefs: xr.Dataset, n_draws: int, seed: int = 0) -> list[dict[str, Any]]:
+def blis_draws(coefs: xr.Dataset, n_draws: int, seed: int = 0,
+               config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """``n_draws`` posterior draws, each a BLIS block (for ensemble simulation).
 
     Draws are taken without replacement (with replacement only when more are asked for than
     exist), in sample order, with a seeded generator.
     """
-    a, b, _ = _blis_vectors(*_arrays(coefs))
+    a, b, _ = _blis_vectors(*_arrays(coefs), config)
     idx = _pick_draws(a.shape[0], n_draws, seed)
     return [_block(a[i], b[i]) for i in idx]
 
@@ -342,7 +385,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     """
     beta, alpha = _arrays(coefs)
     summary = summarize_coefficients(coefs, hdi_prob)
-    notes = list(blis_notes(coefs))
+    notes = list(blis_notes(coefs, config))
     terms = []
     for name, row in summary.iterrows():
         info = coefficient_info(str(name))
@@ -368,7 +411,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
                                                              "q95_us")}})
     else:
         notes.append("configuration has no model/gpu: reference predictions left out")
-    block = blis_block(coefs, "mean")
+    block = blis_block(coefs, "mean", config)
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "configuration": jsonable(configuration),
@@ -434,19 +477,34 @@ def provenance(result_attrs: Mapping[str, Any], posterior_path: str | Path | Non
     return jsonable(out)
 
 
+def blis_hardware(config: Mapping[str, Any]) -> dict[str, Any]:
+    """How to tell BLIS about the GPU: ``--hardware NAME`` and, for a GPU BLIS's own
+    ``hardware_config.json`` lacks, the entry to add to it (the exported coefficients multiply
+    features computed from exactly these numbers)."""
+    from bayes_latency.physics import load_gpu
+
+    hw = load_gpu(str(config["gpu"])).blis
+    out: dict[str, Any] = {"name": hw.name, "in_blis_hardware_config": hw.in_blis}
+    if not hw.in_blis:
+        out["hardware_config_entry"] = {hw.name: hw.to_hardware_config()}
+    return out
+
+
 def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, Any],
               n_draws: int = 0, seed: int = 0, stat: str = "mean") -> str:
     """BLIS YAML text: the block, its flags (as a comment and as ``blis_flags``), configuration,
     provenance, notes and, when ``n_draws``, a ``draws`` list of blocks."""
     import yaml
 
-    block = blis_block(coefs, stat)
+    block = blis_block(coefs, stat, config)
     flags = blis_flags(block)
     doc: dict[str, Any] = {**block, "blis_flags": flags, "stat": stat,
-                           "configuration": jsonable(dict(config)), "provenance": jsonable(dict(prov)),
-                           "notes": blis_notes(coefs)}
+                           "configuration": jsonable(dict(config)),
+                           "blis_hardware": blis_hardware(config),
+                           "provenance": jsonable(dict(prov)),
+                           "notes": blis_notes(coefs, config)}
     if n_draws:
-        doc["draws"] = blis_draws(coefs, n_draws, seed)
+        doc["draws"] = blis_draws(coefs, n_draws, seed, config)
     header = (f"# bayes-latency export for model={config.get('model')} gpu={config.get('gpu')} "
               f"tp={config.get('tp')} ({stat} of the posterior)\n# {flags}\n")
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
@@ -472,7 +530,7 @@ def export_command(args: argparse.Namespace) -> int:
     else:
         raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
     out.write_text(text)
-    for note in blis_notes(coefs):
+    for note in blis_notes(coefs, config):
         print(f"note: {note}")
     print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
     return 0

@@ -13,6 +13,7 @@ from bayes_latency.physics.basis import (
     ALPHA_TERMS,
     BLIS_BETA_ORDER,
     DEFAULT_TERMS,
+    EXTRA_TERMS,
     TERMS,
     basis_frame,
     basis_matrix,
@@ -26,7 +27,7 @@ from bayes_latency.physics.hardware import load_gpu
 from bayes_latency.physics.serving import ServingConfig
 
 H100 = load_gpu("H100")
-PEAK, HBM, NVL = 989e12, 3.35e12, 450e9
+PEAK, HBM = 989.5e12, 3.35e12          # BLIS hardware_config.json, H100
 
 
 def _row(**kw: float) -> dict[str, float]:
@@ -61,16 +62,18 @@ def test_term_registry() -> None:
                              "weight_loading", "tp_allreduce", "per_layer", "per_request",
                              "per_step", "moe_layer", "moe_dispatch")
     assert list(TERMS)[:11] == list(DEFAULT_TERMS)
-    assert BLIS_BETA_ORDER == ("prefill_compute", "prefill_kv", "weight_loading", "decode_kv",
-                               "per_layer", "per_request", "per_step", "moe_layer",
-                               "decode_compute", "tp_allreduce")
-    assert get_term("moe_dispatch").blis_index is None
+    # BLIS reads beta_coeffs positionally in StepTime (sim/latency/trained_physics_model.go)
+    assert BLIS_BETA_ORDER == ("prefill_compute", "decode_compute", "weight_loading",
+                               "tp_allreduce", "per_layer", "per_request", "per_step", "moe_layer",
+                               "prefill_kv", "decode_kv", "moe_dispatch")
     for i, n in enumerate(BLIS_BETA_ORDER):
         assert get_term(n).blis_index == i
     for t in TERMS.values():
         assert t.group in ("compute", "memory", "communication", "overhead")
         assert t.doc and t.unit and t.feature_unit
-    assert not get_term("cpu_offload").exportable and not get_term("kv_pressure").exportable
+    for n in EXTRA_TERMS:
+        assert not get_term(n).exportable and get_term(n).blis_index is None
+    assert get_term("moe_routing").fold == "per_step" and get_term("cpu_offload").fold is None
     assert all(TERMS[n].exportable for n in DEFAULT_TERMS)
     assert ALPHA_TERMS == ("alpha_arrival", "alpha_post_decode", "alpha_per_token")
     assert ALPHA_TERM_INFO["alpha_per_token"].unit == "us/token"
@@ -81,33 +84,31 @@ def test_term_registry() -> None:
 
 
 def test_llama2_7b_tp1_hand_computed() -> None:
+    """BLIS's formulas (StepTime) written out for Llama-2-7B on H100 (BLIS: 989.5 TFLOP/s)."""
     a = load_architecture("llama-2-7b")
     f = basis_frame(BATCHES, a, H100, ServingConfig(tp=1))
     assert list(f.columns) == list(DEFAULT_TERMS) and list(f.index) == list(BATCHES.index)
-    # N_matmul = 32 layers * (4*4096^2 attention + 3*4096*11008 FFN) + 32000*4096 LM head
-    n_mm = 32 * (4 * 4096**2 + 3 * 4096 * 11008) + 32000 * 4096
-    assert n_mm == 6_607_077_376
-    attn = 32 * 4 * 32 * 128                       # L * 4 * H * d FLOPs per pair
-    kv_tok = 32 * 2 * 32 * 128 * 2                 # L * 2 * kvh * d * 2 bytes = 524288
-    w_read = (a.params_total - 32000 * 4096) * 2   # all weights except the embedding table
+    L, d, dkv, ff = 32, 4096, 4096, 11008
+    proj = L * 2 * d * (2 * d + 2 * dkv)           # per token
+    ffn = L * 6 * d * ff                           # per token, 3 matrices
+    in_pairs = 512 * (512 + 512 / 2)               # BLIS: chunk x (input length + chunk / 2)
+    attn = L * 4 * 32 * 128                        # per pair (H/tp * dH)
     p = f.loc["prefill"]
-    assert p.prefill_compute == pytest.approx((2 * 512 * n_mm + attn * PAIRS_512) / PEAK * 1e6)
-    assert p.prefill_compute == pytest.approx(6910.5, abs=0.1)
-    assert p.prefill_kv == pytest.approx(kv_tok * 512 / HBM * 1e6)          # 80.13 µs
-    assert p.weight_loading == pytest.approx(w_read / HBM * 1e6)            # 3944.7 µs
-    assert p.weight_loading == pytest.approx(3944.7, abs=0.1)
+    assert p.prefill_compute == pytest.approx((512 * (proj + ffn) + attn * in_pairs) / PEAK * 1e6)
+    assert p.prefill_kv == pytest.approx(L * 2 * dkv * 512 * 2 / HBM * 1e6)   # writes only
+    w = L * d * (2 * d + 2 * dkv) * 2 + L * 3 * d * ff * 2                     # no embeddings
+    assert p.weight_loading == pytest.approx(w / HBM * 1e6)
     assert (p.decode_compute, p.decode_kv, p.tp_allreduce, p.moe_layer, p.moe_dispatch) == (0, 0, 0, 0, 0)
     assert (p.per_layer, p.per_request, p.per_step) == (32, 1, 1)
-    d = f.loc["decode"]
-    assert d.decode_compute == pytest.approx((2 * 32 * n_mm + attn * 32000) / PEAK * 1e6)
-    assert d.decode_kv == pytest.approx(kv_tok * 32000 / HBM * 1e6)         # 5008.1 µs
-    assert d.decode_kv == pytest.approx(5008.1, abs=0.1)
-    assert d.weight_loading == p.weight_loading
-    assert (d.prefill_compute, d.prefill_kv, d.per_layer, d.per_request, d.per_step) == (0, 0, 32, 32, 1)
+    dd = f.loc["decode"]
+    past = 32 * 1000 - 32                          # decode_ctx_tokens counts the decoded token
+    assert dd.decode_compute == pytest.approx((32 * (proj + ffn) + attn * past) / PEAK * 1e6)
+    assert dd.decode_kv == pytest.approx(L * 2 * dkv * 2 * 32000 / HBM * 1e6)
+    assert dd.weight_loading == p.weight_loading
+    assert (dd.prefill_compute, dd.prefill_kv, dd.per_layer, dd.per_request, dd.per_step) == (0, 0, 32, 32, 1)
     m = f.loc["mixed"]
-    # additive terms add up; weights are read once; one step
     for t in ("prefill_compute", "prefill_kv", "decode_compute", "decode_kv"):
-        assert m[t] == pytest.approx(p[t] + d[t])
+        assert m[t] == pytest.approx(p[t] + dd[t])
     assert m.weight_loading == p.weight_loading and m.per_request == 33 and m.per_step == 1
     e = f.loc["empty"]
     assert e.per_step == 1 and (e.drop("per_step") == 0).all()
@@ -116,23 +117,22 @@ def test_llama2_7b_tp1_hand_computed() -> None:
 def test_llama2_70b_tp4_hand_computed() -> None:
     a = load_architecture("llama-2-70b")
     f = basis_frame(BATCHES, a, H100, ServingConfig(tp=4))
-    # attention per layer: Q,O 8192x8192, K,V 8192x1024 (8 KV heads of 128)
-    n_mm = 80 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 32000 * 8192
-    assert n_mm == 68_713_185_280
-    attn = 80 * 4 * 64 * 128
-    kv_tok_gpu = 80 * 2 * (8 // 4) * 128 * 2      # kvh_gpu = 2 -> 81920 B/token/GPU
-    p, d, m = f.loc["prefill"], f.loc["decode"], f.loc["mixed"]
-    assert p.prefill_compute == pytest.approx((2 * 512 * n_mm + attn * PAIRS_512) / (4 * PEAK) * 1e6)
-    assert p.prefill_kv == pytest.approx(kv_tok_gpu * 512 / HBM * 1e6)      # 12.52 µs
-    assert p.weight_loading == pytest.approx((a.params_total - 32000 * 8192) * 2 / 4 / HBM * 1e6)
-    # all-reduce: 2 per layer of T x hidden x 2 B, ring factor 2(TP-1)/TP = 1.5
-    assert p.tp_allreduce == pytest.approx(2 * 80 * 512 * 8192 * 2 * 1.5 / NVL * 1e6)   # 4473.9 µs
-    assert p.tp_allreduce == pytest.approx(4473.9, abs=0.1)
-    assert d.tp_allreduce == pytest.approx(2 * 80 * 32 * 8192 * 2 * 1.5 / NVL * 1e6)
-    assert m.tp_allreduce == pytest.approx(p.tp_allreduce + d.tp_allreduce)
-    assert d.decode_compute == pytest.approx((2 * 32 * n_mm + attn * 32000) / (4 * PEAK) * 1e6)
-    assert d.decode_kv == pytest.approx(kv_tok_gpu * 32000 / HBM * 1e6)
-    assert (d.per_layer, d.per_request, d.per_step, d.moe_layer) == (80, 32, 1, 0)
+    L, d, dkv, ff, tp = 80, 8192, 1024, 28672, 4
+    proj = L * 2 * d * (2 * d + 2 * dkv) / tp
+    ffn = L * 6 * d * ff / tp
+    attn = L * 4 * (64 / tp) * 128
+    p, dd, m = f.loc["prefill"], f.loc["decode"], f.loc["mixed"]
+    assert p.prefill_compute == pytest.approx((512 * (proj + ffn) + attn * 512 * 768) / PEAK * 1e6)
+    assert p.prefill_kv == pytest.approx(L * 2 * (dkv / tp) * 512 * 2 / HBM * 1e6)
+    w = (L * d * (2 * d + 2 * dkv) + L * 3 * d * ff) * 2 / tp
+    assert p.weight_loading == pytest.approx(w / HBM * 1e6)
+    # all-reduce: attention + dense FFN per layer, T x hidden x 2 B, ring 2(tp-1)/tp, over HBM
+    assert p.tp_allreduce == pytest.approx(2 * L * 512 * d * 2 * 2 * 0.75 / HBM * 1e6)
+    assert p.tp_allreduce == pytest.approx(601.0, abs=0.1)
+    assert m.tp_allreduce == pytest.approx(p.tp_allreduce + dd.tp_allreduce)
+    assert dd.decode_compute == pytest.approx((32 * (proj + ffn) + attn * 31968) / PEAK * 1e6)
+    assert dd.decode_kv == pytest.approx(L * 2 * (dkv / tp) * 2 * 32000 / HBM * 1e6)
+    assert (dd.per_layer, dd.per_request, dd.per_step, dd.moe_layer) == (80, 32, 1, 0)
 
 
 def test_tp_scaling() -> None:
@@ -140,56 +140,66 @@ def test_tp_scaling() -> None:
     x1 = basis_frame(BATCHES, a, H100, ServingConfig(tp=1))
     x2 = basis_frame(BATCHES, a, H100, ServingConfig(tp=2))
     for t in ("prefill_compute", "decode_compute", "weight_loading", "prefill_kv", "decode_kv"):
-        np.testing.assert_allclose(x2[t], x1[t] / 2)       # 32 KV heads split over 2 GPUs
+        np.testing.assert_allclose(x2[t], x1[t] / 2)
     assert (x1.tp_allreduce == 0).all()
     assert (x2.tp_allreduce.iloc[:3] > 0).all() and x2.tp_allreduce.iloc[3] == 0
     for t in ("per_layer", "per_request", "per_step"):
         np.testing.assert_array_equal(x2[t], x1[t])
-    # KV heads replicate once TP exceeds them: qwen2.5-7b has 4 KV heads (28 query heads)
-    q = load_architecture("qwen2.5-7b")
-    k4 = basis_frame(BATCHES, q, H100, ServingConfig(tp=4)).decode_kv["decode"]
-    k7 = basis_frame(BATCHES, q, H100, ServingConfig(tp=7)).decode_kv["decode"]
-    assert k4 == k7 == pytest.approx(28 * 2 * 1 * 128 * 2 * 32000 / HBM * 1e6)
 
 
-def test_moe_weight_loading_grows_with_tokens() -> None:
-    mix, dense = load_architecture("mixtral-8x7b"), load_architecture("llama-2-7b")
+def test_moe_as_blis_sees_it() -> None:
+    mix = load_architecture("mixtral-8x7b")
     one = pd.DataFrame([_row(num_decode_reqs=1, decode_tokens=1, decode_ctx_tokens=100)])
     many = pd.DataFrame([PREFILL])
-    wm1 = basis_frame(one, mix, H100).weight_loading.iloc[0]
-    wm512 = basis_frame(many, mix, H100).weight_loading.iloc[0]
-    assert wm1 < wm512
-    # T = 1 touches top-2 experts: non-expert weights + 32 layers * 2 * 3*4096*14336 params, 2 B each
-    expert = 3 * 4096 * 14336
-    nonexpert = mix.params_total - 32 * 8 * expert - 32000 * 4096
-    assert wm1 == pytest.approx((nonexpert + 32 * 2 * expert) * 2 / HBM * 1e6)
-    # T = 512 touches all 8 experts: 8 * (1 - 0.75**512) ~= 8
-    assert wm512 == pytest.approx((nonexpert + 32 * 8 * expert) * 2 / HBM * 1e6, rel=1e-9)
-    assert basis_frame(one, dense, H100).weight_loading.iloc[0] == \
-        basis_frame(many, dense, H100).weight_loading.iloc[0]
-    # FFN compute counts top-2 experts, not all 8
+    # every expert of every MoE layer is read each step, whatever the batch routes to
+    w1 = basis_frame(one, mix, H100).weight_loading.iloc[0]
+    assert w1 == basis_frame(many, mix, H100).weight_loading.iloc[0]
+    d, dkv, ff = 4096, 1024, 14336
+    assert w1 == pytest.approx((32 * d * (2 * d + 2 * dkv) + 32 * 8 * 3 * d * ff) * 2 / HBM * 1e6)
+    # FFN compute counts top-2 experts per token
     pc = basis_frame(many, mix, H100).prefill_compute.iloc[0]
-    assert pc < 2 * 512 * mix.params_total / PEAK * 1e6 / 3
-    f = basis_frame(BATCHES, mix, H100)
-    assert (f.moe_layer.iloc[:3] == 32).all() and f.moe_layer.iloc[3] == 0
-    assert (f.moe_dispatch == 0).all()
-    ep = basis_frame(BATCHES, mix, H100, ServingConfig(tp=2, ep=2))
-    # EP=2: 2 * 32 MoE layers * T * top-2 * 4096 * 2 B * (1/2) / NVLink
-    assert ep.moe_dispatch["prefill"] == pytest.approx(2 * 32 * 512 * 2 * 4096 * 2 * 0.5 / NVL * 1e6)
+    expect = (512 * 32 * 2 * d * (2 * d + 2 * dkv) + 32 * 512 * 2 * 6 * d * ff
+              + 32 * 4 * 32 * 128 * 512 * 768) / PEAK * 1e6
+    assert pc == pytest.approx(expect)
+    f = basis_frame(BATCHES, mix, H100, ServingConfig(tp=2))
+    # uniform MoE: BLIS charges no per-MoE-layer overhead; the MoE FFN all-reduces at dp = 1
+    assert (f.moe_layer == 0).all() and (f.moe_dispatch == 0).all()
+    assert f.tp_allreduce["prefill"] == pytest.approx(2 * 32 * 512 * d * 2 * 2 * 0.5 / HBM * 1e6)
+    assert basis_frame(BATCHES, mix, H100, terms=["moe_routing"]).moe_routing.iloc[0] == 32
+    # dp > 1: MoE dispatch/combine (all-gather family), and no MoE all-reduce
+    dp = basis_frame(BATCHES, mix, H100, ServingConfig(tp=2, dp=2))
+    assert dp.moe_dispatch["prefill"] == pytest.approx(32 * (512 / 2) * 0.75 * 2 * d * 2 / HBM * 1e6)
+    assert dp.tp_allreduce["prefill"] == pytest.approx(32 * 512 * d * 2 * 2 * 0.5 / HBM * 1e6 / 2)
+    # interleaved MoE (Llama-4 Scout): 24 MoE layers get slot 7
+    scout = load_architecture("llama-4-scout-17b-16e-fp8")
+    assert basis_frame(BATCHES, scout, H100).moe_layer["prefill"] == 24
+    assert basis_frame(BATCHES, scout, H100, terms=["moe_routing"]).moe_routing.iloc[0] == 0
 
 
 def test_fp8_model_uses_fp8_peak() -> None:
     cfg = dict(model_type="llama", num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
-               intermediate_size=512, vocab_size=1000)
+               intermediate_size=512, vocab_size=1000, torch_dtype="bfloat16")
     a16 = load_architecture(cfg)
     a8 = load_architecture({**cfg, "quantization_config": {"quant_method": "fp8"}})
     b = pd.DataFrame([PREFILL])
     r = basis_frame(b, a8, H100).iloc[0] / basis_frame(b, a16, H100).iloc[0]
-    assert r.prefill_compute == pytest.approx(989 / 1979)
-    assert r.weight_loading == pytest.approx(0.5, rel=0.01)   # 1 byte weights (norms included)
+    assert r.prefill_compute == pytest.approx(989.5 / 1979)
+    assert r.weight_loading == pytest.approx(0.5)
     a100 = load_gpu("A100")
     assert basis_frame(b, a8, a100).prefill_compute.iloc[0] == \
         pytest.approx(basis_frame(b, a16, a100).prefill_compute.iloc[0])
+
+
+def test_input_pairs_fallback_and_column() -> None:
+    a = load_architecture("llama-2-7b")
+    # absent column: one whole prompt per request -> c * (c + c/2) exactly
+    with_col = pd.DataFrame([{**PREFILL, "prefill_input_pairs": 512 * 768.0}])
+    np.testing.assert_allclose(basis_matrix(pd.DataFrame([PREFILL]), a, H100),
+                               basis_matrix(with_col, a, H100))
+    # a later chunk of a long prompt: BLIS charges the full input length
+    later = pd.DataFrame([{**PREFILL, "prefill_input_pairs": 512 * (3000 + 256.0)}])
+    assert basis_frame(later, a, H100).prefill_compute.iloc[0] > \
+        basis_frame(with_col, a, H100).prefill_compute.iloc[0]
 
 
 def test_extra_terms() -> None:

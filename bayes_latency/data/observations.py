@@ -488,7 +488,8 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
     n = len(batches)
     if not np.array_equal(batches["step_id"].to_numpy(), np.arange(s0, s0 + n)):
         raise ValueError("batches must hold every step id from the first to the last")
-    X = basis_matrix(batches[list(BATCH_COLUMNS)], arch, gpu, serving, terms)
+    X = basis_matrix(batches[[c for c in BATCH_COLUMNS if c in batches]], arch, gpu, serving,
+                     terms)
     cs = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])
 
     frames += _timeline_rows(batches, X, steps, ev, requests, terms, report)
@@ -539,7 +540,8 @@ def observations_from_iterations(iterations: pd.DataFrame, arch: Any, gpu: Any, 
         Observation rows of kind ``iteration``.
     """
     it = iterations
-    cols = list(BATCH_COLUMNS)
+    # tables from step summaries have no prefill_input_pairs: the basis fills it in
+    cols = [c for c in BATCH_COLUMNS if c in it.columns]
     ok = it[cols].notna().all(axis=1).to_numpy() & (it["iteration_us"].to_numpy(float) > 0)
     it = it[ok]
     if not len(it):

@@ -52,6 +52,7 @@ BATCH_COLUMNS = [
     "prefill_tokens",
     "prefill_attn_pairs",
     "prefill_kv_tokens",
+    "prefill_input_pairs",
     "num_decode_reqs",
     "decode_tokens",
     "decode_ctx_tokens",
@@ -612,6 +613,9 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
     pre_tok = np.bincount(idx, weights=m_tok, minlength=n)
     pairs = np.bincount(idx, weights=m_tok * (m_off + (m_tok + 1) / 2), minlength=n)
     kvt = np.bincount(idx, weights=m_off + m_tok, minlength=n)
+    # BLIS's prefill attention: chunk c of a segment that prefills S tokens costs c·(S + c/2)
+    m_total = s_arr["total"][m_seg].astype(np.float64)
+    in_pairs = np.bincount(idx, weights=m_tok * (m_total + m_tok / 2), minlength=n)
     rec_n = np.bincount(idx, weights=m_rec.astype(np.float64), minlength=n)
     rec_tok = np.bincount(idx, weights=m_tok * m_rec, minlength=n)
 
@@ -627,6 +631,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
         "prefill_tokens": pre_tok,
         "prefill_attn_pairs": pairs,
         "prefill_kv_tokens": kvt,
+        "prefill_input_pairs": in_pairs,
         "num_decode_reqs": ndec.astype(np.float64),
         "decode_tokens": ndec.astype(np.float64),
         "decode_ctx_tokens": dctx,

@@ -20,7 +20,8 @@ Batch columns from a summary (no per-request contexts, so ``ctx_approximated=Tru
 - ``prefill_kv_tokens = prefill_tokens`` and ``prefill_attn_pairs = n * c * (c + 1) / 2`` with
   ``c = prefill_tokens / n`` (``n`` prefill requests of equal chunks, offset 0). Both are lower
   bounds: chunks after the first one of a request, and prefix-cache hits, attend to an earlier
-  context that the summary does not report.
+  context that the summary does not report. ``prefill_input_pairs`` is left out: the basis
+  fills it in under the same equal-chunk assumption (``physics.basis.input_pairs_fallback``).
 - ``decode_ctx_tokens``: the tokens resident in the KV cache, ``kv.usage_gpu_ratio *
   kv.blocks_total_gpu * block_size`` (``(blocks_total - blocks_free) * block_size`` when the ratio
   is missing), minus the prefill tokens scheduled in this step (their blocks are allocated by

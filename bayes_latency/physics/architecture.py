@@ -37,6 +37,11 @@ from typing import Any
 import numpy as np
 
 from bayes_latency.errors import UnknownArchitectureError
+from bayes_latency.physics.blis import (
+    BlisModelShape,
+    blis_shape_from_config,
+    blis_shape_from_fields,
+)
 
 MODELS_DIR = Path(__file__).resolve().parent / "data" / "models"
 """Directory of the shipped (trimmed) model configs, one ``<short-name>.json`` each."""
@@ -112,6 +117,10 @@ class Architecture:
         Gated FFN (3 matrices: gate, up, down) vs plain (2 matrices).
     tie_word_embeddings : bool
         LM head shares the embedding matrix.
+    blis : BlisModelShape or None
+        The same model as BLIS's ``trained-physics`` basis reads it from the same ``config.json``
+        (see :mod:`bayes_latency.physics.blis`); None when built without a config, in which case
+        :attr:`blis_shape` derives it from the fields above.
     """
 
     name: str
@@ -140,6 +149,7 @@ class Architecture:
     v_head_dim: int = 0
     gated_ffn: bool = True
     tie_word_embeddings: bool = False
+    blis: BlisModelShape | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.moe_layers:
@@ -149,6 +159,19 @@ class Architecture:
             raise UnknownArchitectureError(
                 f"architecture {self.name!r}: moe_layers has {len(self.moe_layers)} entries, "
                 f"expected n_layers={self.n_layers}")
+
+    @property
+    def blis_shape(self) -> BlisModelShape:
+        """The model as BLIS's ``trained-physics`` basis sees it (the exported terms use this)."""
+        if self.blis is not None:
+            return self.blis
+        return blis_shape_from_fields(
+            n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, ffn=self.ffn, n_experts=self.n_experts,
+            experts_per_token=self.experts_per_token, moe_ffn=self.moe_ffn,
+            shared_ffn=self.n_shared_experts * self.shared_expert_ffn,
+            n_moe_layers=self.n_moe_layers, weight_bytes=self.weight_bytes,
+            act_bytes=self.act_bytes)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -489,7 +512,11 @@ def architecture_from_config(config: Mapping[str, Any], name: str = "custom",
     if model_type == "bloom":
         tie = bool(config.get("tie_word_embeddings", True))
 
+    blis = blis_shape_from_config(config, default_act_bytes=act_bytes)
+    if not (blis.n_layers and blis.hidden and blis.n_heads):
+        blis = None   # naming BLIS does not read (BLOOM/GPT style): derived from the fields
     return Architecture(
+        blis=blis,
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=int(head_dim), ffn=int(dense_ffn), vocab=vocab, n_experts=n_experts,
         experts_per_token=top_k, n_shared_experts=n_shared, moe_ffn=moe_ffn if n_experts else 0,

@@ -17,13 +17,14 @@ from typing import Any
 import yaml
 
 from bayes_latency.errors import ConfigError, UnknownGPUError
+from bayes_latency.physics.blis import BlisHardware
 
 GPUS_FILE = Path(__file__).resolve().parent / "data" / "gpus.yaml"
 """The shipped datasheet file."""
 
 _FIELDS = ("peak_flops_bf16", "peak_flops_fp8", "hbm_bandwidth", "memory_bytes",
            "interconnect_bandwidth", "sm_count")
-_OPTIONAL = {"peak_flops_fp8", "sm_count", "aliases", "name"}
+_OPTIONAL = {"peak_flops_fp8", "sm_count", "aliases", "name", "blis"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class GPU:
         Streaming multiprocessors (0 when unknown).
     aliases : tuple[str, ...]
         Other names that resolve to this GPU.
+    blis_entry : BlisHardware or None
+        The GPU's entry in BLIS's ``hardware_config.json`` (datasheet key ``blis:`` with ``name``,
+        ``tflops_peak``, ``tflops_fp8``, ``bw_peak_tbs``); None when BLIS does not ship one, in
+        which case :attr:`blis` derives it from this datasheet.
     """
 
     name: str
@@ -58,6 +63,16 @@ class GPU:
     interconnect_bandwidth: float
     sm_count: int = 0
     aliases: tuple[str, ...] = ()
+    blis_entry: BlisHardware | None = None
+
+    @property
+    def blis(self) -> BlisHardware:
+        """The numbers BLIS's ``trained-physics`` basis uses for this GPU (the exported terms use these)."""
+        if self.blis_entry is not None:
+            return self.blis_entry
+        return BlisHardware(name=self.name, tflops_peak=self.peak_flops_bf16 / 1e12,
+                            tflops_fp8=(self.peak_flops_fp8 or 0.0) / 1e12,
+                            bw_peak_tbs=self.hbm_bandwidth / 1e12, in_blis=False)
 
     def peak_flops(self, dtype_bytes: float = 2.0) -> float:
         """Dense tensor-core peak in FLOP/s for matmul inputs of ``dtype_bytes`` bytes.
@@ -95,11 +110,29 @@ def _gpu_from_mapping(name: str, d: Mapping[str, Any], src: str) -> GPU:
     aliases = d.get("aliases") or ()
     if isinstance(aliases, str):
         aliases = (aliases,)
-    return GPU(name=str(d.get("name") or name), peak_flops_bf16=vals["peak_flops_bf16"],
+    blis = _blis_entry(name, d.get("blis"), src)
+    return GPU(blis_entry=blis, name=str(d.get("name") or name), peak_flops_bf16=vals["peak_flops_bf16"],
                peak_flops_fp8=vals["peak_flops_fp8"], hbm_bandwidth=vals["hbm_bandwidth"],
                memory_bytes=vals["memory_bytes"],
                interconnect_bandwidth=vals["interconnect_bandwidth"],
                sm_count=int(vals["sm_count"] or 0), aliases=tuple(str(a) for a in aliases))
+
+
+def _blis_entry(name: str, d: Any, src: str) -> BlisHardware | None:
+    if d is None:
+        return None
+    fields = ("name", "tflops_peak", "tflops_fp8", "bw_peak_tbs")
+    if not isinstance(d, Mapping) or set(d) != set(fields):
+        raise ConfigError(f"{src}: GPU {name!r}: field 'blis' must be a mapping with exactly "
+                          f"{list(fields)}, got {d!r}")
+    try:
+        vals = {f: float(d[f]) for f in fields[1:]}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{src}: GPU {name!r}: field 'blis' has a non-numeric value: {d!r}") from None
+    if not (vals["tflops_peak"] > 0 and vals["bw_peak_tbs"] > 0 and vals["tflops_fp8"] >= 0):
+        raise ConfigError(f"{src}: GPU {name!r}: field 'blis' needs tflops_peak > 0, "
+                          f"bw_peak_tbs > 0, tflops_fp8 >= 0, got {d!r}")
+    return BlisHardware(name=str(d["name"]), **vals)
 
 
 @lru_cache(maxsize=1)

@@ -58,7 +58,7 @@ EVENT_NAMES: tuple[str, ...] = ("QUEUED", "SCHEDULED", "SCHEDULED", "FIRST_TOKEN
 
 BATCH_TABLE_COLUMNS: tuple[str, ...] = (
     "num_prefill_reqs", "prefill_tokens", "prefill_attn_pairs", "prefill_kv_tokens",
-    "num_decode_reqs", "decode_tokens", "decode_ctx_tokens",
+    "prefill_input_pairs", "num_decode_reqs", "decode_tokens", "decode_ctx_tokens",
 )
 
 STEP_COLUMNS: tuple[str, ...] = (
@@ -302,6 +302,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
     c_dec = steptime.c_decode
     sl = steptime.slopes
     c_npre, c_pairs, c_pkv = sl["num_prefill_reqs"], sl["prefill_attn_pairs"], sl["prefill_kv_tokens"]
+    c_ipairs = sl["prefill_input_pairs"]
     c_ndec, c_ctx = sl["num_decode_reqs"], sl["decode_ctx_tokens"]
     noise_src = _Noise(rng, nc)
     cpu_base, cpu_per = nc.cpu_base_us, nc.cpu_per_request_us
@@ -389,6 +390,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
         ptok = 0
         pairs = 0
         pkv = 0
+        ipairs = 0.0
         pre_list: list[tuple[_Req, int]] = []
         for r in partial:
             if budget <= 0:
@@ -425,6 +427,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
             ptok += c
             pairs += c * o + c * (c + 1) // 2
             pkv += o + c
+            ipairs += c * (r.total + c / 2)
             budget -= c
         # ---- 3. waiting queue, FCFS (not in a step that preempted)
         if not n_preempted:
@@ -463,6 +466,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
                 ptok += c
                 pairs += c * o + c * (c + 1) // 2
                 pkv += o + c
+                ipairs += c * (r.total + c / 2)
                 budget -= c
         # ---- step time
         nsched = ndec + npre
@@ -471,7 +475,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
         j = noise_src.i
         noise_src.i += 1
         mean = (H[ptok + ndec] + c_dec * ndec + c_npre * npre + c_pairs * pairs + c_pkv * pkv
-                + c_ndec * ndec + c_ctx * ctx)
+                + c_ipairs * ipairs + c_ndec * ndec + c_ctx * ctx)
         it_ns = int(round(mean * noise_src.eps[j] * 1000.0))
         cpu = (cpu_base + cpu_per * nsched) * noise_src.cpu[j] * 1000.0
         cap = cpu_frac * it_ns
@@ -489,7 +493,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
             for r in running:
                 snaps.append((s, r.idx, "DECODE" if r.out else "PREFILL", r.prompt, r.computed,
                               r.out, r.npre, r.sched, r.nblocks, r.shared))
-        steps.append((t, npre, ptok, pairs, pkv, ndec, ndec, ctx,
+        steps.append((t, npre, ptok, pairs, pkv, ipairs, ndec, ndec, ctx,
                       sum_pre_reqs, nsched - sum_pre_reqs, sum_pre_tok, ptok + ndec - sum_pre_tok,
                       len(running), len(waiting), n_fin_prev, n_preempted, free,
                       mean, it_ns, cpu_ns, sampled, rich))

@@ -237,6 +237,7 @@ def _step_time_at(steptime: StepTimeModel, rate: float, p_eff: float, prompt: fl
         t_tok = min(ptok + ndec, float(h.size - 1))
         new = (float(np.interp(t_tok, grid, h)) + steptime.c_decode * ndec
                + sl["num_prefill_reqs"] * per_s + sl["prefill_attn_pairs"] * ptok * (prompt - p_eff / 2)
+               + sl["prefill_input_pairs"] * ptok * (prompt + p_eff / 2)
                + sl["prefill_kv_tokens"] * per_s * prompt + sl["num_decode_reqs"] * ndec
                + sl["decode_ctx_tokens"] * ndec * ctx)
         if abs(new - tau) < 1e-6 * tau:

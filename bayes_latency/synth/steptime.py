@@ -22,11 +22,14 @@ import pandas as pd
 
 from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.basis import DEFAULT_TERMS, REQUIRED_COLUMNS, basis_matrix
+
+COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "prefill_input_pairs")
+"""Batch columns the probes set (``prefill_input_pairs`` explicitly: no fallback)."""
 from bayes_latency.physics.hardware import GPU
 from bayes_latency.physics.serving import ServingConfig
 
 SLOPE_COLUMNS: tuple[str, ...] = ("num_prefill_reqs", "prefill_attn_pairs", "prefill_kv_tokens",
-                                  "num_decode_reqs", "decode_ctx_tokens")
+                                  "prefill_input_pairs", "num_decode_reqs", "decode_ctx_tokens")
 """Batch columns entering the linear part (besides ``decode_tokens``)."""
 
 _PROBE = float(2 ** 20)
@@ -63,10 +66,10 @@ class StepTimeModel:
             raise ValueError(f"beta has shape {self.beta.shape}, expected ({len(self.terms)},)")
         t_max = int(serving.max_num_batched_tokens)
         n = t_max + 1
-        rows = {c: np.zeros(n) for c in REQUIRED_COLUMNS}
+        rows = {c: np.zeros(n) for c in COLUMNS}
         rows["prefill_tokens"] = np.arange(n, dtype=float)
         self.table = self._mean(pd.DataFrame(rows))
-        base = {c: 0.0 for c in REQUIRED_COLUMNS}
+        base = {c: 0.0 for c in COLUMNS}
         base["prefill_tokens"] = 1.0
         h1 = float(self.table[1])
         self.slopes: dict[str, float] = {}
@@ -75,9 +78,9 @@ class StepTimeModel:
             row[c] = _PROBE
             self.slopes[c] = (float(self._mean(pd.DataFrame([row]))[0]) - h1) / _PROBE
         k = float(min(1024, t_max))
-        pre = dict.fromkeys(REQUIRED_COLUMNS, 0.0)
+        pre = dict.fromkeys(COLUMNS, 0.0)
         pre["prefill_tokens"] = k
-        dec = dict.fromkeys(REQUIRED_COLUMNS, 0.0)
+        dec = dict.fromkeys(COLUMNS, 0.0)
         dec["decode_tokens"] = k
         two = self._mean(pd.DataFrame([pre, dec]))
         self.c_decode = float(two[1] - two[0]) / k
@@ -88,14 +91,15 @@ class StepTimeModel:
         return basis_matrix(batches, self.arch, self.gpu, self.serving, self.terms) @ self.beta
 
     def mean_us(self, num_prefill_reqs: float, prefill_tokens: int, prefill_attn_pairs: float,
-                prefill_kv_tokens: float, num_decode_reqs: float, decode_tokens: int,
-                decode_ctx_tokens: float) -> float:
+                prefill_kv_tokens: float, prefill_input_pairs: float, num_decode_reqs: float,
+                decode_tokens: int, decode_ctx_tokens: float) -> float:
         """Mean step time (µs) of one batch; ``prefill_tokens + decode_tokens`` <= the budget."""
         s = self.slopes
         return (self.table_list[prefill_tokens + decode_tokens] + self.c_decode * decode_tokens
                 + s["num_prefill_reqs"] * num_prefill_reqs
                 + s["prefill_attn_pairs"] * prefill_attn_pairs
                 + s["prefill_kv_tokens"] * prefill_kv_tokens
+                + s["prefill_input_pairs"] * prefill_input_pairs
                 + s["num_decode_reqs"] * num_decode_reqs
                 + s["decode_ctx_tokens"] * decode_ctx_tokens)
 

@@ -22,12 +22,15 @@ POPULATION_BETA: dict[str, float] = {
     "decode_compute": 0.0,     # truly zero: decode is memory bound
     "decode_kv": 1.3,          # attention reads ~75 % of HBM bandwidth
     "weight_loading": 1.25,    # weights stream at ~80 % of HBM bandwidth
-    "tp_allreduce": 2.5,       # all-reduce at ~40 % of link bandwidth (latency bound)
+    "tp_allreduce": 18.0,      # all-reduce at ~40 % of link bandwidth: (HBM/link ~7.4) / 0.4
+    #                            (BLIS's feature divides by HBM bandwidth)
     "per_layer": 12.0,         # µs per layer per step (kernel launches, norms)
     "per_request": 6.0,        # µs per scheduled request (input prep, sampling)
     "per_step": 800.0,         # µs per step (scheduler, sampler, host sync)
-    "moe_layer": 40.0,         # µs per MoE layer per step (routing, permutes)
-    "moe_dispatch": 0.0,       # no expert parallelism in the fleets
+    "moe_layer": 40.0,         # µs per MoE layer per step (interleaved MoE only, as BLIS)
+    "moe_dispatch": 0.0,       # no data parallelism in the fleets
+    "prefill_context_kv": 0.0,
+    "moe_routing": 0.0,
     "cpu_offload": 0.0,
     "kv_pressure": 0.0,
 }

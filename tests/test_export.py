@@ -43,15 +43,46 @@ def test_blis_block_slots():
     coefs = make_coefs(spread=0.0)
     block = blis_block(coefs)["trained_physics_coefficients"]
     assert block["alpha_coeffs"] == [1.0, 2.0, 3.0]
-    assert len(block["beta_coeffs"]) == 10
+    assert len(block["beta_coeffs"]) == 11
     for slot, name in enumerate(BLIS_BETA_ORDER):
         assert block["beta_coeffs"][slot] == 10.0 * (DEFAULT_TERMS.index(name) + 1)
-    assert not any(v == 10.0 * (DEFAULT_TERMS.index("moe_dispatch") + 1) for v in block["beta_coeffs"])
-    assert any("moe_dispatch" in n for n in blis_notes(coefs))
+    # BLIS's StepTime slots, written out (sim/latency/trained_physics_model.go)
+    by_slot = dict(enumerate(BLIS_BETA_ORDER))
+    assert by_slot == {0: "prefill_compute", 1: "decode_compute", 2: "weight_loading",
+                       3: "tp_allreduce", 4: "per_layer", 5: "per_request", 6: "per_step",
+                       7: "moe_layer", 8: "prefill_kv", 9: "decode_kv", 10: "moe_dispatch"}
+    assert blis_notes(coefs) == []
     flags = blis_flags(coefs)
     assert flags.startswith("--alpha-coeffs 1,2,3 --beta-coeffs ")
     assert [float(v) for v in flags.split()[-1].split(",")] == block["beta_coeffs"]
     assert blis_flags(blis_block(coefs)) == flags
+
+
+def _with_terms(coefs: xr.Dataset, extra: dict[str, float]) -> xr.Dataset:
+    b = coefs["beta"]
+    add = xr.DataArray(np.tile(list(extra.values()), (b.sizes["sample"], 1)),
+                       dims=("sample", "term"), coords={"term": list(extra)})
+    return xr.Dataset({"beta": xr.concat([b, add], dim="term"), "alpha": coefs["alpha"]})
+
+
+def test_blis_extra_terms_fold_or_refuse():
+    coefs = make_coefs(spread=0.0)
+    base = blis_block(coefs)["trained_physics_coefficients"]["beta_coeffs"]
+    mix = {"model": "mixtral-8x7b", "gpu": "H100", "tp": 2}
+    folded = _with_terms(coefs, {"moe_routing": 40.0})
+    with pytest.raises(BayesLatencyError, match="needs the configuration"):
+        blis_block(folded)
+    b = blis_block(folded, config=mix)["trained_physics_coefficients"]["beta_coeffs"]
+    step = BLIS_BETA_ORDER.index("per_step")
+    assert b[step] == pytest.approx(base[step] + 40.0 * 32)       # 32 MoE layers
+    assert [v for i, v in enumerate(b) if i != step] == [v for i, v in enumerate(base) if i != step]
+    assert any("moe_routing" in n and "folded into per_step" in n for n in blis_notes(folded, mix))
+    with pytest.raises(BayesLatencyError, match="prefill_context_kv.*cannot be folded"):
+        blis_block(_with_terms(coefs, {"prefill_context_kv": 1.0}), config=mix)
+    # a default term left out of the fit is exported as 0, with a note
+    sub = coefs.sel(term=[t for t in DEFAULT_TERMS if t != "moe_dispatch"])
+    assert blis_block(sub)["trained_physics_coefficients"]["beta_coeffs"][10] == 0.0
+    assert any("moe_dispatch" in n and "exported as 0" in n for n in blis_notes(sub))
 
 
 def test_blis_median_and_draws():
@@ -62,7 +93,7 @@ def test_blis_median_and_draws():
     assert len(draws) == 25
     for d in draws:
         tp = d["trained_physics_coefficients"]
-        assert len(tp["alpha_coeffs"]) == 3 and len(tp["beta_coeffs"]) == 10
+        assert len(tp["alpha_coeffs"]) == 3 and len(tp["beta_coeffs"]) == 11
     assert len({tuple(d["trained_physics_coefficients"]["alpha_coeffs"]) for d in draws}) == 25
     with pytest.raises(BayesLatencyError):
         blis_block(coefs, "mode")
@@ -114,7 +145,7 @@ def test_export_document_json_round_trip():
         assert 0 < r["q05_us"] <= r["median_us"] <= r["q95_us"]
     assert refs["decode_128x2000"]["mean_us"] > refs["decode_32x1000"]["mean_us"]
     assert len(back["draws"]["beta"]) == 10 and len(back["draws"]["beta"][0]) == len(DEFAULT_TERMS)
-    assert len(back["blis"]["trained_physics_coefficients"]["beta_coeffs"]) == 10
+    assert len(back["blis"]["trained_physics_coefficients"]["beta_coeffs"]) == 11
 
 
 def test_predict_reference_is_linear_in_beta():
@@ -159,7 +190,7 @@ def test_export_command(monkeypatch, tmp_path, capsys, fmt):
     args = argparse.Namespace(posterior=str(posterior), model="llama-2-7b", gpu="H100", tp=1,
                               draws=7, format=fmt, out=str(out))
     assert export_command(args) == 0
-    assert "moe_dispatch" in capsys.readouterr().out
+    assert "wrote" in capsys.readouterr().out
     text = out.read_text()
     if fmt == "json":
         doc = json.loads(text)
@@ -171,5 +202,6 @@ def test_export_command(monkeypatch, tmp_path, capsys, fmt):
         doc = yaml.safe_load(text)
         assert doc["trained_physics_coefficients"] == blis_block(coefs)["trained_physics_coefficients"]
         assert doc["blis_flags"] == blis_flags(coefs)
+        assert doc["blis_hardware"] == {"name": "H100", "in_blis_hardware_config": True}
         assert len(doc["draws"]) == 7
         assert doc["provenance"]["method"] == "laplace-hierarchy"

@@ -226,22 +226,24 @@ def _replay(res: EngineResult, prompt: np.ndarray, max_tokens: np.ndarray) -> pd
             if budget <= 0:
                 break
             c = min(prompt[r] + out[r] - computed[r], budget)
-            chunks.append((r, c, computed[r]))
+            chunks.append((r, c, computed[r], prompt[r] + out[r]))
             budget -= c
         for r in sch[s]:
             running.append(r)
             c = min(prompt[r] + out[r], budget)
-            chunks.append((r, c, 0))
+            chunks.append((r, c, 0, prompt[r] + out[r]))
             budget -= c
-        c_arr = np.array([c for _, c, _ in chunks], dtype=float)
-        o_arr = np.array([o for _, _, o in chunks], dtype=float)
+        c_arr = np.array([ch[1] for ch in chunks], dtype=float)
+        o_arr = np.array([ch[2] for ch in chunks], dtype=float)
+        s_arr = np.array([ch[3] for ch in chunks], dtype=float)
         pairs, kv = prefill_chunk_stats(c_arr, o_arr)
-        rows.append((len(chunks), int(c_arr.sum()), pairs, kv, len(dec), len(dec),
+        in_pairs = float((c_arr * (s_arr + c_arr / 2)).sum())   # BLIS: c x (input length + c/2)
+        rows.append((len(chunks), int(c_arr.sum()), pairs, kv, in_pairs, len(dec), len(dec),
                      int(sum(computed[r] + 1 for r in dec))))
         for r in dec:
             computed[r] += 1
             out[r] += 1
-        for r, c, _ in chunks:
+        for r, c, _, _ in chunks:
             computed[r] += c
             if computed[r] == prompt[r] + out[r]:
                 out[r] += 1
@@ -272,6 +274,7 @@ def test_fast_step_time_equals_basis(model, gpu, tp):
         "num_prefill_reqs": npre, "prefill_tokens": ptok,
         "prefill_attn_pairs": ptok * off + ptok * (ptok + 1) // 2,
         "prefill_kv_tokens": np.where(npre > 0, off + ptok, 0),
+        "prefill_input_pairs": ptok * (off + 1.5 * ptok),
         "num_decode_reqs": ndec, "decode_tokens": ndec,
         "decode_ctx_tokens": ndec * rng.integers(1, 4000, n),
     })

@@ -553,7 +553,7 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
     st = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
     st.insert(0, "step_id", np.arange(1, len(st) + 1, dtype=np.int64))
     for c in st.columns:
-        if c not in ("mean_us", "sampled", "rich"):
+        if c not in ("mean_us", "prefill_input_pairs", "sampled", "rich"):
             st[c] = st[c].astype(np.int64)
     st["sampled"] = st["sampled"].astype(bool)
     st["rich"] = st["rich"].astype(bool)

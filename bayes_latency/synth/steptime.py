@@ -22,11 +22,11 @@ import pandas as pd
 
 from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.basis import DEFAULT_TERMS, REQUIRED_COLUMNS, basis_matrix
+from bayes_latency.physics.hardware import GPU
+from bayes_latency.physics.serving import ServingConfig
 
 COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "prefill_input_pairs")
 """Batch columns the probes set (``prefill_input_pairs`` explicitly: no fallback)."""
-from bayes_latency.physics.hardware import GPU
-from bayes_latency.physics.serving import ServingConfig
 
 SLOPE_COLUMNS: tuple[str, ...] = ("num_prefill_reqs", "prefill_attn_pairs", "prefill_kv_tokens",
                                   "prefill_input_pairs", "num_decode_reqs", "decode_ctx_tokens")

@@ -15,7 +15,7 @@ from bayes_latency.physics.hardware import load_gpu
 from bayes_latency.physics.serving import ServingConfig
 
 POP = {"prefill_compute": 1.6, "prefill_kv": 0.0, "decode_compute": 0.0, "decode_kv": 1.3,
-       "weight_loading": 1.25, "tp_allreduce": 2.5, "per_layer": 12.0, "per_request": 6.0,
+       "weight_loading": 1.25, "tp_allreduce": 18.0, "per_layer": 12.0, "per_request": 6.0,
        "per_step": 800.0, "moe_layer": 40.0, "moe_dispatch": 0.0,
        "alpha_arrival": 3000.0, "alpha_post_decode": 1500.0, "alpha_per_token": 30.0}
 CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("llama-2-70b", "H100", 4),

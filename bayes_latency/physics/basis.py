@@ -467,13 +467,18 @@ class AlphaTerm:
 ALPHA_TERM_INFO: dict[str, AlphaTerm] = {a.name: a for a in (
     AlphaTerm("alpha_arrival", "us", "1",
               "API arrival -> engine QUEUED (tokenization, input processing); feature 1 per request, "
-              "coefficient µs."),
+              "coefficient µs. BLIS alpha[0]: the ARRIVED -> QUEUED delay of every request "
+              "(QueueingTime, sim/event.go), which also delays its scheduling."),
     AlphaTerm("alpha_post_decode", "us", "1",
               "engine FINISHED -> API DEPARTED fixed part (detokenize, response); feature 1 per "
-              "request, coefficient µs."),
+              "request, coefficient µs. BLIS alpha[1]: added once to the E2E of every request with "
+              "output (PostDecodeFixedOverhead, sim/simulator.go)."),
     AlphaTerm("alpha_per_token", "us/token", "output tokens",
               "per-output-token API cost (detokenize, stream); feature = output tokens, "
-              "coefficient µs/token."),
+              "coefficient µs/token. BLIS alpha[2]: added to the first-token time and to every "
+              "inter-token interval (OutputTokenProcessingTime), i.e. N x alpha[2] per request of "
+              "N output tokens, without delaying the engine. Fitted from FINISHED -> DEPARTED = "
+              "alpha_post_decode + N x alpha_per_token, the same E2E contribution."),
 )}
 """Units and meaning of the alpha terms."""
 

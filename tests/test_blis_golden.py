@@ -116,11 +116,18 @@ def blis_case_to_batch(case: dict[str, Any],
     return pd.DataFrame([row]), kwargs
 
 
+_PACKAGE_FEATURES: dict[tuple[str, str], np.ndarray] = {}
+
+
 def package_features(case: dict[str, Any], config_dir: Path = CONFIG_DIR) -> np.ndarray:
-    """The package's features of a case, in BLIS slot order (``terms=BLIS_BETA_ORDER``)."""
-    batch, kw = blis_case_to_batch(case, config_dir)
-    return basis_matrix(batch, kw["arch"], kw["gpu"], ServingConfig(**kw["serving"]),
-                        terms=BLIS_BETA_ORDER)[0]
+    """The package's features of a case, in BLIS slot order (``terms=BLIS_BETA_ORDER``; cached)."""
+    key = (case["id"], str(config_dir))
+    if key not in _PACKAGE_FEATURES:
+        batch, kw = blis_case_to_batch(case, config_dir)
+        _PACKAGE_FEATURES[key] = basis_matrix(batch, kw["arch"], kw["gpu"],
+                                              ServingConfig(**kw["serving"]),
+                                              terms=BLIS_BETA_ORDER)[0]
+    return _PACKAGE_FEATURES[key]
 
 
 # ----------------------------------------------------------------------------- BLIS reference

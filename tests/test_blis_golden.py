@@ -11,7 +11,7 @@ The fixture is committed, so these tests need no Go.
    the model's frozen parameters (documents exactly which functions the package must compute).
 3. Parity: the package's features (``basis_matrix`` with ``terms=BLIS_BETA_ORDER``) for the same
    batch equal BLIS's, per term, and ``beta·basis`` equals ``StepTime`` within 0.1% for every
-   vector. Expected to fail (xfail) until the package's basis has BLIS's 11 terms.
+   vector.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ GPU_NAMES = {"H100": "H100", "A100-SXM": "A100", "A100-80": "A100", "L40S": "L40
 PUBLISHED = [0.152128, 0.0, 1.36252915, 0.752037, 32.09546717, 4.41684444, 126.024825,
              481.8613888, 0.0, 1.94710771, 0.752037]
 
-PARITY_READY = len(BLIS_BETA_ORDER) >= N_BETA
-parity = pytest.mark.xfail(not PARITY_READY, strict=False,
-                           reason="waiting for the BLIS-parity basis")
 
 FEATURE_RTOL, FEATURE_ATOL = 1e-6, 1e-5  # per term (µs or counts)
 STEP_RTOL = 1e-3  # beta·basis vs StepTime
@@ -234,25 +231,23 @@ def test_blis_features_match_reference_formulas(golden: dict[str, Any]) -> None:
     assert not bad, bad[:10]
 
 
-@parity
 def test_package_terms_are_blis_slots() -> None:
     assert len(BLIS_BETA_ORDER) == N_BETA
 
 
-@parity
 def test_gpu_datasheets_match_blis(golden: dict[str, Any]) -> None:
-    """The package's peak FLOP/s and HBM bandwidth are BLIS's (``hardware_config.json``)."""
+    """The GPU numbers the exported terms use (``GPU.blis``) are BLIS's ``hardware_config.json``
+    entries, under the name BLIS knows the GPU by."""
     from bayes_latency.physics.hardware import load_gpu
 
     for blis_name, hw in golden["hardware"].items():
-        g = load_gpu(GPU_NAMES[blis_name])
-        assert g.peak_flops_bf16 == pytest.approx(hw["TFlopsPeak"] * 1e12, rel=1e-9), blis_name
-        assert g.hbm_bandwidth == pytest.approx(hw["BwPeakTBs"] * 1e12, rel=1e-9), blis_name
-        if hw.get("TFlopsFP8"):
-            assert g.peak_flops_fp8 == pytest.approx(hw["TFlopsFP8"] * 1e12, rel=1e-9), blis_name
+        b = load_gpu(GPU_NAMES[blis_name]).blis
+        assert b.in_blis and b.name in (blis_name, "A100-80"), blis_name
+        assert b.tflops_peak == pytest.approx(hw["TFlopsPeak"], rel=1e-12), blis_name
+        assert b.bw_peak_tbs == pytest.approx(hw["BwPeakTBs"], rel=1e-12), blis_name
+        assert b.tflops_fp8 == pytest.approx(hw.get("TFlopsFP8") or 0.0, rel=1e-12), blis_name
 
 
-@parity
 def test_feature_parity(golden: dict[str, Any], config_dir: Path) -> None:
     """Per term, the package's feature equals BLIS's within 1e-6 relative + 1e-5 absolute."""
     names = list(BLIS_BETA_ORDER)
@@ -266,7 +261,6 @@ def test_feature_parity(golden: dict[str, Any], config_dir: Path) -> None:
     assert not bad, f"{len(bad)} (case, term, BLIS, package) mismatches, first: {bad[:10]}"
 
 
-@parity
 @pytest.mark.parametrize("vector", sorted(_fixture()["coefficients"]) if FIXTURE.is_file()
                          else ["published"])
 def test_step_time_parity(golden: dict[str, Any], config_dir: Path, vector: str) -> None:

@@ -139,8 +139,10 @@ def test_kkt_at_the_stage1_optimum(rows, scale):
     x = np.concatenate([u[p.active], eta])
     _, g, H = obj(x, 2)
     at_bound = x[:int(p.active.sum())] == 0
-    # a truly-zero coefficient ends at the bound, held there by its gradient
-    assert at_bound[list(np.flatnonzero(p.active)).index(COEFS.index("prefill_kv"))]
+    # some coefficients end at the bound 0, held there by their gradient (with BLIS's basis:
+    # tp_allreduce and per_request on this table; prefill_kv is collinear with the matmul part of
+    # prefill_compute, both proportional to the prefill tokens, and ends in the interior)
+    assert at_bound.sum() >= 2
     na = int(p.active.sum())
     free = np.concatenate([~at_bound, np.ones(len(eta), bool)])
     # in posterior-sd units: |g_i| / sqrt(H_ii)

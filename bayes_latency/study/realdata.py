@@ -223,4 +223,5 @@ def define_splits(observations: pd.DataFrame, quick: bool = False) -> list[Split
 
 
 def _xcols(terms: Sequence[str] = DEFAULT_TERMS) -> list[str]:
+    """Feature columns ``x_<term>`` of the observation table for ``terms``."""
     return [f"x_{t}" for t in terms]

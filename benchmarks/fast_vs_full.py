@@ -4,12 +4,13 @@ Usage::
 
     python benchmarks/fast_vs_full.py [--fleet tiny|small|demo | --obs PATH]
         [--terms prefill_compute,decode_kv,weight_loading,per_request | --terms default]
-        [--max-rows-per-config 600] [--configs N] [--draws 1000] [--tune 1000] [--seed 0]
-        [--out results/benchmarks/fast_vs_full_<name>] [--no-noise-diagnostic]
+        [--max-rows-per-config 800] [--configs N] [--draws 1000] [--tune 500] [--seed 0]
+        [--out results/benchmarks/fast_vs_full] [--no-noise-diagnostic]
 
-    # the runs of results/benchmarks/fast_vs_full.md (~15-17 min each on 2 shared cores)
-    python benchmarks/fast_vs_full.py --fleet small --max-rows-per-config 800 --draws 500 --tune 500 \
-        --out results/benchmarks/fast_vs_full_small_800
+    # the run of results/benchmarks/fast_vs_full.md (~15 min on 2 shared cores)
+    python benchmarks/fast_vs_full.py --no-noise-diagnostic
+    # an ad-hoc run (a few minutes), written elsewhere
+    python benchmarks/fast_vs_full.py --fleet tiny --max-rows-per-config 400 --out /tmp/fvf_tiny
 
 Fits exactly the same rows twice (``LatencyModel(method="laplace-hierarchy")`` then
 ``LatencyModel(method="full")``, one after the other, never concurrently), times both, prints the
@@ -38,8 +39,8 @@ model (the fast path profiles the noise per (configuration, kind) at its posteri
 path integrates over it with the same priors) rather than to the quadratic expansion
 and the closed-form integration.
 
-Outputs (``--out PREFIX``): ``PREFIX.md`` (report) and ``PREFIX.json`` (all numbers, including the
-per-element table).
+Outputs (``--out PREFIX``, default ``results/benchmarks/fast_vs_full``, the benchmark's one current
+result): ``PREFIX.md`` (report) and ``PREFIX.json`` (all numbers, including the per-element table).
 """
 
 from __future__ import annotations
@@ -458,22 +459,23 @@ def _git_head() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--fleet", default="tiny", choices=("tiny", "small", "demo"))
+    src.add_argument("--fleet", default="small", choices=("tiny", "small", "demo"))
     src.add_argument("--obs", help="observation table (Parquet) instead of simulating")
     ap.add_argument("--terms", default=",".join(SUBSET_TERMS),
                     help="comma-separated beta terms, or 'default' for all 11 default terms")
-    ap.add_argument("--max-rows-per-config", type=int, default=600,
+    ap.add_argument("--max-rows-per-config", type=int, default=800,
                     help="subsample fitted rows per configuration (fixed seed); 0 = all")
     ap.add_argument("--configs", type=int, default=0, help="keep the first N configurations; 0 = all")
     ap.add_argument("--draws", type=int, default=1000)
-    ap.add_argument("--tune", type=int, default=1000)
+    ap.add_argument("--tune", type=int, default=500)
     ap.add_argument("--chains", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-accept", type=float, default=None,
                     help="NUTS target acceptance (default: the package's)")
     ap.add_argument("--no-noise-diagnostic", action="store_true",
                     help="skip the third fit (fast path with the noise fixed at the full posterior means)")
-    ap.add_argument("--out", help="write OUT.md and OUT.json")
+    ap.add_argument("--out", default="results/benchmarks/fast_vs_full",
+                    help="write OUT.md and OUT.json")
     ap.add_argument("--label", default="", help="title suffix in the markdown report")
     a = ap.parse_args()
     terms = tuple(DEFAULT_TERMS) if a.terms == "default" else tuple(t for t in a.terms.split(",") if t)

@@ -18,7 +18,8 @@ Also reported per fold: the posterior mean of each factor's effect scale average
 supported terms, and the median log10 width of the 90% band. Each fold's posterior is saved
 under ``--work`` (``<held-out>.nc``); ``--reuse`` evaluates saved posteriors without refitting.
 
-Outputs (``--out PREFIX``): ``PREFIX.md`` and ``PREFIX.json``.
+Outputs (``--out PREFIX``, default ``results/benchmarks/leave_one_model_out``, the benchmark's one
+current result): ``PREFIX.md`` and ``PREFIX.json``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/tmp/bl_lomo", help="posteriors of the folds")
     p.add_argument("--cache", default="/tmp/bl_lomo", help="simulated fleet and its tables")
     p.add_argument("--reuse", action="store_true", help="evaluate saved posteriors, no refit")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default="results/benchmarks/leave_one_model_out")
     args = p.parse_args(argv)
 
     from bayes_latency.model.estimator import LatencyModel

@@ -10,6 +10,9 @@ import pytest
 
 from bayes_latency.physics.basis import ALPHA_TERMS, BLIS_BETA_ORDER, DEFAULT_TERMS
 from bayes_latency.study import real as study
+from bayes_latency.study.markdown import _cfg_label
+from bayes_latency.study.realdata import _SPLIT_SPECS
+from bayes_latency.study.workload import _obs_rows_for_batches
 
 
 def _synthetic(n: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -139,8 +142,8 @@ def test_identifiability_table_flags_constant_terms() -> None:
 
 
 def test_cfg_labels_and_workload_rows_carry_the_stack() -> None:
-    assert study._cfg_label("llama-2-70b", "H100-SXM", 4) == "llama-2-70b H100 tp4"
-    assert study._cfg_label("llama-2-70b", "H100-SXM", 4, "splitwise") == \
+    assert _cfg_label("llama-2-70b", "H100-SXM", 4) == "llama-2-70b H100 tp4"
+    assert _cfg_label("llama-2-70b", "H100-SXM", 4, "splitwise") == \
         "llama-2-70b H100 tp4 splitwise"
     from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.hardware import load_gpu
@@ -149,14 +152,14 @@ def test_cfg_labels_and_workload_rows_carry_the_stack() -> None:
                              "prefill_attn_pairs": 200.0, "prefill_kv_tokens": 40.0,
                              "num_decode_reqs": 8.0, "decode_tokens": 8.0,
                              "decode_ctx_tokens": 4000.0}])
-    rows = study._obs_rows_for_batches(batches, load_architecture("llama-2-70b"),
+    rows = _obs_rows_for_batches(batches, load_architecture("llama-2-70b"),
                                        load_gpu("H100"), study.h100_serving(4), "t")
     assert rows["stack"].iloc[0] == "vllm"
     assert rows["config_id"].iloc[0] == "llama-2-70b|H100-SXM|tp4"
 
 
 def test_define_splits_notes_name_the_stack() -> None:
-    notes = {spec[0]: spec[-1] for spec in study._SPLIT_SPECS}
+    notes = {spec[0]: spec[-1] for spec in _SPLIT_SPECS}
     assert "other stack" in notes["run llama-2-70b H100 tp4"]
     assert "other stack" in notes["bench llama-2-70b H100 tp4"]
 

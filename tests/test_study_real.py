@@ -54,8 +54,9 @@ def test_blis_mapping_follows_blis_beta_order() -> None:
     b = dict(zip(DEFAULT_TERMS, study.blis_published_beta(), strict=True))
     for slot, term in enumerate(BLIS_BETA_ORDER):
         assert b[term] == study.BLIS_BETA[slot]
-    assert b["moe_dispatch"] == 0.0  # no BLIS slot
+    assert b["moe_dispatch"] == 0.752037  # slot 10, β_EP (BLIS: slot 3's value)
     assert b["per_step"] == pytest.approx(126.024825)
+    assert b["decode_kv"] == pytest.approx(1.94710771) and b["decode_compute"] == 0.0
 
 
 def test_baselines_on_split_and_metrics() -> None:

@@ -15,9 +15,10 @@ from bayes_latency.study.settings import REAL_TERMS
 
 #: BLIS's published ``trained-physics`` alpha (µs, µs, µs/token).
 BLIS_ALPHA: tuple[float, ...] = (15563.199579, 777.3455, 45.907545)
-#: BLIS's published ``trained-physics`` beta, in BLIS's slot order (see ``BLIS_BETA_ORDER``).
+#: BLIS's published ``trained-physics`` beta (iter29, ``defaults.yaml``), in BLIS's 11-slot order
+#: (see ``BLIS_BETA_ORDER``; slot 10, β_EP, is slot 3's value, as BLIS sets it).
 BLIS_BETA: tuple[float, ...] = (0.152128, 0.0, 1.36252915, 0.752037, 32.09546717, 4.41684444,
-                                126.024825, 481.8613888, 0.0, 1.94710771)
+                                126.024825, 481.8613888, 0.0, 1.94710771, 0.752037)
 
 
 # --------------------------------------------------------------------------------- baselines
@@ -67,10 +68,10 @@ def fit_nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def blis_published_beta(terms: Sequence[str] = DEFAULT_TERMS) -> np.ndarray:
-    """BLIS's published beta mapped onto ``terms`` through ``BLIS_BETA_ORDER`` (0 for no slot).
+    """BLIS's published beta on ``terms`` through ``BLIS_BETA_ORDER`` (0 for a term with no slot).
 
-    The slot -> term mapping is this package's (:mod:`bayes_latency.physics.basis`); BLIS's own
-    feature normalisation may differ, so predictions with it are indicative only.
+    The default terms are BLIS's own basis functions (golden test against BLIS's ``StepTime``), so
+    ``published_beta · basis(batch)`` is what BLIS itself simulates for that batch.
     """
     by_term = dict(zip(BLIS_BETA_ORDER, BLIS_BETA, strict=True))
     return np.array([by_term.get(t, 0.0) for t in terms], dtype=float)

@@ -72,6 +72,7 @@ from bayes_latency.study.cv import (
     stack_effect,
     worst_rhat,
 )
+from bayes_latency.study.real_exports import write_real_exports
 from bayes_latency.study.realdata import (
     H100_GPU,
     H100_SERVING,
@@ -188,6 +189,9 @@ def main(out: Path, quick: bool = False) -> int:
     coefs.to_csv(out / "coefficients.csv", index=False, float_format="%.6g")
     insample = insample_table(model, obs)
     insample.to_csv(out / "insample.csv", index=False, float_format="%.4g")
+    exports = write_real_exports(model, out / "exports")
+    print(f"[study] BLIS exports of the real runs' configurations: {len(exports)} files in "
+          f"{out / 'exports'}")
     rhat = worst_rhat(model)
     stack_eff = stack_effect(model)
     fit_notes = list(model.report.notes)

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(blis) folder with defaults.yaml and hardware_config.json")
     s.add_argument("--exports", default=None,
                    help="(blis) folder of <model>-h100-tp<N>.yaml exports (else published only)")
-    s.add_argument("--draws", type=int, default=20, help="(blis) posterior draws per run")
+    s.add_argument("--draws", type=int, default=20,
+                   help="(blis) posterior draws simulated per run, for the 90%% bands")
     s.add_argument("--runs", default=None, help="(blis) only runs whose name contains this")
     s.add_argument("--data", default=None, help="(blis) real-data folder")
     s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")

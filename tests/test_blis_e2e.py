@@ -295,3 +295,46 @@ def test_one_real_run_end_to_end(real_dir: Path, tmp_path: Path) -> None:
     pub = t[t["source"] == "blis-published"].iloc[0]
     # Published coefficients on this run (measured at f90a1e3): E2E within 10%, TTFT ~ -50%.
     assert abs(pub["err_e2e_mean"]) < 0.10 and abs(pub["err_decode_interval"]) < 0.10
+
+
+def test_table_and_report_from_recorded_metrics(tmp_path: Path) -> None:
+    """Rows, bands and the Markdown report without BLIS (every job gets the recorded result)."""
+    rec = be.parse_metrics(DATA / "blis_metrics_small.json")
+    runs = [tiny_run(stages=2), tiny_run("reasoning")]
+    jobs = []
+    for r in runs:
+        sets = [("blis-published", -1), ("export-mean", -1)] + [("export-draw", i)
+                                                                 for i in range(3)]
+        for src, i in sets:
+            for st in r.stages:
+                scale = 1.0 + 0.05 * (i + 1)  # the draws differ from each other
+                res = be.StageResult(rec.ttft_s * scale, rec.e2e_s * scale, rec.output_tokens,
+                                     rec.injected, rec.completed, rec.timed_out, 0, seconds=1.0,
+                                     cpu_seconds=0.5)
+                jobs.append(be._Job(r, src, i, PUBLISHED, st, res))
+    kv = {("llama-2-7b", 1): 6886}
+    t = be._table(runs, jobs, kv)
+    assert len(t) == 4 and list(t["source"]) == ["blis-published", "export-mean"] * 2
+    m = t.iloc[1]
+    assert m["n_draws"] == 3 and m["sim_completed"] == 38 and m["blis_cpu_seconds"] == 4.0
+    draws_e2e = [rec.e2e_s.mean() * (1 + 0.05 * (i + 1)) for i in range(3)]
+    assert m["band_e2e_mean_lo_s"] == pytest.approx(np.quantile(draws_e2e, 0.05))
+    assert m["e2e_mean_in_band"] == 0.0  # real 0.5 s is outside
+    res = be.StudyResult(table=t, runs=runs, setup=be.BlisSetup(Path("b"), Path("d"), Path("h")),
+                         kv_blocks=kv, wall_s=1.0, invocations=len(jobs),
+                         invocation_s=[1.0] * len(jobs), invocation_cpu_s=[0.5] * len(jobs),
+                         n_draws=3, exports="exp")
+    md, csv = be.write_outputs(res, tmp_path)
+    text = md.read_text()
+    assert "Median |error| over the 1 normal runs" in text and "stress" in text
+    assert "90% bands" in text and "tiny-llama-2-7b-tp1-general" not in text  # short ids
+    assert len(pd.read_csv(csv)) == 4 and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_cli_keeps_study_real() -> None:
+    from bayes_latency.cli import build_parser
+
+    args = build_parser().parse_args(["study", "real", "--quick"])
+    assert args.name == "real" and args.quick
+    args = build_parser().parse_args(["study", "blis", "--draws", "3", "--runs", "70b"])
+    assert (args.name, args.draws, args.runs, args.exports) == ("blis", 3, "70b", None)

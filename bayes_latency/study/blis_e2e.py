@@ -496,16 +496,18 @@ def render_markdown(res: StudyResult) -> str:
     lines = [
         "# The real runs in BLIS: real client vs simulated",
         "",
-        f"BLIS commit `{res.setup.commit}` (`{res.setup.binary}`), `blis run "
+        f"BLIS commit `{res.setup.commit}` (`{res.setup.binary.name}`), `blis run "
         + " ".join(FIXED_FLAGS) + " --max-model-len 4096 --tp N --total-kv-blocks K`, "
         "`--timeout -1` (no deadline) on the normal runs and `--timeout "
-        f"{CLIENT_TIMEOUT_S}` (the client's timeout) on the reasoning runs. "
+        f"{CLIENT_TIMEOUT_S}` (the client's timeout: its failed requests all ended at 300-301 s) "
+        "on the reasoning runs. "
         "`--cache-signal-delay 0` changes no number with one instance (checked on Llama-2-70B "
         "TP4 general stage 0: identical metrics) and makes BLIS ~20x faster.",
         "",
         "What was simulated: each load stage of each run as its own BLIS run, open-loop Poisson "
         "arrivals at the rate the real client achieved (`load_summary.achieved_rate`) with the "
-        "stage's request count; one client per (system prompt, user) of the profile, shared prefix "
+        "stage's request count (the profiles' `enable_multi_turn_chat: true` would make BLIS run "
+        "closed-loop sessions, which offer less load); one client per (system prompt, user) of the profile, shared prefix "
         "= `system_prompt_len`, input = `question_len`" + longer + "; output lengths = the stage's real "
         "`successes.output_len` distribution (an empirical PDF through its 13 quantiles, tilted "
         "to its mean). Per-request results of the stages are pooled like the client's summary; "

@@ -48,8 +48,9 @@ __all__ = [
 N_ALPHA, N_BETA = 3, 11
 #: Models of the 16 real runs, by their export name (``<model>-h100-tp<N>.yaml``).
 EXPORT_MODELS: tuple[str, ...] = ("llama-2-7b", "llama-2-70b", "codellama-34b", "mixtral-8x7b")
-#: The real client's per-request timeout (s): every failed request of the reasoning runs ends at
-#: 300.0-300.6 s (``failures.request_latency``); inference-perf's default. BLIS's ``--timeout``.
+#: The real client's per-request timeout (s): the profiles do not state it, but every failed
+#: request of the 4 reasoning runs ended between 300.0 and 301.0 s (``failures.request_latency``)
+#: and no success took longer than 300.4 s. Passed to BLIS as ``--timeout``.
 CLIENT_TIMEOUT_S = 300
 #: Quantile levels of inference-perf distributions, key -> level.
 QUANTILE_LEVELS: dict[str, float] = {

@@ -280,6 +280,12 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     assert "90% bands" in md.read_text() and len(pd.read_csv(csv)) == 4
     with pytest.raises(BlisSetupError, match="draws"):
         be.run_study(setup, runs, exports=tmp_path / "exp", n_draws=5)
+    # In-memory coefficients (e.g. a fit in a loop) instead of export files.
+    mem = be.run_study(setup, runs[:1], n_draws=2,
+                       sources={("llama-2-7b", 1): (PUBLISHED, [PUBLISHED] * 3)})
+    row = mem.table.iloc[1]
+    assert row["n_draws"] == 2 and row["band_e2e_mean_width"] == 0.0
+    assert row["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
 
 
 @pytest.mark.slow

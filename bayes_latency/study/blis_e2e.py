@@ -323,7 +323,9 @@ def _load_sources(runs: Sequence[RealRun], exports: str | Path | None, n_draws: 
 
 def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | None = None,
               n_draws: int = DEFAULT_DRAWS, parallel: int = 2, seed: int = 42,
-              progress: Callable[[str], None] | None = None) -> StudyResult:
+              progress: Callable[[str], None] | None = None,
+              sources: Mapping[tuple[str, int], tuple[Coefficients, Sequence[Coefficients]]]
+              | None = None) -> StudyResult:
     """Simulate ``runs`` in BLIS with the published coefficients and (optionally) the exports.
 
     Parameters
@@ -340,6 +342,11 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         BLIS subprocesses at a time (threads waiting on them; each BLIS gets GOMAXPROCS=1).
     seed
         Workload seed, the same for every coefficient set (common random numbers).
+    progress
+        Called with a short status line about every 10% of the invocations.
+    sources
+        ``{(model, tp): (mean, draws)}`` used instead of reading ``exports`` (e.g. coefficients
+        of an in-memory fit); ``draws`` are cut to ``n_draws``.
 
     Returns
     -------
@@ -348,7 +355,11 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         simulated statistics, signed errors and, on ``export-mean`` rows, the draws' bands.
     """
     t_start = time.perf_counter()
-    sources = _load_sources(runs, exports, n_draws)
+    if sources is not None:
+        sources = {k: (m, list(d)[:n_draws]) for k, (m, d) in sources.items()}
+        exports = exports if exports is not None else "(in memory)"
+    else:
+        sources = _load_sources(runs, exports, n_draws)
     kv: dict[tuple[str, int], int] = {}
     for r in runs:
         if (r.model, r.tp) not in kv:

@@ -56,6 +56,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    if args.name == "blis":
+        from bayes_latency.study.blis_e2e import main as study_blis
+
+        return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
+                          n_draws=args.draws, runs=args.runs, data=args.data,
+                          blis_src=args.blis_src, parallel=args.parallel)
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
@@ -123,9 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
-    s.add_argument("name", choices=["real"])
+    s.add_argument("name", choices=["real", "blis"],
+                   help="real: the fit study; blis: the 16 real runs simulated in BLIS")
     s.add_argument("--out", default="results/real")
     s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
+    s.add_argument("--blis", default=None, help="(blis) BLIS binary (default: $BLIS_BIN)")
+    s.add_argument("--blis-src", default=None,
+                   help="(blis) folder with defaults.yaml and hardware_config.json")
+    s.add_argument("--exports", default=None,
+                   help="(blis) folder of <model>-h100-tp<N>.yaml exports (else published only)")
+    s.add_argument("--draws", type=int, default=20,
+                   help="(blis) posterior draws simulated per run, for the 90%% bands")
+    s.add_argument("--runs", default=None, help="(blis) only runs whose name contains this")
+    s.add_argument("--data", default=None, help="(blis) real-data folder")
+    s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")
     s.set_defaults(func=_cmd_study)
     return p
 

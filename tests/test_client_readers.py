@@ -433,3 +433,18 @@ def test_dispatch_real_inference_perf_run(real_dir: Path) -> None:
     assert (lc["source"] == "inference_perf").all() and lc["stage"].iloc[0] == "summary"
     assert (lc["e2e_mean_s"] > lc["ttft_mean_s"]).all() and len(tabs["client_requests"]) == 0
     assert rep.kept["lifecycle_rows"] == len(lc) and rep.n_dropped == 0
+
+
+def test_ingest_experiment_folder_picks_up_client_results(specs_dir: Path,
+                                                          tmp_path: Path) -> None:
+    from bayes_latency.data.experiment import ingest, load_tables
+
+    exp = tmp_path / "exp-a"
+    exp.mkdir()
+    shutil.copy(specs_dir / "vllm-trace-format.example.jsonl", exp / "traces.jsonl")
+    shutil.copy(VLLM, exp / "vllm_bench.json")
+    report = ingest([exp], tmp_path / "out")
+    lc = load_tables(tmp_path / "out")["lifecycle"]
+    assert lc["experiment_id"].tolist() == ["exp-a"] and lc["source"].tolist() == ["vllm_bench"]
+    assert lc["ttft_mean_s"].iloc[0] == pytest.approx(_vdoc()["mean_ttft_ms"] / 1e3)
+    assert report.kept["requests_ok"] == 11 and report.kept["requests_failed"] == 1

@@ -272,6 +272,20 @@ def _read_one_file(path: Path, experiment_id: str | None
     raise TraceFormatError(f"JSON of an unknown kind; {ACCEPTED_FORMATS}", file=str(path))
 
 
+#: Files of an experiment folder that are never client results (not parsed when scanning).
+_NOT_CLIENT = ("traces.", "kv_events.", "ingest_report", "reconstruction_report")
+
+
+def _sniff_vllm(path: Path, size: int = 8192) -> bool:
+    """Cheap check before parsing a folder's JSON: vLLM writes ``completed`` near the top."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(size)
+    except OSError:
+        return False
+    return head.lstrip().startswith("{") and '"completed"' in head
+
+
 def _folder_sources(folder: Path) -> tuple[bool, list[Path], list[Path]]:
     """(has inference-perf results, vllm bench JSONs, TraceV2 headers) of a folder."""
     from bayes_latency.data.lifecycle import _STAGE_RE
@@ -286,8 +300,8 @@ def _folder_sources(folder: Path) -> tuple[bool, list[Path], list[Path]]:
             continue
         name = p.name.lower()
         if name.endswith((".json", ".jsonl")) and not name.endswith(".pytorch.json") \
-                and "lifecycle_metrics" not in name:
-            if _is_vllm_doc(_first_json_object(p)):
+                and "lifecycle_metrics" not in name and not name.startswith(_NOT_CLIENT):
+            if _sniff_vllm(p) and _is_vllm_doc(_first_json_object(p)):
                 vllm.append(p)
         elif p.suffix.lower() in (".yaml", ".yml") and p.with_suffix(".csv").is_file() \
                 and _is_tracev2_header(p):
@@ -360,8 +374,9 @@ def add_folder_client_results(out: dict[str, pd.DataFrame], folder: Path, experi
                               report: IngestReport) -> None:
     """Add an experiment folder's ``vllm_bench*.json`` / TraceV2 summaries to ``out["lifecycle"]``.
 
-    Used by :func:`bayes_latency.data.experiment.ingest_experiment`. Only the summary rows are
-    added (the per-request rows stay available through :func:`read_client_results`); a source
+    Used by :func:`bayes_latency.data.experiment.ingest_experiment`. The rows' experiment id is
+    ``experiment_id`` when the folder holds one such source and no inference-perf results, else
+    ``<experiment_id>/<file stem>``. Only the summary rows are added (the per-request rows stay available through :func:`read_client_results`); a source
     that cannot be read is skipped and counted ``client_results:unreadable``.
     """
     _, vllm, headers = _folder_sources(folder)
@@ -369,8 +384,10 @@ def add_folder_client_results(out: dict[str, pd.DataFrame], folder: Path, experi
     if not vllm and not headers:
         return
     rows = []
+    has_lifecycle = "lifecycle" in out and len(out["lifecycle"]) > 0
     for p in [*vllm, *headers]:
-        eid = experiment_id if len(vllm) + len(headers) == 1 else f"{experiment_id}/{p.stem}"
+        single = len(vllm) + len(headers) == 1 and not has_lifecycle
+        eid = experiment_id if single else f"{experiment_id}/{p.stem}"
         try:
             tabs, rep = _read_one_file(p, eid)
         except TraceFormatError as exc:

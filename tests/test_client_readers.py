@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bayes_latency.data.client import (
     ACCEPTED_FORMATS,
@@ -448,3 +451,82 @@ def test_ingest_experiment_folder_picks_up_client_results(specs_dir: Path,
     assert lc["experiment_id"].tolist() == ["exp-a"] and lc["source"].tolist() == ["vllm_bench"]
     assert lc["ttft_mean_s"].iloc[0] == pytest.approx(_vdoc()["mean_ttft_ms"] / 1e3)
     assert report.kept["requests_ok"] == 11 and report.kept["requests_failed"] == 1
+
+
+def test_tracev2_non_streaming_requests_have_no_ttft(tmp_path: Path) -> None:
+    df = _csv()
+    df.loc[[0, 1], "streaming"] = "false"
+    df.loc[2, "streaming"] = "maybe"
+    tabs, rep = read_tracev2(_pair(tmp_path, df))
+    req = tabs["client_requests"].set_index("request_id")
+    assert req.loc[["2", "3"], "ttft_s"].isna().all() and req.loc[["2", "3"], "e2e_s"].gt(0).all()
+    assert rep.dropped["malformed:streaming"] == 1 and any("non-streaming" in n for n in rep.notes)
+    _balanced(rep)
+
+
+def test_vllm_bench_burstiness(tmp_path: Path) -> None:
+    doc = _vdoc()
+    doc["burstiness"] = float("inf")  # constant inter-arrival times; json writes Infinity
+    assert read_vllm_bench(_write(tmp_path, doc))[0]["lifecycle"]["burstiness"].iloc[0] == math.inf
+    doc["burstiness"] = 0
+    with pytest.raises(TraceFormatError) as ei:
+        read_vllm_bench(_write(tmp_path, doc))
+    assert ei.value.field == "burstiness"
+
+
+# ------------------------------------------------------------------------------- fuzzing
+
+_FUZZ = settings(max_examples=30, deadline=timedelta(seconds=2), database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.function_scoped_fixture])
+_WEIRD = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+                   st.floats(allow_nan=True), st.text(max_size=6), st.just([]), st.just({}),
+                   st.just([[1.0, None]]))
+_CELLS = st.one_of(st.sampled_from(["", "NaN", "-1", "1e400", "3.5", "abc", "-0", "true",
+                                    "9223372036854775808", " 7 "]), st.text(max_size=5))
+
+
+def _check_tables(tabs: dict[str, pd.DataFrame], rep: IngestReport) -> None:
+    _balanced(rep)
+    req = tabs["client_requests"]
+    assert len(req) == rep.kept["requests_ok"] + rep.kept["requests_failed"]
+    ok = req[req["status"] == "ok"]
+    assert (ok["e2e_s"] >= 0).all() and not (ok["ttft_s"] < 0).any()
+
+
+@_FUZZ
+@given(data=st.data())
+def test_vllm_bench_reader_survives_mutations(tmp_path: Path, data: st.DataObject) -> None:
+    doc = _vdoc()
+    keys = [k for k in doc if k != "generated_texts"]
+    for _ in range(data.draw(st.integers(1, 4))):
+        key = data.draw(st.sampled_from(keys))
+        if isinstance(doc.get(key), list) and doc[key] and data.draw(st.booleans()):
+            doc[key][data.draw(st.integers(0, len(doc[key]) - 1))] = data.draw(_WEIRD)
+        elif data.draw(st.booleans()):
+            doc.pop(key, None)
+        else:
+            doc[key] = data.draw(_WEIRD)
+    try:
+        tabs, rep = read_vllm_bench(_write(tmp_path, doc))
+    except TraceFormatError:
+        return
+    _check_tables(tabs, rep)
+
+
+@_FUZZ
+@given(data=st.data())
+def test_tracev2_reader_survives_mutations(tmp_path: Path, data: st.DataObject) -> None:
+    lines = T_CSV.read_text().splitlines()
+    rows = [ln.split(",") for ln in lines]
+    for _ in range(data.draw(st.integers(1, 6))):
+        r = data.draw(st.integers(0, len(rows) - 1))
+        c = data.draw(st.integers(0, len(rows[r]) - 1))
+        rows[r][c] = data.draw(_CELLS).replace(",", ";").replace("\n", " ")
+    if data.draw(st.booleans()):
+        rows.insert(data.draw(st.integers(1, len(rows))), rows[data.draw(st.integers(1, 20))])
+    try:
+        tabs, rep = read_tracev2(_pair(tmp_path, raw="\n".join(",".join(r) for r in rows)))
+    except TraceFormatError:
+        return
+    _check_tables(tabs, rep)

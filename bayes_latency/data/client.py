@@ -4,8 +4,8 @@ What users record when they benchmark a vLLM server, read into two tables:
 
 - ``lifecycle``: one summary row per run, the columns of
   :data:`bayes_latency.data.lifecycle.LIFECYCLE_COLUMNS` (seconds) plus ``source``
-  (``"inference_perf"``, ``"vllm_bench"``, ``"tracev2"``), ``max_concurrency`` and ``duration_s``
-  (:data:`CLIENT_SUMMARY_COLUMNS`);
+  (``"inference_perf"``, ``"vllm_bench"``, ``"tracev2"``), ``max_concurrency``, ``burstiness``
+  and ``duration_s`` (:data:`CLIENT_SUMMARY_COLUMNS`);
 - ``client_requests``: one row per recorded request when the input has them
   (:data:`CLIENT_REQUEST_COLUMNS`).
 
@@ -39,9 +39,11 @@ __all__ = ["ACCEPTED_FORMATS", "CLIENT_REQUEST_COLUMNS", "CLIENT_SUMMARY_COLUMNS
            "add_folder_client_results", "read_client_results", "requests_frame",
            "summary_frame", "summary_from_requests"]
 
-#: Columns of the client summary rows (the ``lifecycle`` table's, plus three).
+#: Columns of the client summary rows (the ``lifecycle`` table's, plus four).
+#: ``max_concurrency`` / ``burstiness`` are vLLM's load settings (NaN elsewhere), ``duration_s``
+#: the run's wall time (vLLM's ``duration``; TraceV2: first send to last chunk).
 CLIENT_SUMMARY_COLUMNS: tuple[str, ...] = LIFECYCLE_COLUMNS + ("source", "max_concurrency",
-                                                               "duration_s")
+                                                               "burstiness", "duration_s")
 
 #: Columns of the per-request client table ``client_requests``.
 #: ``arrival_s`` / ``send_s`` are seconds since the run's first arrival, on one clock (NaN when

@@ -23,7 +23,8 @@ Format: ``sim/workload/tracev2.go`` of the BLIS source (``TraceHeader``, ``Trace
 
 Columns are read by name (BLIS reads them by position; the names are the same). As in
 ``blis calibrate``: TTFT = ``first_chunk - send``, E2E = ``last_chunk - send``, prompt length =
-``server_input_tokens`` when > 0 else ``input_tokens + prefix_length``, and requests with
+``server_input_tokens`` when > 0 else ``input_tokens + prefix_length``; TTFT is NaN for
+non-streaming requests (``streaming=false``: the first chunk is the whole response); requests with
 ``request_id < warm_up_requests`` are excluded (counted ``warm_up``).
 """
 
@@ -57,6 +58,9 @@ HEADER_FIELDS = ("trace_version", "time_unit", "created_at", "mode", "warm_up_re
 REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens", "arrival_time_us",
                     "send_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
 _TIME_UNITS = ("us", "microseconds", "µs", "usec")
+#: Go's strconv.ParseBool spellings.
+_BOOLS = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+          "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
 _INT_COLUMNS = ("input_tokens", "output_tokens", "prefix_length", "server_input_tokens",
                 "num_chunks", "arrival_time_us", "send_time_us", "first_chunk_time_us",
                 "last_chunk_time_us")
@@ -167,7 +171,8 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
     report : IngestReport
         ``read["requests"] == kept["requests_ok"] + kept["requests_failed"] + sum(dropped)``;
         drop reasons: ``warm_up``, ``short_row``, ``duplicate_request_id``,
-        ``malformed:<column>`` (unparseable or negative number), ``first_token_before_send``,
+        ``malformed:<column>`` (unparseable or negative number, or a ``streaming`` that is not a
+        boolean), ``first_token_before_send``,
         ``last_token_before_first``, ``missing_times`` (an ok request without send / first /
         last chunk time), ``no_output_tokens``.
 
@@ -283,19 +288,30 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
                 if vals["output_tokens"] < 1:
                     bad("no_output_tokens", line, "output_tokens", "ok request with 0 tokens")
                     continue
+            streaming = True
+            if "streaming" in idx:
+                streaming = _BOOLS.get(row[idx["streaming"]].strip())
+                if streaming is None:
+                    bad("malformed:streaming", line, "streaming",
+                        f"expected true / false, got {row[idx['streaming']]!r}")
+                    continue
             prompt = vals["server_input_tokens"] or (vals["input_tokens"]
                                                      + vals["prefix_length"])
             msg = row[idx["error_message"]].strip() if "error_message" in idx else ""
             recs.append({"rid": rid, "ok": ok, "status": status, "err": msg,
                          "arrival": vals["arrival_time_us"], "send": send, "first": first,
                          "last": last, "prompt": prompt, "out": vals["output_tokens"],
-                         "chunks": vals["num_chunks"]})
+                         "chunks": vals["num_chunks"], "streaming": streaming})
             report.kept["requests_ok" if ok else "requests_failed"] += 1
     if report.read["requests"] == 0:
         raise TraceFormatError("no request rows in the TraceV2 data", file=str(data))
     if not recs:
         raise TraceFormatError(f"no usable request: {report.read['requests']} read, all "
                                f"dropped ({dict(report.dropped)})", file=str(data))
+    n_plain = sum(1 for r in recs if r["ok"] and not r["streaming"])
+    if n_plain:
+        report.notes.append(f"{data.name}: {n_plain} non-streaming request(s): the first chunk is "
+                            f"the whole response, so their TTFT and decode interval are NaN")
     req, itl_mean = _tables(recs, eid)
     row = _summary(req, recs, itl_mean, hdr, eid)
     report.kept["lifecycle_rows"] += 1
@@ -313,7 +329,7 @@ def _tables(recs: list[dict[str, Any]], eid: str) -> tuple[pd.DataFrame, float]:
     span_us, gaps = 0.0, 0
     for i, r in enumerate(recs):
         ok = r["ok"]
-        ttft = (r["first"] - r["send"]) / 1e6 if ok else math.nan
+        ttft = (r["first"] - r["send"]) / 1e6 if ok and r["streaming"] else math.nan
         e2e = (r["last"] - r["send"]) / 1e6 if ok else math.nan
         cols["experiment_id"].append(eid)
         cols["source"].append("tracev2")
@@ -325,12 +341,12 @@ def _tables(recs: list[dict[str, Any]], eid: str) -> tuple[pd.DataFrame, float]:
         cols["output_tokens"].append(r["out"])
         cols["ttft_s"].append(ttft)
         cols["e2e_s"].append(e2e)
-        cols["decode_interval_s"].append((e2e - ttft) / (r["out"] - 1) if ok and r["out"] > 1
-                                         else math.nan)
+        cols["decode_interval_s"].append((e2e - ttft) / (r["out"] - 1)
+                                         if ok and r["streaming"] and r["out"] > 1 else math.nan)
         cols["status"].append("ok" if ok else "error")
         cols["error"].append("" if ok else (f"{r['status']}: {r['err']}" if r["err"]
                                             else r["status"] or "no status")[:200])
-        if ok and r["chunks"] > 1:
+        if ok and r["streaming"] and r["chunks"] > 1:
             span_us += r["last"] - r["first"]
             gaps += r["chunks"] - 1
     return requests_frame(cols), (span_us / gaps / 1e6 if gaps else math.nan)
@@ -360,6 +376,7 @@ def _summary(req: pd.DataFrame, recs: list[dict[str, Any]], itl_mean: float,
         "output_tokens_per_sec": sum(r["out"] for r in ok) / wall if wall > 0 else math.nan,
         "requests_per_sec": len(ok) / wall if wall > 0 else math.nan,
         "failure_latency_mean_s": float(np.mean(fail)) if fail else math.nan,
-        "source": "tracev2", "max_concurrency": math.nan, "duration_s": wall,
+        "source": "tracev2", "max_concurrency": math.nan, "burstiness": math.nan,
+        "duration_s": wall,
     })
     return row

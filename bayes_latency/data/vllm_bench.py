@@ -61,7 +61,7 @@ PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "latencies",
 #: Non-negative numeric top-level fields (a NaN, negative or non-numeric value is an error).
 _NUMERIC_FIELDS = ("duration", "completed", "failed", "num_prompts", "total_input_tokens",
                    "total_output_tokens", "request_throughput", "output_throughput",
-                   "total_token_throughput", "burstiness")
+                   "total_token_throughput")
 _TP_KEYS = ("tp", "tensor_parallel_size", "tensor_parallelism", "tensor_parallel")
 
 
@@ -277,6 +277,7 @@ def _read_doc(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
         "tp": _tp(doc), "count": completed + failed, "successes": completed,
         "failures": failed, "source": "vllm_bench", "duration_s": duration,
         "max_concurrency": _top_num(doc, "max_concurrency", path),
+        "burstiness": _burstiness(doc, path),
     }
     rate = doc.get("request_rate")
     if isinstance(rate, str) and rate.strip().lower() in ("inf", "infinity"):
@@ -333,6 +334,19 @@ def _read_doc(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
                                 f"lists hold {derived.get('successes', 0):g} successes")
     report.kept["lifecycle_rows"] += 1
     return row, req
+
+
+def _burstiness(doc: dict[str, Any], path: Path) -> float:
+    """``burstiness`` (gamma shape of the inter-arrival times; 1 = Poisson, may be Infinity)."""
+    v = doc.get("burstiness")
+    if v is None:
+        return math.nan
+    if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+        raise TraceFormatError(f"expected a positive number, got {v!r}", file=str(path),
+                               field="burstiness")
+    return float(v)
 
 
 def _tp(doc: dict[str, Any]) -> int | None:

@@ -150,6 +150,20 @@ def test_vllm_bench_malformed_requests_are_counted(tmp_path: Path) -> None:
     assert tabs["lifecycle"].iloc[0]["ttft_mean_s"] == pytest.approx(doc["mean_ttft_ms"] / 1e3)
 
 
+def test_huge_token_counts_are_malformed(tmp_path: Path) -> None:
+    doc = _vdoc()
+    doc["input_lens"][0] = 2**70
+    _, rep = read_vllm_bench(_write(tmp_path, doc))
+    assert rep.dropped["malformed:input_lens"] == 1
+    df = _csv()
+    df.loc[0, "output_tokens"] = "9223372036854775808"
+    df.loc[1, "prefix_length"] = str(2**61)
+    _, rep = read_tracev2(_pair(tmp_path, df))
+    assert rep.dropped["malformed:output_tokens"] == 1
+    assert rep.dropped["malformed:prefix_length"] == 1
+    _balanced(rep)
+
+
 def test_vllm_bench_failed_without_error_text_and_old_format(tmp_path: Path) -> None:
     """Older result files have no 'failed' / 'latencies'; vLLM writes 0 / 0.0 for failures."""
     doc = _vdoc()

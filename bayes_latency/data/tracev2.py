@@ -125,17 +125,18 @@ def _data_path(header: Path) -> Path:
 
 
 def _parse_int(text: str) -> int | None:
-    """An integer cell (Go writes %d; '12.0' is accepted); None if not a finite integer."""
+    """An integer cell (Go writes %d; '12.0' is accepted); None if not an integer below 2**62."""
     t = text.strip()
     try:
-        return int(t)
+        v: float = int(t)
     except ValueError:
-        pass
-    try:
-        v = float(t)
-    except ValueError:
-        return None
-    return int(v) if math.isfinite(v) and v == int(v) else None
+        try:
+            v = float(t)
+        except ValueError:
+            return None
+        if not math.isfinite(v) or v != int(v):
+            return None
+    return int(v) if abs(v) < 2**62 else None
 
 
 def read_tracev2(header: str | Path, data: str | Path | None = None,
@@ -253,13 +254,14 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
                     vals[c] = 0
                     continue
                 v = _parse_int(row[idx[c]])
-                if v is None or v < 0:
+                if v is None or v < 0 or (v > 10**9 and not c.endswith("_us")):
                     err = c
                     break
                 vals[c] = v
             if err is not None:
                 bad(f"malformed:{err}", line, err,
-                    f"expected a non-negative integer, got {row[idx[err]]!r}")
+                    f"expected a non-negative integer (token counts <= 1e9), got "
+                    f"{row[idx[err]]!r}")
                 continue
             if rid in seen:
                 bad("duplicate_request_id", line, "request_id", f"request_id {rid} seen before")

@@ -129,6 +129,14 @@ def _req_num(v: Any, minimum: float = 0.0, strict: bool = False) -> float | None
     return v
 
 
+def _tokens(v: Any) -> int | None:
+    """A per-request token count: an integral number in [0, 1e9], else None."""
+    f = _req_num(v)
+    if f is None or f != int(f) or f > 1e9:
+        return None
+    return int(f)
+
+
 def _per_request(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
                  ) -> tuple[pd.DataFrame, np.ndarray] | None:
     """The per-request table and all chunk intervals of the ok requests; None if not saved."""
@@ -157,13 +165,15 @@ def _per_request(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
     report.read["requests"] += n
     starts = lists.get("start_times")
     queues = lists.get("queue_times")
+    errs = lists.get("errors")
     t0 = None  # the run's first arrival (first send when queue_times are absent)
     if starts is not None:
         good = []
         for k, x in enumerate(starts):
             s = _req_num(x, -math.inf)
             q = _req_num(queues[k]) if queues is not None else None
-            if s is not None:
+            e = errs[k] if errs is not None else ""
+            if s is not None and not (isinstance(e, str) and e.strip()):  # successes' clock
                 good.append(s - (q or 0.0))
         t0 = min(good) if good else None
     cols: dict[str, list[Any]] = {c: [] for c in CLIENT_REQUEST_COLUMNS}
@@ -198,20 +208,19 @@ def _per_request(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
                                                                 else math.nan)
         err = lists["errors"][i] if "errors" in lists else ""
         err = err if isinstance(err, str) else ("" if err is None else str(err))
-        prompt = _req_num(lists["input_lens"][i])
-        out = _req_num(lists["output_lens"][i])
+        prompt = _tokens(lists["input_lens"][i])
+        out = _tokens(lists["output_lens"][i])
         ttft = _req_num(lists["ttfts"][i])
         failed = bool(err.strip()) or (out == 0 and ttft == 0)
         if failed:
             report.kept["requests_failed"] += 1
-            add(i, None if prompt is None else int(prompt), None if out is None else int(out),
-                math.nan, math.nan, "error", err.strip() or "failed (no error text)", send,
-                arrival)
+            add(i, prompt, out, math.nan, math.nan, "error",
+                err.strip() or "failed (no error text)", send, arrival)
             continue
         bad = None
-        if prompt is None or prompt != int(prompt):
+        if prompt is None:
             bad = ("input_lens", lists["input_lens"][i])
-        elif out is None or out < 1 or out != int(out):
+        elif out is None or out < 1:
             bad = ("output_lens", lists["output_lens"][i])
         elif ttft is None or ttft <= 0:
             bad = ("ttfts", lists["ttfts"][i])
@@ -244,7 +253,7 @@ def _per_request(doc: dict[str, Any], path: Path, eid: str, report: IngestReport
         report.kept["requests_ok"] += 1
         if itl is not None:
             itl_all.append(itl)
-        add(i, int(prompt), int(out), ttft, e2e, "ok", "", send, arrival)
+        add(i, prompt, out, ttft, e2e, "ok", "", send, arrival)
     itls = np.concatenate(itl_all) if itl_all else (np.array([]) if "itls" in lists else None)
     return requests_frame(cols), itls
 

@@ -329,6 +329,11 @@ def test_tracev2_strict_raises_with_line_and_field(tmp_path: Path) -> None:
         read_tracev2(_pair(tmp_path, df), strict=True)
     assert (ei.value.line, ei.value.field) == (5, "first_chunk_time_us")
     assert ei.value.file.endswith("obs.csv")
+    df = _csv()
+    df.loc[0, "last_chunk_time_us"] = "0"
+    with pytest.raises(TraceFormatError, match="zero time") as ei:
+        read_tracev2(_pair(tmp_path, df), strict=True)
+    assert (ei.value.line, ei.value.field) == (2, "last_chunk_time_us")
 
 
 def test_tracev2_missing_column(tmp_path: Path) -> None:

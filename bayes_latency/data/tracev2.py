@@ -275,8 +275,10 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
             send, first, last = (vals["send_time_us"], vals["first_chunk_time_us"],
                                  vals["last_chunk_time_us"])
             if ok:
-                if send == 0 or first == 0 or last == 0:
-                    bad("missing_times", line, "first_chunk_time_us" if send else "send_time_us",
+                zero = next((c for c in ("send_time_us", "first_chunk_time_us",
+                                         "last_chunk_time_us") if vals[c] == 0), None)
+                if zero is not None:
+                    bad("missing_times", line, zero,
                         f"ok request with a zero time (send={send}, first={first}, last={last})")
                     continue
                 if first < send:

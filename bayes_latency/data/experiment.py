@@ -268,6 +268,9 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
             except TraceFormatError as exc:
                 report.drop("lifecycle:unreadable")
                 report.notes.append(f"lifecycle metrics skipped: {exc}")
+        from bayes_latency.data.client import add_folder_client_results  # vllm_bench*.json, TraceV2
+
+        add_folder_client_results(out, folder, eid, report)
     if cfg is not None:
         from bayes_latency.physics.architecture import load_architecture
         from bayes_latency.physics.hardware import load_gpu

@@ -13,8 +13,8 @@ import yaml
 
 from bayes_latency.cli import main
 from bayes_latency.data.experiment import ingest, load_serving_yaml, load_tables, serving_config
-from bayes_latency.data.tables import table_files
 from bayes_latency.data.observations import observation_columns
+from bayes_latency.data.tables import table_files
 from bayes_latency.errors import BayesLatencyError, ConfigError
 
 EXAMPLE = "vllm-trace-format.example.jsonl"

@@ -39,10 +39,11 @@ __all__ = [
 #: Environment variable naming an existing scheduler (Dask's own convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 #: Estimated serial work (seconds) below which ``scheduler=None`` runs inline instead of starting
-#: a local cluster. Measured on the 2-core development machine: ``LocalCluster(2 workers,
-#: processes)`` start + ``Client`` + shutdown takes 2.0-3.5 s, so two workers can only win when
-#: the serial work exceeds about twice that (ideal halving: t/2 + 3 s < t for t > 6 s).
-INLINE_MAX_SECONDS = 6.0
+#: a local cluster. Measured on the 2-core development machine (shared with other jobs, load
+#: about 10): ``LocalCluster(2 workers, processes)`` starts in 4.0-4.1 s, the workers' first tasks
+#: import the package in 1.6-2.9 s and closing takes 1.9-2.1 s, 7.6-8.9 s in all; two workers can
+#: only win when ``t / 2 + overhead < t``, i.e. above about 10-16 s of serial work.
+INLINE_MAX_SECONDS = 10.0
 _INLINE = ("inline", "none", "sync", "synchronous")
 
 
@@ -86,7 +87,7 @@ def _client(scheduler: Any, n_units: int):
     if scheduler == "local":
         n = max(1, min(n_units, os.cpu_count() or 1))
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=40)
+                               dashboard_address=None, silence_logs=50)
         try:
             with Client(cluster) as client:
                 yield client

@@ -689,7 +689,7 @@ def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
         Where the configurations run (they are independent; :func:`summarize_config` is the one
         function, inline or as a Dask task, so the results are the same): None (inline below
         about :data:`bayes_latency.parallel.INLINE_MAX_SECONDS` of work at
-        :data:`SECONDS_PER_ROW`, i.e. about a million rows, else a local cluster;
+        :data:`SECONDS_PER_ROW`, i.e. about 1.7 million rows, else a local cluster;
         ``$DASK_SCHEDULER_ADDRESS`` when set), ``"inline"``, ``"local"``, a scheduler address or
         a ``distributed.Client``.
 

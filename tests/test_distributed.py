@@ -115,3 +115,14 @@ def test_cli_ingest_on_a_scheduler_address_and_old_layout(fleet, client, both, t
     pd.testing.assert_frame_equal(read_table(old, "observations"), obs)
     assert main(["ingest", str(folders[0]), "--out", str(tmp_path / "bad"),
                  "--scheduler", "nonsense"]) == 2
+
+
+def test_a_failing_task_raises_the_package_error(client, tmp_path):
+    from bayes_latency.errors import TraceFormatError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "otlp"}\n')
+    other = tmp_path / "other.jsonl"
+    other.write_text("also not json\n")
+    with pytest.raises(TraceFormatError, match="no valid OTLP"):
+        ingest([bad, other], tmp_path / "out", scheduler=client)

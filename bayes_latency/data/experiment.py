@@ -383,10 +383,11 @@ def _size(path: Path) -> int:
         return 0
 
 
-#: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per second
-#: on one core, end to end: reading, reconstruction, observations, Parquet), measured on the demo
-#: fleet with the msgspec reader (see ``benchmarks/ingest_scale.py``).
-INGEST_BYTES_PER_S = 15e6
+#: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
+#: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured: the demo
+#: fleet's 85 MB took 9.2-9.4 CPU-seconds inline; the 20x fleet 9.1 MB per worker CPU-second
+#: (``results/benchmarks/ingest_scale.md``). The demo fleet (about 9.5 s estimated) stays inline.
+INGEST_BYTES_PER_S = 9e6
 
 
 def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,

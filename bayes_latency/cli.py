@@ -26,7 +26,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     from bayes_latency.data.experiment import ingest
 
     report = ingest([Path(p) for p in args.paths], Path(args.out),
-                    config=Path(args.config) if args.config else None)
+                    config=Path(args.config) if args.config else None,
+                    scheduler=args.scheduler)
     print(report.format())
     return 0
 
@@ -67,6 +68,12 @@ def _cmd_study(args: argparse.Namespace) -> int:
     return study_real(Path(args.out), quick=args.quick)
 
 
+_SCHEDULER_HELP = ("Dask scheduler for the per-experiment / per-configuration tasks: an address "
+                   "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'inline' "
+                   "(this process); default: $DASK_SCHEDULER_ADDRESS if set, else inline for "
+                   "small inputs and a local cluster for large ones")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``bayes-latency`` (one subparser per subcommand)."""
     p = argparse.ArgumentParser(prog="bayes-latency", description=__doc__.splitlines()[0])
@@ -83,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("paths", nargs="+", help="trace files or experiment folders")
     s.add_argument("--config", help="serving config YAML (for loose trace files)")
     s.add_argument("--out", required=True)
+    s.add_argument("--scheduler", default=None, help=_SCHEDULER_HELP)
     s.set_defaults(func=_cmd_ingest)
 
     s = sub.add_parser("fit", help="fit the hierarchical model to an ingested table folder")
@@ -103,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
     s.add_argument("--target-accept", type=float, default=0.95,
                    help="NUTS step-size target; 0.99 when a few divergences remain")
+    s.add_argument("--scheduler", default=None,
+                   help=_SCHEDULER_HELP + " (stage 1 only; the hierarchy runs here)")
     s.set_defaults(func=_cmd_fit)
 
     s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")

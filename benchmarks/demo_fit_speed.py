@@ -43,10 +43,11 @@ CHILD = r"""
 import json, sys, time
 import pandas as pd
 from bayes_latency.data.observations import config_id
+from bayes_latency.data.tables import read_table
 from bayes_latency.demo import DEMO_FIT, HELD_OUT
 from bayes_latency.model.estimator import LatencyModel
 tables, draws, tune, ta, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-obs = pd.read_parquet(f"{tables}/observations.parquet")
+obs = read_table(tables, "observations")
 train = obs[obs["config_id"] != config_id(*HELD_OUT)]
 m = LatencyModel()
 t0 = time.perf_counter()
@@ -136,8 +137,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.seeds is None:
         args.seeds = [0, 1] if args.cold else [0, 1, 2, 3, 4]
-    if not Path(args.tables, "observations.parquet").exists():
-        print(f"no {args.tables}/observations.parquet: run `bayes-latency demo` first", file=sys.stderr)
+    from bayes_latency.data.tables import table_files
+
+    if not table_files(args.tables, "observations"):
+        print(f"no observations table in {args.tables}: run `bayes-latency demo` first", file=sys.stderr)
         return 2
     runs = []
     for s in args.seeds:

@@ -37,10 +37,11 @@ import pandas as pd
 def fleet_tables(fleet: str, seed: int, work: Path) -> pd.DataFrame:
     """The fleet's observation table (simulated and ingested once, cached under ``work``)."""
     from bayes_latency.data.experiment import ingest, load_tables
+    from bayes_latency.data.tables import table_files
     from bayes_latency.synth.fleet import simulate_fleet
 
     tables = work / f"tables_{fleet}_{seed}"
-    if not (tables / "observations.parquet").exists():
+    if not table_files(tables, "observations"):
         folders = simulate_fleet(fleet, work / f"fleet_{fleet}_{seed}", seed=seed, progress=False)
         ingest(folders, tables)
     return load_tables(tables)["observations"]

@@ -14,6 +14,7 @@ import yaml
 from bayes_latency.cli import main
 from bayes_latency.data.experiment import ingest, load_serving_yaml, load_tables, serving_config
 from bayes_latency.data.observations import observation_columns
+from bayes_latency.data.tables import table_files
 from bayes_latency.errors import BayesLatencyError, ConfigError
 
 EXAMPLE = "vllm-trace-format.example.jsonl"
@@ -82,8 +83,8 @@ def test_ingest_spec_example_with_config(specs_dir, tmp_path):
 def test_ingest_without_config_writes_no_observations(specs_dir, tmp_path):
     out = tmp_path / "out"
     report = ingest([specs_dir / EXAMPLE], out)
-    assert not (out / "observations.parquet").exists()
-    assert (out / "batches.parquet").exists() and (out / "steps.parquet").exists()
+    assert not table_files(out, "observations")
+    assert table_files(out, "batches") and table_files(out, "steps")
     assert any("observations not built" in n for n in report.notes)
 
 

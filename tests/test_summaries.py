@@ -248,12 +248,14 @@ def test_plain_maximum_likelihood_and_fixed_noise(rows, scale):
     assert fixed.loglik == pytest.approx(s.loglik, abs=1e-8)
 
 
-def test_summarize_serial_and_pool_agree(scale):
+def test_summarize_inline_and_automatic_agree(scale):
+    # small tables run inline under the automatic choice; the Dask path is tested in
+    # tests/test_distributed.py
     obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-70b", "A100", 4)],
                                n_iter=150, n_win=60, n_alpha=40, seed=4)
     rows = fit_rows(obs)
-    one = summarize(rows, COEFS, scale, workers=1, noise_prior=PRIOR)
-    two = summarize(rows, COEFS, scale, workers=2, noise_prior=PRIOR)
+    one = summarize(rows, COEFS, scale, noise_prior=PRIOR, scheduler="inline")
+    two = summarize(rows, COEFS, scale, noise_prior=PRIOR)
     assert [s.config_id for s in one] == sorted(rows["config_id"].unique())
     for a, b in zip(one, two, strict=True):
         assert a.config_id == b.config_id and a.converged

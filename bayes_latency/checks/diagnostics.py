@@ -577,10 +577,12 @@ def compare_variants(results: dict[str, xr.DataTree], var_name: str | None = Non
 
 
 def _read_table(folder: Path, name: str) -> pd.DataFrame | None:
-    for cand in (folder / f"{name}.parquet", folder / f"{name}.csv"):
-        if cand.is_file():
-            return pd.read_parquet(cand) if cand.suffix == ".parquet" else pd.read_csv(cand)
-    return None
+    from bayes_latency.data.tables import read_table, table_files
+
+    if table_files(folder, name):  # ingest's layout (partitioned, or one Parquet file)
+        return read_table(folder, name)
+    cand = folder / f"{name}.csv"
+    return pd.read_csv(cand) if cand.is_file() else None
 
 
 def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, Path]:

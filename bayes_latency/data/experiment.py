@@ -33,9 +33,12 @@ Knobs may also sit under a nested ``serving:`` mapping. inference-perf's ``exp-c
 Outputs (in ``--out``)
 ----------------------
 ``steps``, ``journey_events``, ``requests``, ``batches``, ``iterations``, ``observations``,
-``lifecycle`` and ``kv_events`` (when any input has them) as ``<name>.parquet``, all keyed by
-``experiment_id``; ``ingest_report.json`` (total and per-experiment counts) and
-``reconstruction_report.json`` (per experiment). Experiments are processed one at a time.
+``lifecycle`` and ``kv_events`` (when any input has them) as Parquet datasets partitioned by
+experiment (``<name>/experiment_id=<id>/part.parquet``, read them with
+:func:`bayes_latency.data.tables.read_table`), all keyed by ``experiment_id``;
+``ingest_report.json`` (total and per-experiment counts) and ``reconstruction_report.json`` (per
+experiment). Each experiment is one unit of work, inline or a Dask task
+(:mod:`bayes_latency.parallel`); it streams its trace and writes its own partitions.
 """
 
 from __future__ import annotations
@@ -52,6 +55,13 @@ import yaml
 from bayes_latency.data.observations import build_observations, empty_observations
 from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
+from bayes_latency.data.tables import (
+    clear_table,
+    read_table,
+    table_names,
+    write_manifest,
+    write_partition,
+)
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
 
 __all__ = [
@@ -337,17 +347,72 @@ def _inputs(paths: Sequence[Path], config: Path | None, skipped: list[Path] | No
     return items
 
 
-def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> IngestReport:
+def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
+                 eid: str | None, out: Path) -> dict[str, Any]:
+    """Ingest one experiment and write its partition of every table (a Dask task, or inline).
+
+    Returns
+    -------
+    dict
+        ``experiment_id``, ``report`` (:class:`IngestReport`), ``reconstruction`` (dict),
+        ``rows`` (table -> rows written), ``empty`` (table -> a 0-row frame, for tables this
+        experiment has no rows of: their schema when no experiment has any) and ``bytes`` read.
+    """
+    tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+    ids = set()
+    for name in ("steps", "requests", "batches"):
+        df = tables.get(name)
+        if df is not None and len(df):
+            ids.update(df["experiment_id"].astype(str).unique().tolist())
+    eid = eid or (sorted(ids)[0] if ids else trace.stem)
+    rows: dict[str, int] = {}
+    empty: dict[str, pd.DataFrame] = {}
+    for name, df in tables.items():
+        if df is None:
+            continue
+        if len(df):
+            write_partition(out, name, eid, df)
+            rows[name] = len(df)
+        else:
+            empty[name] = df.iloc[0:0].copy()
+    return {"experiment_id": eid, "report": rep, "reconstruction": rec, "rows": rows,
+            "empty": empty, "bytes": _size(trace)}
+
+
+def _size(path: Path) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
+
+
+#: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
+#: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured: the demo
+#: fleet's 85 MB took 9.2-9.4 CPU-seconds inline; the 20x fleet 9.1 MB per worker CPU-second
+#: (``results/benchmarks/ingest_scale.md``). The demo fleet (about 9.5 s estimated) stays inline.
+INGEST_BYTES_PER_S = 9e6
+
+
+def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
+           scheduler: Any = None) -> IngestReport:
     """Turn trace files and experiment folders into the Parquet tables.
+
+    Each experiment is one unit of work (read, rebuild, observations, write its partitions), run
+    inline for small inputs or as a task on Dask distributed (:func:`bayes_latency.parallel.run_units`);
+    the tables are Parquet datasets partitioned by experiment (:mod:`bayes_latency.data.tables`).
 
     Parameters
     ----------
     paths
         Trace files (OTLP JSON Lines) and / or experiment folders.
     out
-        Output folder (created).
+        Output folder (created). Workers of a remote cluster must be able to write it.
     config
         Serving YAML for loose trace files (and for folders without ``serving.yaml``).
+    scheduler
+        None (inline below about :data:`bayes_latency.parallel.INLINE_MAX_SECONDS` of work, else
+        a local cluster; ``$DASK_SCHEDULER_ADDRESS`` when set), ``"inline"``, ``"local"``, a
+        scheduler address ``tcp://host:8786`` or a ``distributed.Client``.
 
     Returns
     -------
@@ -361,12 +426,14 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
     TraceFormatError
         Unreadable input.
     """
+    from bayes_latency.data.otlp import _default_experiment_id
+    from bayes_latency.parallel import run_units
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     total = IngestReport(source=str(out))
     per_exp: dict[str, Any] = {}
     recon: dict[str, Any] = {}
-    acc: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
     no_obs = []
     skipped: list[Path] = []
     inputs = _inputs([Path(p) for p in paths], config, skipped)
@@ -376,33 +443,45 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
     if not inputs:
         raise TraceFormatError("no trace files or experiment folders among the inputs",
                                file=", ".join(str(p) for p in paths))
-    for trace, cfg, folder, eid in inputs:
-        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
-        ids = set()
-        for name in ("steps", "requests", "batches"):
-            df = tables.get(name)
-            if df is not None and len(df):
-                ids.update(df["experiment_id"].astype(str).unique().tolist())
-        eid = eid or (sorted(ids)[0] if ids else trace.stem)
+    # partitions are written by the units: ids must be unique before any is written
+    seen: set[str] = set()
+    for trace, _cfg, _folder, eid in inputs:
+        key = eid or _default_experiment_id(trace)
+        if key in seen:
+            raise ConfigError(f"experiment id {key!r} appears twice in the inputs "
+                              f"(set experiment_id in the serving YAML)")
+        seen.add(key)
+    for name in TABLES:
+        clear_table(out, name)
+    sizes = [_size(trace) for trace, *_ in inputs]
+    results = run_units(_ingest_unit, [(*item, out) for item in inputs], scheduler=scheduler,
+                        cost_s=sum(sizes) / INGEST_BYTES_PER_S, weights=sizes, desc="ingest",
+                        unit="B")
+    written_rows: dict[str, list[str]] = {t: [] for t in TABLES}
+    empties: dict[str, pd.DataFrame] = {}
+    order: list[str] = []
+    for res in results:
+        eid, rep, rec = res["experiment_id"], res["report"], res["reconstruction"]
         if eid in per_exp:
             raise ConfigError(f"experiment id {eid!r} appears twice in the inputs "
                               f"(set experiment_id in the serving YAML)")
+        order.append(eid)
         per_exp[eid] = rep.to_dict()
         if rec:
             recon[eid] = rec
-        if "observations" not in tables:
+        if "observations" not in res["rows"] and "observations" not in res["empty"]:
             no_obs.append(eid)
-        for name, df in tables.items():
-            acc[name].append(df)
+        for name in res["rows"]:
+            written_rows[name].append(eid)
+        for name, df in res["empty"].items():
+            empties.setdefault(name, df)
         total.merge(rep)
-        del tables
     if no_obs:
         total.notes.append(f"no serving config for {', '.join(no_obs)}: observations not built "
                            f"(pass --config SERVING.yaml)")
     written = []
     for name in TABLES:
-        frames = [f for f in acc[name] if f is not None and len(f)]
-        if not frames:
+        if not written_rows[name]:  # no experiment has rows: write the schema (as before)
             if name in ("lifecycle", "kv_events"):
                 continue
             if name == "observations":
@@ -410,11 +489,11 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
                     continue
                 df = empty_observations()
             else:
-                df = next((f for f in acc[name] if f is not None), pd.DataFrame())
-        else:
-            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        _to_parquet(df, out / f"{name}.parquet")
+                df = empties.get(name, pd.DataFrame())
+            write_partition(out, name, order[0], df)
+            written_rows[name].append(order[0])
         written.append(name)
+    write_manifest(out, order, {k: v for k, v in written_rows.items() if v})
     total.notes.append(f"wrote {', '.join(written)} to {out}")
     with open(out / "ingest_report.json", "w", encoding="utf-8") as fh:
         json.dump({"total": total.to_dict(), "experiments": per_exp}, fh, indent=2, default=str)
@@ -426,19 +505,6 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
             total.notes.append(f"reconstruction {eid}: {agree:.1%} of {rec['n_compared']} "
                                f"sampled steps match")
     return total
-
-
-def _to_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write a table; object columns of mixed types are stored as strings."""
-    df = df.reset_index(drop=True)
-    try:
-        df.to_parquet(path, index=False)
-    except (TypeError, ValueError, ArithmeticError):
-        df = df.copy()
-        for c in df.columns:
-            if df[c].dtype == object:
-                df[c] = df[c].astype("string")
-        df.to_parquet(path, index=False)
 
 
 def load_tables(folder: str | Path) -> dict[str, pd.DataFrame]:
@@ -457,7 +523,7 @@ def load_tables(folder: str | Path) -> dict[str, pd.DataFrame]:
     folder = Path(folder)
     if not folder.is_dir():
         raise BayesLatencyError(f"{folder}: no such table folder")
-    tables = {p.stem: pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))}
+    tables = {name: read_table(folder, name) for name in table_names(folder)}
     if not tables:
         raise BayesLatencyError(f"{folder}: no Parquet table (run `bayes-latency ingest` first)")
     return tables

@@ -1,4 +1,14 @@
-"""Streaming JSON Lines input shared by the trace readers (OTLP traces, ``kv_events.jsonl``)."""
+"""Streaming JSON Lines input shared by the trace readers (OTLP traces, ``kv_events.jsonl``).
+
+Lines are decoded with msgspec (a C decoder to the same Python values: dict, list, str, int,
+float, bool, None); a line msgspec refuses is decoded again with :func:`json.loads`, which decides
+what is valid. msgspec refuses a superset of what ``json.loads`` refuses (it rejects ``NaN`` /
+``Infinity``, out-of-range floats, lone surrogates, a BOM and UTF-16/32), and where both accept a
+line they give equal values, so the result is that of ``json.loads`` on every line. Measured on the
+demo fleet's traces (85 MB, 2-core machine with other jobs): decoding alone 64 MB/s with
+``json.loads``, 75-80 MB/s with msgspec (``benchmarks/ingest_scale.py`` reports the end-to-end
+ingest numbers).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+
+_decode = msgspec.json.Decoder().decode
 
 
 def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any]]:
@@ -34,10 +48,13 @@ def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any
                     continue
                 report.read["lines"] += 1
                 try:
-                    doc = json.loads(raw)
-                except (ValueError, RecursionError):
-                    report.drop_at("malformed_json", f"{path}:{lineno}")
-                    continue
+                    doc = _decode(raw)
+                except Exception:  # noqa: BLE001 - json.loads decides (same values, same errors)
+                    try:
+                        doc = json.loads(raw)
+                    except (ValueError, RecursionError):
+                        report.drop_at("malformed_json", f"{path}:{lineno}")
+                        continue
                 yield lineno, doc
     except (OSError, EOFError) as exc:
         raise TraceFormatError(f"cannot read file: {exc}", file=str(path)) from exc

@@ -105,7 +105,7 @@ class LatencyModel:
 
     def __init__(self, priors: object = None, terms: tuple = DEFAULT_TERMS,
                  method: str = "laplace-hierarchy", sampler: str = "nutpie",
-                 variant: str = "hierarchy") -> None:
+                 variant: str = "hierarchy", scheduler: object = None) -> None:
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
         if sampler not in SAMPLERS:
@@ -121,6 +121,8 @@ class LatencyModel:
         self.alpha_terms = tuple(ALPHA_TERMS)
         self.coefs = self.terms + self.alpha_terms
         self.method, self.sampler, self.variant = method, sampler, variant
+        #: where stage 1 runs (:func:`bayes_latency.model.summaries.summarize`); stage 2 runs here
+        self.scheduler = scheduler
         self.result: xr.DataTree | None = None
         self.design: Design | None = None
         self.summaries: list[ConfigSummary] | None = None
@@ -167,7 +169,8 @@ class LatencyModel:
             t0 = time.perf_counter()
             pa = prior_arrays(self.priors, self.coefs, self.design.gpus)
             noise_prior = NoisePrior(sigma=dict(pa.noise_sigma), nu_alpha=pa.nu_alpha, nu_beta=pa.nu_beta)
-            self.summaries = summarize(rows, self.coefs, self._scale(), noise_prior=noise_prior)
+            self.summaries = summarize(rows, self.coefs, self._scale(), noise_prior=noise_prior,
+                                       scheduler=self.scheduler)
             self.timings["summaries_s"] = time.perf_counter() - t0
             bad = [s.config_id for s in self.summaries if not s.converged]
             if bad:
@@ -643,12 +646,13 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
 
 
 def load_observations(path: str | Path) -> pd.DataFrame:
-    """The observation table from an ingest folder or a Parquet file."""
+    """The observation table from an ingest folder (either layout) or a Parquet file."""
+    from bayes_latency.data.tables import read_table
+
     path = Path(path)
-    f = path / "observations.parquet" if path.is_dir() else path
-    if not f.exists():
-        raise BayesLatencyError(f"no observation table at {f}; run `bayes-latency ingest` first")
-    return pd.read_parquet(f)
+    if not path.exists():
+        raise BayesLatencyError(f"no observation table at {path}; run `bayes-latency ingest` first")
+    return read_table(path, "observations")
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -656,7 +660,8 @@ def fit_command(args: argparse.Namespace) -> int:
     obs = load_observations(args.tables)
     terms = getattr(args, "terms", None)
     terms = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
-    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler)
+    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
+                     scheduler=getattr(args, "scheduler", None))
     t0 = time.perf_counter()
     m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
           target_accept=getattr(args, "target_accept", TARGET_ACCEPT),

@@ -42,20 +42,17 @@ configurations, 80,400 rows) on a 2-core machine shared with another job: all co
 after the other took 8.9 s before (8.0-16.8 s on re-runs, depending on the other job and on
 OpenBLAS threads), 0.40 s after (10-35 Newton iterations, 15-80 ms per configuration);
 :func:`summarize` as the estimator calls it 7.6 s before (a 2-process pool), 0.40 s after
-(serially; see ``POOL_MIN_ROWS``). Against the former optimiser, per configuration: coefficients
-within 1e-4 posterior sd, information within 3e-6 (relative Frobenius), gradient within 5e-5
+(serially; configurations now run inline or as tasks on Dask distributed, see :func:`summarize`).
+Against the former optimiser, per configuration: coefficients within 1e-4 posterior sd, information within 3e-6 (relative Frobenius), gradient within 5e-5
 posterior sd, noise within 4e-4 (relative), and the objective lower (better) in every one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
-import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,13 +73,6 @@ NEWTON_TOL = 1e-12
 EPS_BOUND = 1e-8
 SIGMA_BOUNDS = (1e-4, 5.0)
 TAU_BOUNDS = (1e-7, 2.0)
-#: Fewest fit rows for which :func:`summarize` defaults to a process pool. Stage 1 costs about
-#: 6 us per row serially. With another job on the shared 2-core machine, a 2-process pool was
-#: slower than one process on the demo table (80,400 rows: 0.65-0.68 s against 0.44-0.50 s) and
-#: on four copies of it (321,600 rows: 2.2-2.4 s against 1.8-2.1 s): process start-up and
-#: pickling the rows cost more than a contended second core gives. Above this size the work
-#: (seconds) dwarfs the start-up.
-POOL_MIN_ROWS = 400_000
 
 
 @dataclass(frozen=True)
@@ -678,12 +668,13 @@ def _summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndar
     )
 
 
-def _summarize_one(args: tuple) -> ConfigSummary:
-    return summarize_config(*args)
+#: Stage-1 cost per fitted row (seconds, one core), for the choice between inline and a local
+#: Dask cluster: 80,400 demo rows take 0.40-0.50 s.
+SECONDS_PER_ROW = 6e-6
 
 
 def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-              workers: int | None = None, noise_prior: NoisePrior | None = None) -> list[ConfigSummary]:
+              noise_prior: NoisePrior | None = None, scheduler: Any = None) -> list[ConfigSummary]:
     """One :class:`ConfigSummary` per configuration of the (already filtered) fit rows.
 
     Parameters
@@ -692,24 +683,25 @@ def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
         Fit rows (:func:`fit_rows`) of every configuration.
     coefs, scale
         As in :func:`summarize_config`.
-    workers
-        Processes. Configurations are independent, so they can run in a process pool; the
-        default is 1 below ``POOL_MIN_ROWS`` rows, else the CPU count (at most 4).
     noise_prior
         As in :func:`summarize_config`.
+    scheduler
+        Where the configurations run (they are independent; :func:`summarize_config` is the one
+        function, inline or as a Dask task, so the results are the same): None (inline below
+        about :data:`bayes_latency.parallel.INLINE_MAX_SECONDS` of work at
+        :data:`SECONDS_PER_ROW`, i.e. about 1.7 million rows, else a local cluster;
+        ``$DASK_SCHEDULER_ADDRESS`` when set), ``"inline"``, ``"local"``, a scheduler address or
+        a ``distributed.Client``.
 
     Returns
     -------
     list of ConfigSummary
         Sorted by configuration id.
     """
+    from bayes_latency.parallel import run_units
+
     cols = ["config_id", "model", "gpu", "tp", "kind", "n_steps", "value_us", *feature_columns(coefs)]
     jobs = [(g[cols], tuple(coefs), scale, noise_prior) for _, g in rows.groupby("config_id", sort=True)]
-    if workers is None:
-        workers = 1 if len(rows) < POOL_MIN_ROWS else min(len(jobs), os.cpu_count() or 1, 4)
-    if workers <= 1:
-        with _one_blas_thread():
-            return [_summarize_config(*j, None) for j in jobs]
-    ctx = multiprocessing.get_context("spawn" if sys.platform == "darwin" else "fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(_summarize_one, jobs))
+    return run_units(summarize_config, jobs, scheduler=scheduler,
+                     cost_s=len(rows) * SECONDS_PER_ROW, weights=[len(j[0]) for j in jobs],
+                     desc="stage 1", unit="row", scatter=True)

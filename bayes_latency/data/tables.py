@@ -1,0 +1,188 @@
+"""The on-disk layout of ingested tables, and the one way to read them.
+
+``bayes-latency ingest`` writes each table as a Parquet dataset partitioned by experiment::
+
+    TABLES/<table>/experiment_id=<id>/part.parquet      (id percent-encoded)
+    TABLES/tables.json                                   (layout version, experiment order)
+
+Each experiment's partition is written by the task that ingested it, so the ingest never holds
+more than one experiment's tables in memory, and the files keep their ``experiment_id`` column
+(a plain ``pd.read_parquet`` of one file gives the full rows). Folders written before this layout
+hold one ``<table>.parquet`` file per table; :func:`read_table` reads both.
+
+Every reader of ingested tables (``fit``, ``check``, the demo, benchmarks) goes through
+:func:`read_table`; it reads only the partitions (``experiments``) and ``columns`` asked for, in
+the experiment order of the ingest, with one schema unified over the partitions (a column that
+is all null in one experiment takes the type it has in the others).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pandas as pd
+
+from bayes_latency.errors import BayesLatencyError
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "MANIFEST",
+    "clear_table",
+    "partition_path",
+    "read_table",
+    "table_files",
+    "table_names",
+    "write_manifest",
+    "write_partition",
+]
+
+#: Version of the partitioned layout (``tables.json``).
+LAYOUT_VERSION = 2
+#: Name of the manifest file of a table folder.
+MANIFEST = "tables.json"
+_PART = "part.parquet"
+_KEY = "experiment_id="
+
+
+def partition_path(tables_dir: str | Path, name: str, experiment_id: str) -> Path:
+    """``TABLES/<name>/experiment_id=<id>/part.parquet`` (the id percent-encoded)."""
+    return Path(tables_dir) / name / f"{_KEY}{quote(str(experiment_id), safe='')}" / _PART
+
+
+def write_partition(tables_dir: str | Path, name: str, experiment_id: str,
+                    df: pd.DataFrame) -> Path:
+    """Write one experiment's rows of table ``name``; object columns of mixed types as strings."""
+    path = partition_path(tables_dir, name, experiment_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = df.reset_index(drop=True)
+    try:
+        df.to_parquet(path, index=False)
+    except (TypeError, ValueError, ArithmeticError):
+        df = df.copy()
+        for c in df.columns:
+            if df[c].dtype == object:
+                df[c] = df[c].astype("string")
+        df.to_parquet(path, index=False)
+    return path
+
+
+def clear_table(tables_dir: str | Path, name: str) -> None:
+    """Remove table ``name`` from a folder (both layouts), before an ingest rewrites it."""
+    d = Path(tables_dir)
+    (d / f"{name}.parquet").unlink(missing_ok=True)
+    part_dir = d / name
+    if part_dir.is_dir() and all(p.name.startswith(_KEY) for p in part_dir.iterdir()):
+        shutil.rmtree(part_dir)
+
+
+def write_manifest(tables_dir: str | Path, experiments: Sequence[str],
+                   tables: dict[str, Sequence[str]]) -> None:
+    """``tables.json``: the layout version, the experiments in ingest order and, per table, the
+    experiments that have a partition."""
+    doc = {"layout": LAYOUT_VERSION, "experiments": list(experiments),
+           "tables": {k: list(v) for k, v in tables.items()}}
+    with open(Path(tables_dir) / MANIFEST, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def _manifest(tables_dir: Path) -> dict | None:
+    f = tables_dir / MANIFEST
+    if not f.is_file():
+        return None
+    try:
+        with open(f, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def table_names(tables_dir: str | Path) -> list[str]:
+    """Names of the tables in a folder (either layout), sorted."""
+    d = Path(tables_dir)
+    names = {p.stem for p in d.glob("*.parquet") if p.is_file()}
+    names |= {p.name for p in d.iterdir() if p.is_dir() and any(p.glob(f"{_KEY}*/{_PART}"))} \
+        if d.is_dir() else set()
+    return sorted(names)
+
+
+def table_files(tables_dir: str | Path, name: str,
+                experiments: Sequence[str] | None = None) -> list[Path]:
+    """The Parquet files of table ``name``: the single file of the old layout, or the partitions
+    (of ``experiments`` only, when given) in ingest order. Empty when the table is absent."""
+    d = Path(tables_dir)
+    single = d / f"{name}.parquet"
+    if single.is_file():
+        return [single]
+    part_dir = d / name
+    if not part_dir.is_dir():
+        return []
+    found = {unquote(p.parent.name[len(_KEY):]): p for p in part_dir.glob(f"{_KEY}*/{_PART}")}
+    man = _manifest(d)
+    order = [e for e in (man or {}).get("experiments", []) if e in found]
+    order += sorted(set(found) - set(order))
+    if experiments is not None:
+        wanted = {str(e) for e in experiments}
+        order = [e for e in order if e in wanted]
+    return [found[e] for e in order]
+
+
+def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None = None,
+               experiments: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read table ``name`` of an ingest folder (partitioned or single-file layout).
+
+    Parameters
+    ----------
+    tables_dir
+        Folder written by ``bayes-latency ingest`` (or a path to one ``.parquet`` file, read as is).
+    name
+        Table name (``observations``, ``requests``, ...).
+    columns
+        Columns to read (default: all).
+    experiments
+        Experiment ids whose partitions to read (default: all; ignored for single-file tables
+        except as a row filter).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Rows of the experiments in ingest order, with a fresh index.
+
+    Raises
+    ------
+    BayesLatencyError
+        When the folder has no table ``name``.
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    d = Path(tables_dir)
+    if d.is_file():
+        return pd.read_parquet(d, columns=list(columns) if columns is not None else None)
+    files = table_files(d, name, experiments)
+    if not files:
+        if not table_files(d, name):
+            raise BayesLatencyError(f"{d}: no table {name!r} (run `bayes-latency ingest` first)")
+        first = table_files(d, name)[0]
+        df = pd.read_parquet(first, columns=list(columns) if columns is not None else None)
+        return df.iloc[0:0].reset_index(drop=True)
+    cols = list(columns) if columns is not None else None
+    if len(files) == 1:
+        df = pd.read_parquet(files[0], columns=cols)
+        if experiments is not None and files[0].name == f"{name}.parquet" \
+                and "experiment_id" in df.columns:
+            df = df[df["experiment_id"].astype(str).isin({str(e) for e in experiments})]
+        return df.reset_index(drop=True)
+    schemas = [pq.read_schema(f) for f in files]
+    schema = pa.unify_schemas(schemas, promote_options="permissive")
+    # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
+    meta = next((s.metadata for s in schemas
+                 if not any(pa.types.is_null(t) for t in s.types)), schemas[0].metadata)
+    schema = schema.with_metadata(meta)
+    table = ds.dataset([str(f) for f in files], schema=schema, format="parquet").to_table(
+        columns=cols)
+    return table.to_pandas().reset_index(drop=True)

@@ -1,0 +1,190 @@
+"""Running independent units of work inline or as tasks on Dask distributed.
+
+Ingest (one task per experiment) and stage 1 of the fit (one task per configuration) are maps
+over independent units. :func:`run_units` runs such a map with **one** function for both ways,
+so a unit gives the same result inline and on a worker:
+
+- inline, in this process, when the work is small (a local cluster takes about 2 s to start; see
+  :data:`INLINE_MAX_SECONDS`) or when asked (``scheduler="inline"``);
+- on a :class:`distributed.LocalCluster` started for the call (processes, one worker per core,
+  one thread per worker) when the work is large or ``scheduler="local"``;
+- on an existing cluster: ``scheduler="tcp://host:8786"`` (``bayes-latency ingest/fit
+  --scheduler ...``), the ``DASK_SCHEDULER_ADDRESS`` environment variable, or a
+  :class:`distributed.Client` passed in (tests, notebooks).
+
+Workers of an existing cluster must see the same file system paths as the client (the trace
+files and the table folder), and run the same ``bayes_latency`` version.
+
+A progress bar (tqdm, on stderr) is shown only when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from bayes_latency.errors import ConfigError
+
+__all__ = [
+    "INLINE_MAX_SECONDS",
+    "SCHEDULER_ENV",
+    "resolve_scheduler",
+    "run_units",
+]
+
+#: Environment variable naming an existing scheduler (Dask's own convention).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+#: Estimated serial work (seconds) below which ``scheduler=None`` runs inline instead of starting
+#: a local cluster. Measured on the 2-core development machine (shared with other jobs, load
+#: about 10): ``LocalCluster(2 workers, processes)`` starts in 4.0-4.1 s, the workers' first tasks
+#: import the package in 1.6-2.9 s and closing takes 1.9-2.1 s, 7.6-8.9 s in all; two workers can
+#: only win when ``t / 2 + overhead < t``, i.e. above about 10-16 s of serial work.
+INLINE_MAX_SECONDS = 10.0
+_INLINE = ("inline", "none", "sync", "synchronous")
+
+
+def resolve_scheduler(scheduler: Any = None) -> Any:
+    """The scheduler to use: ``scheduler`` itself, else ``$DASK_SCHEDULER_ADDRESS``, else None.
+
+    Parameters
+    ----------
+    scheduler
+        None (automatic), ``"inline"``, ``"local"``, a scheduler address
+        (``"tcp://host:8786"``) or a :class:`distributed.Client`.
+    """
+    if scheduler is None or scheduler == "":
+        env = os.environ.get(SCHEDULER_ENV, "").strip()
+        return env or None
+    return scheduler
+
+
+def _show_progress() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _bar(total: float, desc: str, unit: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not _show_progress(), leave=False,
+                unit_scale=True, file=sys.stderr)
+
+
+@contextmanager
+def _client(scheduler: Any, n_units: int):
+    """A ``distributed.Client`` for ``scheduler`` (closed on exit when made here)."""
+    from distributed import Client, LocalCluster
+
+    if not isinstance(scheduler, str):  # a Client (or anything with .submit) given by the caller
+        yield scheduler
+        return
+    if scheduler == "local":
+        n = max(1, min(n_units, os.cpu_count() or 1))
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=50)
+        try:
+            with Client(cluster) as client:
+                yield client
+        finally:
+            cluster.close()
+        return
+    if not scheduler.startswith(("tcp://", "tls://", "ucx://", "inproc://", "ws://", "wss://")) \
+            and ":" not in scheduler:
+        raise ConfigError(f"unknown scheduler {scheduler!r}: expected 'inline', 'local' or an "
+                          f"address such as tcp://host:8786")
+    try:
+        client = Client(scheduler, timeout="20s")
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def run_units(fn: Callable[..., Any], units: Sequence[tuple], *, scheduler: Any = None,
+              cost_s: float | None = None, weights: Sequence[float] | None = None,
+              desc: str = "", unit: str = "it", scatter: bool = False,
+              timings: dict[str, Any] | None = None) -> list[Any]:
+    """``[fn(*u) for u in units]``, inline or as Dask tasks; results in the order of ``units``.
+
+    Parameters
+    ----------
+    fn
+        A module-level function (picklable), the same one inline and on workers.
+    units
+        Argument tuples, one per unit of work.
+    scheduler
+        None: ``$DASK_SCHEDULER_ADDRESS`` if set, else inline when there is one unit or
+        ``cost_s < INLINE_MAX_SECONDS``, else a local cluster. ``"inline"``, ``"local"``, an
+        address or a :class:`distributed.Client` force the choice.
+    cost_s
+        Estimated serial time of all units (seconds), for the automatic choice (unknown: local
+        cluster when there is more than one unit).
+    weights
+        Progress weight of each unit (e.g. bytes); default 1 each.
+    desc, unit
+        Progress bar label and unit.
+    scatter
+        Send each unit's arguments to the cluster with ``Client.scatter`` first (large in-memory
+        arguments such as a configuration's rows), instead of inside the task graph.
+    timings
+        If given, receives ``mode`` (``"inline"`` / ``"local"`` / the address), ``workers``,
+        ``start_s`` (cluster start / connect) and ``run_s``.
+
+    Returns
+    -------
+    list
+        ``fn(*units[i])`` for every ``i``. The first exception of a unit is raised (with its
+        original type) once that unit fails.
+    """
+    units = list(units)
+    w = list(weights) if weights is not None else [1.0] * len(units)
+    sched = resolve_scheduler(scheduler)
+    if sched is None:
+        small = len(units) <= 1 or (cost_s is not None and cost_s < INLINE_MAX_SECONDS)
+        sched = "inline" if small else "local"
+    t0 = time.perf_counter()
+    if isinstance(sched, str) and sched.lower() in _INLINE:
+        out = []
+        with _bar(sum(w), desc, unit) as bar:
+            for u, wi in zip(units, w, strict=True):
+                out.append(fn(*u))
+                bar.update(wi)
+        if timings is not None:
+            timings.update(mode="inline", workers=1, start_s=0.0,
+                           run_s=time.perf_counter() - t0)
+        return out
+    with _client(sched, len(units)) as client:
+        t1 = time.perf_counter()
+        from distributed import as_completed
+
+        if scatter:
+            args = [client.scatter(list(u), hash=False) for u in units] if units else []
+            futs = [client.submit(_apply, fn, a, pure=False) for a in args]
+        else:
+            futs = [client.submit(fn, *u, pure=False) for u in units]
+        index = {f.key: i for i, f in enumerate(futs)}
+        results: list[Any] = [None] * len(futs)
+        with _bar(sum(w), desc, unit) as bar:
+            for fut in as_completed(futs):
+                i = index[fut.key]
+                results[i] = fut.result()  # raises the unit's exception
+                bar.update(w[i])
+        if timings is not None:
+            nw = len(client.scheduler_info(n_workers=-1).get("workers", {})) \
+                if hasattr(client, "scheduler_info") else None
+            timings.update(mode=sched if isinstance(sched, str) else "client", workers=nw,
+                           start_s=t1 - t0, run_s=time.perf_counter() - t1)
+        return results
+
+
+def _apply(fn: Callable[..., Any], args: list) -> Any:
+    """``fn(*args)`` (for scattered arguments)."""
+    return fn(*args)

@@ -1,0 +1,128 @@
+"""Ingest and stage 1 as tasks on a Dask LocalCluster give what the single-process path gives."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bayes_latency.cli import main
+from bayes_latency.data.experiment import ingest
+from bayes_latency.data.tables import read_table, table_files, table_names
+from bayes_latency.model.summaries import NoisePrior, fit_rows, summarize
+from bayes_latency.parallel import run_units
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
+from bayes_latency.priors import load_priors
+
+distributed = pytest.importorskip("distributed")
+
+COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=40)
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    from bayes_latency.synth.fleet import simulate_fleet
+
+    root = tmp_path_factory.mktemp("dist")
+    return root, simulate_fleet("tiny", root / "fleet", seed=5, progress=False)
+
+
+@pytest.fixture(scope="module")
+def both(fleet, client):
+    root, folders = fleet
+    rep_d = ingest(folders, root / "dist", scheduler=client)
+    rep_i = ingest(folders, root / "inline", scheduler="inline")
+    return root / "dist", root / "inline", rep_d, rep_i
+
+
+def test_tasks_run_on_the_workers(client, monkeypatch):
+    pids = run_units(os.getpid, [(), (), ()], scheduler=client)
+    assert os.getpid() not in pids
+    # the DASK_SCHEDULER_ADDRESS convention
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", client.scheduler.address)
+    timings: dict = {}
+    pids = run_units(os.getpid, [(), ()], timings=timings)
+    assert os.getpid() not in pids and timings["workers"] == 2
+    # one unit runs inline without a cluster
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
+    assert run_units(os.getpid, [()]) == [os.getpid()]
+
+
+def test_distributed_ingest_writes_the_same_tables(both):
+    dist, inline, rep_d, rep_i = both
+    names = table_names(inline)
+    assert names == table_names(dist)
+    assert {"steps", "journey_events", "requests", "batches", "iterations",
+            "observations"} <= set(names)
+    for name in names:
+        assert len(table_files(dist, name)) == 3 or name == "kv_events"
+        pd.testing.assert_frame_equal(read_table(dist, name), read_table(inline, name),
+                                      check_exact=True)
+    assert rep_d.to_dict()["dropped"] == rep_i.to_dict()["dropped"]
+    assert rep_d.to_dict()["kept"] == rep_i.to_dict()["kept"]
+    # lazy reads: one experiment's partition, a few columns
+    obs = read_table(dist, "observations")
+    eid = obs["experiment_id"].iloc[-1]
+    part = read_table(dist, "observations", columns=["experiment_id", "value_us"],
+                      experiments=[eid])
+    assert list(part.columns) == ["experiment_id", "value_us"]
+    assert (part["experiment_id"] == eid).all()
+    assert len(part) == int((obs["experiment_id"] == eid).sum())
+
+
+def test_distributed_stage1_equals_inline(both, client):
+    dist, _, _, _ = both
+    pri = load_priors()
+    scale = np.asarray([pri.prior_median(c) for c in COEFS], dtype=float)
+    rows = fit_rows(read_table(dist, "observations"), coefs=COEFS)
+    prior = NoisePrior(sigma={"iteration": 0.5, "step_window": 0.5, "alpha_arrival": 0.5,
+                              "alpha_departure": 0.5})
+    a = summarize(rows, COEFS, scale, noise_prior=prior, scheduler="inline")
+    b = summarize(rows, COEFS, scale, noise_prior=prior, scheduler=client)
+    assert [s.config_id for s in a] == [s.config_id for s in b] and len(a) == 3
+    for x, y in zip(a, b, strict=True):
+        for f in ("theta_hat", "grad", "info"):
+            np.testing.assert_allclose(getattr(y, f), getattr(x, f), rtol=1e-12, atol=0)
+        assert abs(x.loglik - y.loglik) <= 1e-12 * abs(x.loglik)
+        assert x.noise == y.noise and x.n_rows == y.n_rows and x.converged == y.converged
+
+
+def test_cli_ingest_on_a_scheduler_address_and_old_layout(fleet, client, both, tmp_path):
+    _, folders = fleet
+    out = tmp_path / "cli"
+    assert main(["ingest", *map(str, folders), "--out", str(out),
+                 "--scheduler", client.scheduler.address]) == 0
+    _, inline, _, _ = both
+    pd.testing.assert_frame_equal(read_table(out, "observations"),
+                                  read_table(inline, "observations"), check_exact=True)
+    # a folder of the former layout (one <table>.parquet) reads the same
+    old = tmp_path / "old"
+    old.mkdir()
+    obs = read_table(inline, "observations")
+    obs.to_parquet(old / "observations.parquet", index=False)
+    pd.testing.assert_frame_equal(read_table(old, "observations"), obs)
+    assert main(["ingest", str(folders[0]), "--out", str(tmp_path / "bad"),
+                 "--scheduler", "nonsense"]) == 2
+
+
+def test_a_failing_task_raises_the_package_error(client, tmp_path):
+    from bayes_latency.errors import TraceFormatError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "otlp"}\n')
+    other = tmp_path / "other.jsonl"
+    other.write_text("also not json\n")
+    with pytest.raises(TraceFormatError, match="no valid OTLP"):
+        ingest([bad, other], tmp_path / "out", scheduler=client)

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("posterior")
     s.add_argument("--tables", help="ingested tables for predictive checks")
     s.add_argument("--out", help="folder for the report and plots")
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
     s.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("export", help="coefficients for a simulator configuration")
@@ -112,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=int, default=1)
     s.add_argument("--draws", type=int, default=0)
     s.add_argument("--format", default="json", choices=["json", "blis"])
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_export)
 

@@ -53,6 +53,7 @@ from bayes_latency.data.observations import build_observations, empty_observatio
 from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
+from bayes_latency.io import atomic_write, atomic_write_text, check_output_path, read_parquet
 
 __all__ = [
     "TABLES",
@@ -255,9 +256,14 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         if kv is not None:
             from bayes_latency.data.kvevents import read_kv_events
 
-            kvdf = read_kv_events(kv, report=report)
-            kvdf.insert(0, "experiment_id", eid)
-            out["kv_events"] = kvdf
+            try:
+                kvdf = read_kv_events(kv, report=report)
+            except TraceFormatError as exc:  # empty / garbage file: counted, like lifecycle
+                report.drop("kv_events:unreadable")
+                report.notes.append(f"kv events skipped: {exc}")
+            else:
+                kvdf.insert(0, "experiment_id", eid)
+                out["kv_events"] = kvdf
         if (folder / "results").is_dir():
             from bayes_latency.data.lifecycle import read_lifecycle_dir
 
@@ -274,6 +280,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
 
         arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
         serving.check_against(arch, source=str(trace))
+        _check_prompt_lengths(tabs.requests, serving, cfg, str(folder or trace))
         obs, orep = build_observations(
             {"steps": tabs.steps, "requests": tabs.requests,
              "journey_events": tabs.journey_events, "batches": batches},
@@ -283,6 +290,29 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         report.notes.extend(orep.notes)
         out["observations"] = obs
     return out, report, recon
+
+
+def _check_prompt_lengths(requests: pd.DataFrame, serving: Any, cfg: dict[str, Any],
+                          source: str) -> None:
+    """vLLM rejects prompts longer than ``max_model_len``: seeing any means the config is wrong.
+
+    Raises
+    ------
+    ConfigError
+        Naming the serving file and ``max_model_len`` when a request's prompt exceeds it.
+    """
+    if not len(requests) or "prompt_tokens" not in requests:
+        return
+    prompt = requests["prompt_tokens"].to_numpy(dtype=float, na_value=np.nan)
+    given = any(str(k).strip().lstrip("-").replace("-", "_") == "max_model_len" for k in cfg)
+    limit = getattr(serving, "max_model_len", None)
+    if not given or not limit:  # only a value the user gave can be contradicted
+        return
+    over = prompt > limit
+    if over.any():
+        raise ConfigError(f"{source}: serving config field 'max_model_len' = {limit} is smaller than the prompts "
+                          f"of {int(over.sum())} request(s) in the trace (largest "
+                          f"{int(np.nanmax(prompt))} tokens); fix max_model_len")
 
 
 #: Files that a shell glob over a fleet folder picks up beside the experiments and that are not
@@ -358,8 +388,10 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
     TraceFormatError
         Unreadable input.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_path(
+        out, [*paths, *([config] if config is not None else [])], kind="dir",
+        names=[*(f"{t}.parquet" for t in TABLES), "ingest_report.json",
+               "reconstruction_report.json"])
     total = IngestReport(source=str(out))
     per_exp: dict[str, Any] = {}
     recon: dict[str, Any] = {}
@@ -413,10 +445,10 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
         _to_parquet(df, out / f"{name}.parquet")
         written.append(name)
     total.notes.append(f"wrote {', '.join(written)} to {out}")
-    with open(out / "ingest_report.json", "w", encoding="utf-8") as fh:
-        json.dump({"total": total.to_dict(), "experiments": per_exp}, fh, indent=2, default=str)
-    with open(out / "reconstruction_report.json", "w", encoding="utf-8") as fh:
-        json.dump(recon, fh, indent=2, default=str)
+    atomic_write_text(out / "ingest_report.json", json.dumps(
+        {"total": total.to_dict(), "experiments": per_exp}, indent=2, default=str))
+    atomic_write_text(out / "reconstruction_report.json",
+                      json.dumps(recon, indent=2, default=str))
     for eid, rec in recon.items():
         agree = rec.get("agreement")
         if agree is not None:
@@ -429,13 +461,13 @@ def _to_parquet(df: pd.DataFrame, path: Path) -> None:
     """Write a table; object columns of mixed types are stored as strings."""
     df = df.reset_index(drop=True)
     try:
-        df.to_parquet(path, index=False)
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
     except (TypeError, ValueError, ArithmeticError):
         df = df.copy()
         for c in df.columns:
             if df[c].dtype == object:
                 df[c] = df[c].astype("string")
-        df.to_parquet(path, index=False)
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def load_tables(folder: str | Path) -> dict[str, pd.DataFrame]:
@@ -454,7 +486,7 @@ def load_tables(folder: str | Path) -> dict[str, pd.DataFrame]:
     folder = Path(folder)
     if not folder.is_dir():
         raise BayesLatencyError(f"{folder}: no such table folder")
-    tables = {p.stem: pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))}
+    tables = {p.stem: read_parquet(p) for p in sorted(folder.glob("*.parquet"))}
     if not tables:
         raise BayesLatencyError(f"{folder}: no Parquet table (run `bayes-latency ingest` first)")
     return tables

@@ -14,12 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from bayes_latency.cli import main
-from bayes_latency.errors import UnknownArchitectureError
-from bayes_latency.physics.architecture import architecture_from_config
 from mutate import (
-    attr,
     clone,
     copy_exp,
     core_event,
@@ -32,6 +27,10 @@ from mutate import (
     step_summaries,
     tree_hash,
 )
+
+from bayes_latency.cli import main
+from bayes_latency.errors import UnknownArchitectureError
+from bayes_latency.physics.architecture import architecture_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

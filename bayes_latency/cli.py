@@ -140,11 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConvergenceError as e:
-        print(f"bayes-latency: fit did not converge: {e}", file=sys.stderr)
+        print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
         return 1
     except BayesLatencyError as e:
-        print(f"bayes-latency: error: {e}", file=sys.stderr)
+        print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (e.g. YAML parser errors span several)."""
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

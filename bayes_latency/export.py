@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import xarray as xr
+import yaml
 
 from bayes_latency.checks.diagnostics import is_approximate, jsonable
 from bayes_latency.errors import BayesLatencyError
@@ -452,6 +453,19 @@ def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, A
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
 
 
+def _check_finite(doc: Any, where: str = "") -> None:
+    """Refuse an export document holding a non-finite number (NaN or inf) anywhere."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            _check_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(doc, (list, tuple)):
+        for i, v in enumerate(doc):
+            _check_finite(v, f"{where}[{i}]")
+    elif isinstance(doc, float) and not np.isfinite(doc):
+        raise BayesLatencyError(f"the export would hold a non-finite number at {where} "
+                                f"({doc}): the posterior is unusable for this configuration")
+
+
 MAX_EXPORT_DRAWS = 100_000
 """Upper bound of ``export --draws`` (each draw is a full coefficient vector in the output)."""
 
@@ -496,26 +510,33 @@ def check_export_args(args: argparse.Namespace) -> None:
 def export_command(args: argparse.Namespace) -> int:
     """``bayes-latency export posterior.nc --model M --gpu G --tp N [--draws N] --format json|blis
     --out FILE``: writes the JSON document or the BLIS YAML of the configuration; returns 0."""
+    from bayes_latency.checks.sanity import load_posterior
     from bayes_latency.io import atomic_write_text, check_output_path
-    from bayes_latency.model.estimator import LatencyModel
 
     check_export_args(args)
     inputs = [Path(args.posterior)] + [Path(p) for p in (args.model, args.gpu,
                                                          getattr(args, "priors", None))
                                        if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
-    model = LatencyModel.load(args.posterior, priors=getattr(args, "priors", None))
+    model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
     config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
-    coefs = model.coefficients(args.model, args.gpu, int(args.tp))
-    prov = provenance(model.result.attrs, args.posterior)
-    n_draws = int(getattr(args, "draws", 0) or 0)
-    if args.format == "blis":
-        text = blis_yaml(coefs, config, prov, n_draws=n_draws)
-    elif args.format == "json":
-        doc = export_document(coefs, config, prov, n_draws=n_draws)
-        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    else:
-        raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+    try:
+        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
+        prov = provenance(model.result.attrs, args.posterior)
+        n_draws = int(getattr(args, "draws", 0) or 0)
+        if args.format == "blis":
+            text = blis_yaml(coefs, config, prov, n_draws=n_draws)
+            _check_finite(yaml.safe_load(text))
+        elif args.format == "json":
+            doc = export_document(coefs, config, prov, n_draws=n_draws)
+            _check_finite(doc)
+            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        else:
+            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+    except BayesLatencyError as exc:  # name the posterior the bad coefficients come from
+        if str(args.posterior) in str(exc):
+            raise
+        raise type(exc)(f"{args.posterior}: {exc}") from exc
     atomic_write_text(out, text)
     for note in blis_notes(coefs):
         print(f"note: {note}")

@@ -700,9 +700,8 @@ def check_command(args: argparse.Namespace) -> int:
     int
         1 when a diagnostics gate fails, 0 otherwise.
     """
-    from bayes_latency.checks.sanity import coefficient_findings
+    from bayes_latency.checks.sanity import coefficient_findings, load_posterior
     from bayes_latency.io import check_output_path
-    from bayes_latency.model.estimator import LatencyModel
 
     out = Path(args.out) if getattr(args, "out", None) else None
     tables = getattr(args, "tables", None)
@@ -712,7 +711,7 @@ def check_command(args: argparse.Namespace) -> int:
     if out is not None:  # before loading: a bad --out fails at once
         check_output_path(out, [p for p in (args.posterior, tables, priors) if p], kind="dir",
                           names=("diagnostics.md", "diagnostics.json", "findings.json"))
-    model = LatencyModel.load(args.posterior, priors=priors)
+    model = load_posterior(args.posterior, priors=priors)
     report = diagnose(model.result)
     print(report.to_markdown())
     findings = coefficient_findings(model.result)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ABSURD_FACTOR", "coefficient_findings", "prediction_findings"]
+__all__ = ["ABSURD_FACTOR", "coefficient_findings", "load_posterior", "prediction_findings"]
 
 ABSURD_FACTOR = 1e6
 """A prediction more than this multiple of the observed value (or less than its inverse) is
@@ -74,3 +74,25 @@ def coefficient_findings(result: Any, var_names: Sequence[str] = ("beta", "alpha
         if bad.any():
             out.append(f"posterior {v}: {int(bad.sum())} of {vals.size} values are not finite")
     return out
+
+
+def load_posterior(path: Any, priors: Any = None) -> Any:
+    """:meth:`LatencyModel.load`, with any failure to read the file as a one-line error.
+
+    Raises
+    ------
+    BayesLatencyError
+        Naming the file, for a file that is not a readable posterior of this package (missing
+        or malformed attributes, wrong layout).
+    """
+    from bayes_latency.errors import BayesLatencyError
+    from bayes_latency.model.estimator import LatencyModel
+
+    try:
+        return LatencyModel.load(path, priors=priors)
+    except BayesLatencyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged file must not end in a traceback
+        msg = " ".join(str(exc).split())[:200]
+        raise BayesLatencyError(f"{path}: not a readable posterior of this package "
+                                f"({type(exc).__name__}: {msg})") from exc

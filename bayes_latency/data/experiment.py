@@ -406,7 +406,13 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None) -> Inge
         raise TraceFormatError("no trace files or experiment folders among the inputs",
                                file=", ".join(str(p) for p in paths))
     for trace, cfg, folder, eid in inputs:
-        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+        try:
+            tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+        except ConfigError as exc:  # e.g. an unknown GPU: say which experiment it is about
+            src = str(folder or trace)
+            if src in str(exc):
+                raise
+            raise type(exc)(f"{src}: {exc}") from exc
         ids = set()
         for name in ("steps", "requests", "batches"):
             df = tables.get(name)

@@ -29,13 +29,27 @@ Bad-input policy
   ``unknown_event``; repeated spans (same ``traceId``, ``spanId``) ``duplicate_span`` (the first in
   file order is kept); repeated events ``duplicate_event`` (see below); events the OTel SDK said it
   dropped (``droppedEventsCount``) ``sdk_dropped_events``.
+- Values that parse but cannot be true are dropped with their record and counted
+  ``out_of_range:<field>``: negative counts and times (step summaries, snapshots, journey
+  events, API event times), ``kv.usage_gpu_ratio`` above 1, ``step.ts_end_ns < step.ts_start_ns``.
+  A request whose journey lost an event this way (or to a ``bad_field``) is kept but not
+  ``complete`` (``kept["damaged_request"]``), so that e.g. a dropped first SCHEDULED never turns a
+  later RESUME into the first schedule; so is a request with ``decode.max_tokens`` 0 and a
+  FIRST_TOKEN (``kept["inconsistent_request:max_tokens_0"]``). An unknown or empty
+  ``finish.status`` gives status ``error``, counted ``kept["unknown_finish_status"]``.
+- Two ``llm_core`` spans with the same ``gen_ai.request.id``: the one with the smallest
+  ``(traceId, spanId)`` is kept; the others are counted ``duplicate_request_id`` and their events
+  ``duplicate_request_id:events``.
 - The only exception raised is :class:`~bayes_latency.errors.TraceFormatError`, for a file that
   cannot be read at all or that holds no valid OTLP line.
 
 Report counters
 ---------------
 ``read``: ``lines`` (non-blank), ``blank_lines``, ``spans``, ``events`` (events of accepted spans),
-and per kind ``api_spans``, ``core_spans``, ``step_spans``.
+per kind ``api_spans``, ``core_spans``, ``step_spans``, and ``step_summaries``
+(``step.BATCH_SUMMARY`` events). ``report.lost`` counts dropped step summaries and core spans, so
+that ``step_summaries = kept steps + lost steps`` and ``core_spans = kept requests + lost
+requests`` (:meth:`~bayes_latency.data.report.IngestReport.unbalanced`).
 ``kept``: one counter per output table (``steps``, ``journey_events``, ``requests``, ``snapshots``,
 ``api_spans``) plus counts of rows that are kept but flagged: ``incomplete_request`` (not all of
 QUEUED/SCHEDULED/FIRST_TOKEN/FINISHED, status ``incomplete`` unless aborted), ``aborted_request``,

@@ -89,6 +89,8 @@ def load_posterior(path: Any, priors: Any = None) -> Any:
     from bayes_latency.model.estimator import LatencyModel
 
     try:
+        if priors is None:  # the default priors (or whatever load embeds)
+            return LatencyModel.load(path)
         return LatencyModel.load(path, priors=priors)
     except BayesLatencyError:
         raise

@@ -15,8 +15,10 @@ from bayes_latency.errors import BayesLatencyError, ConvergenceError
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
     from bayes_latency.synth.fleet import simulate_fleet
 
+    check_output_path(args.out, kind="dir")
     folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
     print(f"simulated {len(folders)} experiments into {args.out}")
     return 0
@@ -51,13 +53,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from bayes_latency.demo import run_demo
+    from bayes_latency.io import check_output_path
 
+    check_output_path(args.out, kind="dir")
     return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
     from bayes_latency.study.real import main as study_real
 
+    check_output_path(args.out, kind="dir")
     return study_real(Path(args.out), quick=args.quick)
 
 

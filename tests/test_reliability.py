@@ -98,6 +98,8 @@ def test_02_bad_output_paths_fail_fast(exp, tiny_posterior, tmp_path, capsys):
         ["export", post, "--model", "llama-2-7b", "--gpu", "H100", "--out", a_dir],
         ["fit", tables, "--out", a_dir],
         ["fit", tables, "--out", a_file / "p.nc"],
+        ["simulate", "--fleet", "tiny", "--out", a_file, "--quiet"],
+        ["demo", "--out", a_file / "results"],
     ]
     for argv in cases:
         t0 = time.perf_counter()

@@ -84,6 +84,13 @@ def test_01_lone_surrogate_in_id_is_replaced(exp, tmp_path, capsys):
     check_books(rep)
 
 
+def test_01_lone_surrogate_in_serving_yaml(exp, tmp_path, capsys):
+    y = exp / "serving.yaml"
+    y.write_text("experiment_id: \"a\\ud800b\"\n" + y.read_text().split("\n", 1)[1])
+    rep, tabs = ingest(exp, tmp_path / "out", capsys)
+    assert tabs["requests"]["experiment_id"].iloc[0] == "a\ufffdb"
+
+
 # -- 2 and 6: output paths, never over an input, atomic -----------------------------------------
 def test_02_bad_output_paths_fail_fast(exp, tiny_posterior, tmp_path, capsys):
     tables, post = tiny_posterior

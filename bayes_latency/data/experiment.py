@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bayes_latency.data.jsonl import _replace_lone_surrogates
 from bayes_latency.data.observations import build_observations, empty_observations
 from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
@@ -109,6 +110,7 @@ def load_serving_yaml(path: str | Path) -> dict[str, Any]:
 
 def _normalise(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     """Flatten, default and resolve the fields of a serving mapping read from ``path``."""
+    doc, _ = _replace_lone_surrogates(doc)  # "\ud800" escapes: no Parquet writer takes them
     out: dict[str, Any] = {}
     for k, v in doc.items():
         if k == "serving" and isinstance(v, dict):
@@ -471,8 +473,10 @@ def _to_parquet(df: pd.DataFrame, path: Path) -> None:
     except (TypeError, ValueError, ArithmeticError):
         df = df.copy()
         for c in df.columns:
-            if df[c].dtype == object:
-                df[c] = df[c].astype("string")
+            if df[c].dtype == object or pd.api.types.is_string_dtype(df[c]):
+                # text that UTF-8 cannot encode (lone surrogates, e.g. from a folder name)
+                df[c] = df[c].map(lambda v: _replace_lone_surrogates(v)[0]
+                                  if isinstance(v, str) else v).astype("string")
         atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 

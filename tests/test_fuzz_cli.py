@@ -137,6 +137,19 @@ def _surrogate_id(docs: list, rng: random.Random) -> None:
     v["stringValue"] = v["stringValue"].replace("cmpl-", "cmpl-\ud800-")
 
 
+def _random_times(docs: list, rng: random.Random) -> None:
+    """Journey and step timestamps replaced by random ones (the data become nonsense)."""
+    for sp in spans(docs, "vllm.scheduler"):
+        for e in sp["events"]:
+            t = rng.randrange(10**12)
+            set_attr(e["attributes"], "ts.monotonic_ns", {"intValue": str(t)})
+            set_attr(e["attributes"], "ts.monotonic", {"doubleValue": t / 1e9})
+    for e in step_summaries(docs):
+        t = rng.randrange(10**12)
+        set_attr(e["attributes"], "step.ts_start_ns", {"intValue": str(t)})
+        set_attr(e["attributes"], "step.ts_end_ns", {"intValue": str(t + 1000)})
+
+
 def _raw_text(fn: Callable) -> Callable:
     def run(exp: Path, rng: random.Random) -> None:
         lines = (exp / "traces.jsonl").read_text().splitlines()
@@ -146,11 +159,11 @@ def _raw_text(fn: Callable) -> Callable:
 
 def _trace_cases() -> list[tuple[str, Callable, str]]:
     cases: list[tuple[str, Callable, str]] = []
-    for i in range(6):
+    for i in range(5):
         cases.append((f"weird_step_attr_{i}", _docs_op(_weird_attr("vllm.scheduler.step",
                                                                    "step.BATCH")), "any"))
         cases.append((f"weird_journey_attr_{i}", _docs_op(_weird_attr("vllm.scheduler")), "any"))
-    for i in range(3):
+    for i in range(2):
         cases.append((f"weird_api_attr_{i}", _docs_op(_weird_attr("vllm.api")), "any"))
     for key in ("step.ts_start_ns", "batch.decode_tokens", "queue.running_depth"):
         cases.append((f"negative_{key}", _docs_op(_negate("vllm.scheduler.step", "step.BATCH",
@@ -171,6 +184,7 @@ def _trace_cases() -> list[tuple[str, Callable, str]]:
         ("first_scheduled_bad", _docs_op(_drop_first_scheduled), "signal"),
         ("max_tokens_zero", _docs_op(_max_tokens_zero), "signal"),
         ("lone_surrogate_id", _docs_op(_surrogate_id), "signal"),
+        ("random_timestamps", _docs_op(_random_times), "any"),
         ("shuffle_lines", _raw_text(lambda ls, r: r.sample(ls, len(ls))), "same"),
         ("duplicate_line", _raw_text(lambda ls, r: ls + [r.choice(ls)]), "signal"),
         ("truncate_line", _raw_text(lambda ls, r: [ls[0][: len(ls[0]) // 2]] + ls[1:]),
@@ -246,6 +260,8 @@ def _config_cases() -> list[tuple[str, Callable, str]]:
     cases = [(f"serving_{n.split(':')[0]}_{v.split(':', 1)[1].strip() or 'empty'}",
               _yaml_edit(n, v), "signal") for n, v in bad]
     cases += [
+        ("serving_surrogate_id", _yaml_edit("experiment_id: mixtral-8x7b-h100-tp2-codegen-pc",
+                                            'experiment_id: "a\\ud800b"'), "any"),
         ("serving_garbage", _write("serving.yaml", "{{{: ["), "signal"),
         ("serving_list", _write("serving.yaml", "- 1\n- 2\n"), "signal"),
         ("serving_empty", _write("serving.yaml", ""), "signal"),
@@ -559,7 +575,7 @@ def test_fuzz_check_export(tiny_posterior, tmp_path, capsys):
                          ["export", p, "--model", "llama-2-7b", "--gpu", "H100", "--format",
                           fmt, "--out", tmp_path / f"e_{name}.{fmt}"], (p.name,), (0, 2)))
     # the predictive checks on the two most damaged posteriors (slower: posterior predictive)
-    for name in ("post_beta_huge", "post_beta_negative"):
+    for name in ("post_beta_huge",):
         p = tmp_path / f"{name}.nc"
         runs.append((f"check_tables_{name}", ["check", p, "--tables", tables, "--out",
                                               tmp_path / f"ckt_{name}"], (p.name,), (1, 2)))

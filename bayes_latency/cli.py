@@ -15,8 +15,10 @@ from bayes_latency.errors import BayesLatencyError, ConvergenceError
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
     from bayes_latency.synth.fleet import simulate_fleet
 
+    check_output_path(args.out, kind="dir")
     folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
     print(f"simulated {len(folders)} experiments into {args.out}")
     return 0
@@ -52,11 +54,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from bayes_latency.demo import run_demo
+    from bayes_latency.io import check_output_path
 
+    check_output_path(args.out, kind="dir")
     return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
+
+    check_output_path(args.out, kind="dir")
     if args.name == "blis":
         from bayes_latency.study.blis_e2e import main as study_blis
 
@@ -119,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("posterior")
     s.add_argument("--tables", help="ingested tables for predictive checks")
     s.add_argument("--out", help="folder for the report and plots")
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
     s.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("export", help="coefficients for a simulator configuration")
@@ -128,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=int, default=1)
     s.add_argument("--draws", type=int, default=0)
     s.add_argument("--format", default="json", choices=["json", "blis"])
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_export)
 
@@ -163,11 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConvergenceError as e:
-        print(f"bayes-latency: fit did not converge: {e}", file=sys.stderr)
+        print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
         return 1
     except BayesLatencyError as e:
-        print(f"bayes-latency: error: {e}", file=sys.stderr)
+        print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (e.g. YAML parser errors span several)."""
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bayes_latency.data.jsonl import _replace_lone_surrogates
 from bayes_latency.data.observations import build_observations, empty_observations
 from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
@@ -63,6 +64,7 @@ from bayes_latency.data.tables import (
     write_partition,
 )
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
+from bayes_latency.io import atomic_write_text, check_output_path
 
 __all__ = [
     "TABLES",
@@ -118,6 +120,7 @@ def load_serving_yaml(path: str | Path) -> dict[str, Any]:
 
 def _normalise(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     """Flatten, default and resolve the fields of a serving mapping read from ``path``."""
+    doc, _ = _replace_lone_surrogates(doc)  # "\ud800" escapes: no Parquet writer takes them
     out: dict[str, Any] = {}
     for k, v in doc.items():
         if k == "serving" and isinstance(v, dict):
@@ -265,9 +268,14 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         if kv is not None:
             from bayes_latency.data.kvevents import read_kv_events
 
-            kvdf = read_kv_events(kv, report=report)
-            kvdf.insert(0, "experiment_id", eid)
-            out["kv_events"] = kvdf
+            try:
+                kvdf = read_kv_events(kv, report=report)
+            except TraceFormatError as exc:  # empty / garbage file: counted, like lifecycle
+                report.drop("kv_events:unreadable")
+                report.notes.append(f"kv events skipped: {exc}")
+            else:
+                kvdf.insert(0, "experiment_id", eid)
+                out["kv_events"] = kvdf
         if (folder / "results").is_dir():
             from bayes_latency.data.lifecycle import read_lifecycle_dir
 
@@ -287,6 +295,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
 
         arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
         serving.check_against(arch, source=str(trace))
+        _check_prompt_lengths(tabs.requests, serving, cfg, str(folder or trace))
         obs, orep = build_observations(
             {"steps": tabs.steps, "requests": tabs.requests,
              "journey_events": tabs.journey_events, "batches": batches},
@@ -296,6 +305,29 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         report.notes.extend(orep.notes)
         out["observations"] = obs
     return out, report, recon
+
+
+def _check_prompt_lengths(requests: pd.DataFrame, serving: Any, cfg: dict[str, Any],
+                          source: str) -> None:
+    """vLLM rejects prompts longer than ``max_model_len``: seeing any means the config is wrong.
+
+    Raises
+    ------
+    ConfigError
+        Naming the serving file and ``max_model_len`` when a request's prompt exceeds it.
+    """
+    if not len(requests) or "prompt_tokens" not in requests:
+        return
+    prompt = requests["prompt_tokens"].to_numpy(dtype=float, na_value=np.nan)
+    given = any(str(k).strip().lstrip("-").replace("-", "_") == "max_model_len" for k in cfg)
+    limit = getattr(serving, "max_model_len", None)
+    if not given or not limit:  # only a value the user gave can be contradicted
+        return
+    over = prompt > limit
+    if over.any():
+        raise ConfigError(f"{source}: serving config field 'max_model_len' = {limit} is smaller than the prompts "
+                          f"of {int(over.sum())} request(s) in the trace (largest "
+                          f"{int(np.nanmax(prompt))} tokens); fix max_model_len")
 
 
 #: Files that a shell glob over a fleet folder picks up beside the experiments and that are not
@@ -358,7 +390,13 @@ def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
         ``rows`` (table -> rows written), ``empty`` (table -> a 0-row frame, for tables this
         experiment has no rows of: their schema when no experiment has any) and ``bytes`` read.
     """
-    tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+    try:
+        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+    except ConfigError as exc:  # e.g. an unknown GPU: say which experiment it is about
+        src = str(folder or trace)
+        if src in str(exc):
+            raise
+        raise type(exc)(f"{src}: {exc}") from exc
     ids = set()
     for name in ("steps", "requests", "batches"):
         df = tables.get(name)
@@ -429,8 +467,10 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
     from bayes_latency.data.otlp import _default_experiment_id
     from bayes_latency.parallel import run_units
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_path(
+        out, [*paths, *([config] if config is not None else [])], kind="dir",
+        names=[*TABLES, *(f"{t}.parquet" for t in TABLES), "tables.json", "ingest_report.json",
+               "reconstruction_report.json"])
     total = IngestReport(source=str(out))
     per_exp: dict[str, Any] = {}
     recon: dict[str, Any] = {}
@@ -495,10 +535,10 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
         written.append(name)
     write_manifest(out, order, {k: v for k, v in written_rows.items() if v})
     total.notes.append(f"wrote {', '.join(written)} to {out}")
-    with open(out / "ingest_report.json", "w", encoding="utf-8") as fh:
-        json.dump({"total": total.to_dict(), "experiments": per_exp}, fh, indent=2, default=str)
-    with open(out / "reconstruction_report.json", "w", encoding="utf-8") as fh:
-        json.dump(recon, fh, indent=2, default=str)
+    atomic_write_text(out / "ingest_report.json", json.dumps(
+        {"total": total.to_dict(), "experiments": per_exp}, indent=2, default=str))
+    atomic_write_text(out / "reconstruction_report.json",
+                      json.dumps(recon, indent=2, default=str))
     for eid, rec in recon.items():
         agree = rec.get("agreement")
         if agree is not None:

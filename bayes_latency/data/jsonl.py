@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,31 @@ from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 
 _decode = msgspec.json.Decoder().decode
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _replace_lone_surrogates(doc: Any) -> tuple[Any, int]:
+    """``doc`` with every lone surrogate in its strings (keys too) replaced by U+FFFD.
+
+    JSON allows ``"\\ud800"`` escapes that decode to strings no UTF-8 writer (Parquet, Arrow)
+    can encode; valid surrogate pairs were already combined by the decoder.
+    """
+    count = 0
+
+    def fix(v: Any) -> Any:
+        nonlocal count
+        if isinstance(v, str):
+            new, n = _SURROGATE.subn("\ufffd", v)
+            count += n
+            return new
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if isinstance(v, dict):
+            return {fix(k): fix(x) for k, x in v.items()}
+        return v
+
+    return fix(doc), count
 
 
 def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any]]:
@@ -55,6 +81,17 @@ def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any
                     except (ValueError, RecursionError):
                         report.drop_at("malformed_json", f"{path}:{lineno}")
                         continue
+                if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+                    try:
+                        doc, n = _replace_lone_surrogates(doc)
+                    except RecursionError:
+                        report.drop_at("malformed_json", f"{path}:{lineno}")
+                        continue
+                    if n:
+                        report.kept["lone_surrogate_repaired"] += n
+                        if report.kept["lone_surrogate_repaired"] == n:
+                            report.notes.append(f"lone UTF-16 surrogates replaced by U+FFFD "
+                                                f"(first at {path}:{lineno})")
                 yield lineno, doc
     except (OSError, EOFError) as exc:
         raise TraceFormatError(f"cannot read file: {exc}", file=str(path)) from exc

@@ -137,7 +137,7 @@ def _parse_event(ev: Any) -> dict[str, Any]:
             continue
         if kind == _I:
             iv = _int(v)
-            if iv is None:
+            if iv is None or iv < 0:  # ids, counts and steps are never negative
                 raise _Bad(f"{tag}.{name}")
             out[name] = iv
         elif kind == _S:
@@ -212,15 +212,15 @@ def read_kv_events(path: str | Path, report: IngestReport | None = None) -> pd.D
             line_drop("not_kv_batch", lineno)
             continue
         ts = _finite_float(doc[0])
-        if ts is None:
+        if ts is None or ts < 0:
             line_drop("bad_field:ts", lineno)
             continue
         rank = doc[2] if len(doc) > 2 else None
         bstep = doc[3] if len(doc) > 3 else None
-        if rank is not None and _int(rank) is None:
+        if rank is not None and (_int(rank) is None or _int(rank) < 0):
             line_drop("bad_field:data_parallel_rank", lineno)
             continue
-        if bstep is not None and _int(bstep) is None:
+        if bstep is not None and (_int(bstep) is None or _int(bstep) < 0):
             line_drop("bad_field:scheduler_step", lineno)
             continue
         n_valid += 1

@@ -52,7 +52,32 @@ LIFECYCLE_COLUMNS: tuple[str, ...] = (
 _STAGE_RE = re.compile(r"^stage_(\d+)_lifecycle_metrics\.json$")
 
 
-def _num(d: Any, *keys: str) -> float:
+_MISSING = object()
+
+
+def _raw(d: Any, *keys: str) -> Any:
+    """``d[k1][k2]...``; ``_MISSING`` when a level is absent or null; the offending value when
+    a level that should be an object is something else (e.g. ``"request_latency": "fast"``)."""
+    for k in keys:
+        if d is None:
+            return _MISSING
+        if not isinstance(d, dict):
+            return d
+        if k not in d:
+            return _MISSING
+        d = d[k]
+    return d
+
+
+def _section_of(d: Any, doc: dict) -> str:
+    """``"<section>."`` of the top-level section ``d`` of ``doc`` (for counter names)."""
+    for name in ("load_summary", "successes", "failures"):
+        if doc.get(name) is d:
+            return f"{name}."
+    return ""
+
+
+def _number(d: Any, *keys: str) -> float:
     """``d[k1][k2]...`` as a finite float, NaN if absent, null or not a number."""
     for k in keys:
         if not isinstance(d, dict) or k not in d:
@@ -96,6 +121,21 @@ def read_lifecycle_file(path: str | Path, experiment_id: str = "", stage: str = 
         for section in ("load_summary", "successes", "failures"):
             if not isinstance(doc.get(section), dict):
                 report.notes.append(f"{path.name}: section {section!r} missing")
+                if section != "failures":  # a run without failures may omit the section
+                    report.drop(f"lifecycle:missing_section:{section}")
+
+    def _num(d: Any, *keys: str) -> float:
+        """The value as a finite float >= 0; NaN when absent / null, or (counted) invalid."""
+        v = _number(d, *keys)
+        if math.isnan(v) or (v < 0 and keys[0] != "schedule_delay"):  # delays may be < 0
+            raw = _raw(d, *keys)
+            if raw is not None and raw is not _MISSING:  # present but unusable
+                if report is not None:
+                    report.drop_at(f"lifecycle:bad_value:{_section_of(d, doc)}{'.'.join(keys)}",
+                                   f"{path.name}: {raw!r}")
+                return math.nan
+        return v
+
     ls, su, fa = doc.get("load_summary"), doc.get("successes"), doc.get("failures")
     row: dict[str, Any] = {
         "experiment_id": experiment_id,
@@ -123,6 +163,10 @@ def read_lifecycle_file(path: str | Path, experiment_id: str = "", stage: str = 
     row["decode_interval_s"] = (
         (row["e2e_mean_s"] - row["ttft_mean_s"]) / (out_len - 1.0)
         if out_len > 1.0 else math.nan)
+    if row["decode_interval_s"] < 0:  # mean E2E below mean TTFT: the file contradicts itself
+        row["decode_interval_s"] = math.nan
+        if report is not None:
+            report.drop_at("lifecycle:bad_value:decode_interval", f"{path.name}: E2E < TTFT")
     return row
 
 
@@ -191,7 +235,7 @@ def read_lifecycle_dir(exp_dir: str | Path, experiment_id: str | None = None
             row = read_lifecycle_file(path, experiment_id=experiment_id, stage=stage,
                                       report=report)
         except TraceFormatError as exc:
-            report.drop("bad_file")
+            report.drop_record("lifecycle", "bad_file")
             report.notes.append(str(exc))
             continue
         row["model"], row["tp"] = model, tp

@@ -62,10 +62,13 @@ __all__ = [
     "LONG_GAP_FACTOR",
     "MIN_CALIBRATION",
     "build_observations",
+    "domain_violations",
+    "drop_out_of_domain",
     "empty_observations",
     "observation_columns",
     "observations_from_iterations",
     "observations_from_microbench",
+    "validate_observations",
 ]
 
 DEFAULT_STACK = "vllm"
@@ -478,6 +481,7 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
                                            workload=workload, terms=terms)
         report.notes.append("no journeys: iteration rows from step summaries only "
                             "(ctx_approximated)")
+        obs = drop_out_of_domain(obs, report)
         report.kept.update(obs["kind"].value_counts().to_dict())
         return obs, report
     if batches is None or not len(batches):
@@ -512,8 +516,9 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
     df = _nullable_steps(df)
     df = _label(df, experiment_id=experiment_id, workload=workload, arch=arch, gpu=gpu,
                 serving=serving)
+    df = drop_out_of_domain(_finish([df], terms), report)
     report.kept.update(df["kind"].value_counts().to_dict())
-    return _finish([df], terms), report
+    return df, report
 
 
 def observations_from_iterations(iterations: pd.DataFrame, arch: Any, gpu: Any, serving: Any,
@@ -663,3 +668,84 @@ def observations_from_microbench(df: pd.DataFrame, terms: Sequence[str] = DEFAUL
                              serving=serving, stack=stack))
         report.kept["benchmark_mean"] += len(out)
     return _finish(frames, terms)
+
+
+#: Columns the model reads from an observation table (besides the ``x_`` feature columns).
+REQUIRED_COLUMNS: tuple[str, ...] = ("kind", "model", "gpu", "tp", "config_id", "value_us",
+                                     "role")
+
+
+def domain_violations(obs: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Rows of an observation table outside the domain, per column (boolean masks).
+
+    ``value_us`` and every ``x_`` feature must be finite and >= 0, ``anchor_error_us`` null or
+    finite and >= 0, ``tp`` >= 1 and the other integer columns >= 0 (nulls allowed).
+    """
+    out: dict[str, np.ndarray] = {}
+    for c in obs.columns:
+        s = obs[c]
+        if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+            continue
+        v = s.to_numpy(dtype=float, na_value=np.nan)
+        if c == "value_us" or c.startswith("x_"):
+            bad = ~np.isfinite(v) | (v < 0)
+        else:
+            lo = 1.0 if c == "tp" else 0.0
+            bad = np.isinf(v) | (v < lo)
+        if bad.any():
+            out[c] = bad
+    return out
+
+
+def validate_observations(obs: pd.DataFrame, source: str = "observations") -> pd.DataFrame:
+    """Check an observation table before fitting (columns, types, domain of every value).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``obs`` unchanged.
+
+    Raises
+    ------
+    TraceFormatError
+        Naming the file, the column and the first offending row: a missing column, a column of
+        the wrong type, no rows, or a value outside :func:`domain_violations`' domain.
+    """
+    from bayes_latency.errors import TraceFormatError
+
+    if not isinstance(obs, pd.DataFrame):
+        raise TraceFormatError("not a table", file=source)
+    for c in REQUIRED_COLUMNS:
+        if c not in obs.columns:
+            raise TraceFormatError("observation table lacks a required column", file=source,
+                                   field=c)
+    if not any(c.startswith("x_") for c in obs.columns):
+        raise TraceFormatError("observation table has no feature (x_*) column", file=source,
+                               field="x_*")
+    for c in ("value_us", "tp", *[c for c in obs.columns if c.startswith("x_")]):
+        s = obs[c]
+        if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+            raise TraceFormatError(f"column is not numeric ({s.dtype})", file=source, field=c)
+    if not len(obs):
+        raise TraceFormatError("observation table has no rows", file=source)
+    for c, bad in domain_violations(obs).items():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceFormatError(f"{int(bad.sum())} value(s) outside the column's domain "
+                               f"(first: row {i}, value {obs[c].iloc[i]!r})", file=source,
+                               field=c)
+    return obs
+
+
+def drop_out_of_domain(obs: pd.DataFrame, report: IngestReport) -> pd.DataFrame:
+    """``obs`` without the rows :func:`domain_violations` flags, counted ``out_of_domain:<col>``
+    in ``report`` (a last guard: the readers drop bad records earlier, with their own reasons)."""
+    viol = domain_violations(obs)
+    if not viol:
+        return obs
+    bad = np.zeros(len(obs), dtype=bool)
+    for c, m in viol.items():
+        new = m & ~bad
+        if new.any():
+            report.drop(f"out_of_domain:{c}", int(new.sum()))
+        bad |= m
+    return obs[~bad].reset_index(drop=True)

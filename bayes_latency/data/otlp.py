@@ -29,13 +29,27 @@ Bad-input policy
   ``unknown_event``; repeated spans (same ``traceId``, ``spanId``) ``duplicate_span`` (the first in
   file order is kept); repeated events ``duplicate_event`` (see below); events the OTel SDK said it
   dropped (``droppedEventsCount``) ``sdk_dropped_events``.
+- Values that parse but cannot be true are dropped with their record and counted
+  ``out_of_range:<field>``: negative counts and times (step summaries, snapshots, journey
+  events, API event times), ``kv.usage_gpu_ratio`` above 1, ``step.ts_end_ns < step.ts_start_ns``.
+  A request whose journey lost an event this way (or to a ``bad_field``) is kept but not
+  ``complete`` (``kept["damaged_request"]``), so that e.g. a dropped first SCHEDULED never turns a
+  later RESUME into the first schedule; so is a request with ``decode.max_tokens`` 0 and a
+  FIRST_TOKEN (``kept["inconsistent_request:max_tokens_0"]``). An unknown or empty
+  ``finish.status`` gives status ``error``, counted ``kept["unknown_finish_status"]``.
+- Two ``llm_core`` spans with the same ``gen_ai.request.id``: the one with the smallest
+  ``(traceId, spanId)`` is kept; the others are counted ``duplicate_request_id`` and their events
+  ``duplicate_request_id:events``.
 - The only exception raised is :class:`~bayes_latency.errors.TraceFormatError`, for a file that
   cannot be read at all or that holds no valid OTLP line.
 
 Report counters
 ---------------
 ``read``: ``lines`` (non-blank), ``blank_lines``, ``spans``, ``events`` (events of accepted spans),
-and per kind ``api_spans``, ``core_spans``, ``step_spans``.
+per kind ``api_spans``, ``core_spans``, ``step_spans``, and ``step_summaries``
+(``step.BATCH_SUMMARY`` events). ``report.lost`` counts dropped step summaries and core spans, so
+that ``step_summaries = kept steps + lost steps`` and ``core_spans = kept requests + lost
+requests`` (:meth:`~bayes_latency.data.report.IngestReport.unbalanced`).
 ``kept``: one counter per output table (``steps``, ``journey_events``, ``requests``, ``snapshots``,
 ``api_spans``) plus counts of rows that are kept but flagged: ``incomplete_request`` (not all of
 QUEUED/SCHEDULED/FIRST_TOKEN/FINISHED, status ``incomplete`` unless aborted), ``aborted_request``,
@@ -169,6 +183,33 @@ _FINISH_STATUS = {"stopped": "stopped", "length": "length", "aborted": "aborted"
 _SCOPE_API, _SCOPE_CORE, _SCOPE_STEP = "vllm.api", "vllm.scheduler", "vllm.scheduler.step"
 _RE_HEX8 = re.compile(r"-[0-9a-fA-F]{8}$")
 _RE_INDEX = re.compile(r"-\d+$")
+
+
+#: Journey attributes that are counts (never negative).
+_JOURNEY_NONNEG = ("scheduler.step", "prefill.done_tokens", "prefill.total_tokens",
+                   "decode.done_tokens", "decode.max_tokens", "num_preemptions")
+
+
+def _step_in_range(ea: dict, rep: IngestReport) -> bool:
+    """Whether a parsed ``step.BATCH_SUMMARY`` is physically possible; else count why not.
+
+    Counts and times must be >= 0 (``out_of_range:<field>``), ``kv.usage_gpu_ratio`` within
+    [0, 1] (``out_of_range:kv.usage_gpu_ratio``) and the step must not end before it starts
+    (``out_of_range:step.ts_end_ns``).
+    """
+    for k, v in ea.items():
+        if v is not None and v < 0:
+            rep.drop(f"out_of_range:{k}")
+            return False
+    ratio = ea.get("kv.usage_gpu_ratio")
+    if ratio is not None and ratio > 1.0:
+        rep.drop("out_of_range:kv.usage_gpu_ratio")
+        return False
+    t0, t1 = ea.get("step.ts_start_ns"), ea.get("step.ts_end_ns")
+    if t0 is not None and t1 is not None and t1 < t0:
+        rep.drop("out_of_range:step.ts_end_ns")
+        return False
+    return True
 
 
 class _Bad(Exception):
@@ -386,6 +427,10 @@ class _Acc:
                                      if c not in ("experiment_id", "request_id")}
         # core spans: request_id -> (span key for ordering, trace_id, span_id, parent_span_id)
         self.cores: dict[str, tuple[str, str, str | None]] = {}
+        # journey rows of each core span: (request_id, (trace_id, span_id), first row, end row)
+        self.core_rows: list[tuple[str, tuple[str, str], int, int]] = []
+        # core spans that lost a journey event to a bad / out-of-range field
+        self.damaged: set[tuple[str, str, str]] = set()
 
     # -- dispatch ----------------------------------------------------------------------------
     def span(self, sp: Any, scope: Any) -> None:
@@ -468,7 +513,11 @@ class _Acc:
             if name in times:
                 rep.drop("duplicate_event")
                 continue
-            times[name] = ea.get("event.ts.monotonic")
+            t_ev = ea.get("event.ts.monotonic")
+            if t_ev is not None and t_ev < 0:
+                rep.drop("out_of_range:event.ts.monotonic")
+                continue
+            times[name] = t_ev
             if name == "api.ABORTED":
                 reason = ea.get("reason")
         code = _status_code(sp.get("status"))
@@ -498,17 +547,20 @@ class _Acc:
         rep = self.report
         rid = attrs.get("gen_ai.request.id")
         if rid is None:
-            rep.drop("missing_field:gen_ai.request.id")
+            rep.drop_record("requests", "missing_field:gen_ai.request.id")
             return
         prev = self.cores.get(rid)
         if prev is None or (trace_id, span_id) < (prev[0], prev[1]):
             self.cores[rid] = (trace_id, span_id, parent)
         je = self.je
+        start = len(je["event"])
+        dkey = (rid, trace_id, span_id)
         for ev, name in _named_events(events, rep):
             try:
                 ea = _parse_attrs(ev.get("attributes"), _JOURNEY_SPEC, rep)
             except _Bad as bad:
                 rep.drop(f"bad_field:{bad.args[0]}")
+                self.damaged.add(dkey)
                 continue
             etype = name[8:] if name.startswith("journey.") else ea.get("event.type")
             if etype not in _EVENT_RANK:
@@ -523,12 +575,20 @@ class _Acc:
                 ts = round(sec * 1e9)
                 if ts < _INT64_MIN or ts > _INT64_MAX:
                     rep.drop("bad_field:ts.monotonic")
+                    self.damaged.add(dkey)
                     continue
+            neg = "ts.monotonic_ns" if ts < 0 else next(
+                (a for a in _JOURNEY_NONNEG if (v := ea.get(a)) is not None and v < 0), None)
+            if neg is not None:
+                rep.drop(f"out_of_range:{neg}")
+                self.damaged.add(dkey)
+                continue
             je["request_id"].append(rid)
             je["event"].append(etype)
             je["ts_monotonic_ns"].append(ts)
             for attr, col in _JOURNEY_MAP:
                 je[col].append(ea.get(attr))
+        self.core_rows.append((rid, (trace_id, span_id), start, len(je["event"])))
 
     # -- vllm.scheduler.step ---------------------------------------------------------------------
     def _step_span(self, events: list) -> None:
@@ -536,14 +596,20 @@ class _Acc:
         steps, snaps = self.steps, self.snaps
         for ev, name in _named_events(events, rep):
             if name == "step.BATCH_SUMMARY":
+                rep.read["step_summaries"] += 1
                 ea = _event_attrs(ev, _STEP_SPEC, ("step.id",), rep)
-                if ea is None:
+                if ea is None or not _step_in_range(ea, rep):
+                    rep.lost["steps"] += 1
                     continue
                 for c in STEP_COLUMNS:
                     steps[c].append(ea.get(c))
             elif name == "step.REQUEST_SNAPSHOT":
                 ea = _event_attrs(ev, _SNAPSHOT_SPEC, ("step.id", "request.id"), rep)
                 if ea is None:
+                    continue
+                neg = next((k for k, v in ea.items() if type(v) is int and v < 0), None)
+                if neg is not None:
+                    rep.drop(f"out_of_range:{neg}")
                     continue
                 snaps["step_id"].append(ea["step.id"])
                 snaps["request_id"].append(ea["request.id"])
@@ -557,6 +623,7 @@ class _Acc:
         rep = self.report
         steps = self._steps_table(experiment_id)
         snaps = self._snapshots_table(experiment_id)
+        self._drop_duplicate_request_ids()
         je = self._journey_table(experiment_id)
         api = self._api_table(experiment_id)
         requests = self._requests_table(experiment_id, je, api)
@@ -568,6 +635,27 @@ class _Acc:
         return OtlpTables(steps=steps, journey_events=je, requests=requests, snapshots=snaps,
                           api_spans=api, report=rep)
 
+    def _drop_duplicate_request_ids(self) -> None:
+        """Keep one core span per ``gen_ai.request.id`` (the smallest (traceId, spanId), as for
+        the requests table); drop the journey events of the others, counted
+        ``duplicate_request_id`` (spans) and ``duplicate_request_id:events``."""
+        rep = self.report
+        extra = [(rid, key, a, b) for rid, key, a, b in self.core_rows
+                 if key != self.cores[rid][:2]]
+        if not extra:
+            return
+        rep.drop_record("requests", "duplicate_request_id", len(extra))
+        for rid, key, _a, _b in extra[:5]:
+            rep.notes.append(f"duplicate_request_id: {rid} (span {key[1]} of trace {key[0]} "
+                             f"dropped; one request kept per id)")
+        keep = np.ones(len(self.je["event"]), dtype=bool)
+        for _rid, _key, a, b in extra:
+            keep[a:b] = False
+        if (~keep).any():
+            rep.drop("duplicate_request_id:events", int((~keep).sum()))
+            idx = np.flatnonzero(keep)
+            self.je = {c: [v[i] for i in idx] for c, v in self.je.items()}
+
     def _steps_table(self, experiment_id: str) -> pd.DataFrame:
         cols = {c: (pd.array(v, dtype="Float64").astype("float64") if c == "kv.usage_gpu_ratio"
                     else pd.array(v, dtype="Int64"))
@@ -578,7 +666,7 @@ class _Acc:
             df = _sort_all(df, first=["step.id"])
             dup = df.duplicated(subset=["step.id"], keep="first")
             if dup.any():
-                self.report.drop("duplicate_step", int(dup.sum()))
+                self.report.drop_record("steps", "duplicate_step", int(dup.sum()))
                 df = df[~dup]
         return df.reset_index(drop=True)
 
@@ -749,6 +837,19 @@ class _Acc:
         fin_list[row_of[sel]] = firsts.loc[sel, "finish_status"].to_numpy(dtype=object)
         has = {e: count_of(e) > 0 for e in ("QUEUED", "SCHEDULED", "FIRST_TOKEN", "FINISHED")}
         complete = has["QUEUED"] & has["SCHEDULED"] & has["FIRST_TOKEN"] & has["FINISHED"]
+        # a request that lost a journey event to a bad field is not complete: its first
+        # SCHEDULED (say) would silently become a later one
+        damaged = np.asarray([(r, *self.cores[r][:2]) in self.damaged for r in rids], dtype=bool)
+        # max_tokens 0 cannot produce a token: the journey contradicts itself
+        mx_arr = out["max_tokens"].to_numpy(dtype=float, na_value=np.nan)
+        impossible = (mx_arr == 0) & has["FIRST_TOKEN"]
+        for name, mask in (("damaged_request", damaged),
+                           ("inconsistent_request:max_tokens_0", impossible)):
+            if mask.any():
+                rep.kept[name] += int(mask.sum())
+                rep.notes.append(f"{name}: {int(mask.sum())} request(s) marked incomplete "
+                                 f"(e.g. {rids[int(np.flatnonzero(mask)[0])]})")
+        complete = complete & ~damaged & ~impossible
         aborted = api_aborted | np.asarray([s == "aborted" for s in fin_list], dtype=bool)
         status = []
         for k in range(n):
@@ -757,8 +858,14 @@ class _Acc:
             elif not complete[k]:
                 status.append("incomplete")
             else:
-                status.append(_FINISH_STATUS.get(fin_list[k], "error")
-                              if isinstance(fin_list[k], str) else "error")
+                st_k = _FINISH_STATUS.get(fin_list[k]) if isinstance(fin_list[k], str) else None
+                if st_k is None:  # unknown or missing finish.status: kept as error, counted
+                    rep.kept["unknown_finish_status"] += 1
+                    if rep.kept["unknown_finish_status"] <= 5:
+                        rep.notes.append(f"unknown_finish_status: {fin_list[k]!r} of "
+                                         f"{rids[k]} (status set to 'error')")
+                    st_k = "error"
+                status.append(st_k)
         out["status"] = pd.Series(status, dtype="str")
         out["aborted"] = aborted
         out["complete"] = complete

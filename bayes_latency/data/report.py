@@ -20,6 +20,9 @@ class IngestReport:
         Counter of dropped records by reason (e.g. ``"malformed_json"``).
     notes
         Free-text remarks (e.g. approximations used).
+    lost
+        Dropped records per record type (``steps``, ``requests``, ``lifecycle``), whatever the
+        reason, so that :meth:`unbalanced` can check ``read = kept + dropped`` per type.
     """
 
     source: str = ""
@@ -27,6 +30,25 @@ class IngestReport:
     kept: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    lost: Counter = field(default_factory=Counter)
+
+    #: record type -> (``read`` key, ``kept`` key) of the types whose books must balance.
+    BALANCES = {"steps": ("step_summaries", "steps"), "requests": ("core_spans", "requests"),
+                "lifecycle": ("files", "lifecycle_rows")}
+
+    def drop_record(self, kind: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` records of type ``kind`` (a :attr:`BALANCES` key) dropped for ``reason``."""
+        self.dropped[reason] += n
+        self.lost[kind] += n
+
+    def unbalanced(self) -> list[str]:
+        """Record types whose counts do not add up (``read != kept + dropped``); empty if none."""
+        out = []
+        for kind, (r, k) in self.BALANCES.items():
+            if self.read[r] != self.kept[k] + self.lost[kind]:
+                out.append(f"{kind}: read {self.read[r]} != kept {self.kept[k]} + dropped "
+                           f"{self.lost[kind]}")
+        return out
 
     def drop(self, reason: str, n: int = 1) -> None:
         """Count ``n`` records dropped for ``reason``."""
@@ -43,6 +65,7 @@ class IngestReport:
         self.read.update(other.read)
         self.kept.update(other.kept)
         self.dropped.update(other.dropped)
+        self.lost.update(other.lost)
         self.notes.extend(other.notes)
         return self
 
@@ -54,7 +77,8 @@ class IngestReport:
     def to_dict(self) -> dict:
         """Plain-dict form (for JSON)."""
         return {"source": self.source, "read": dict(self.read), "kept": dict(self.kept),
-                "dropped": dict(self.dropped), "notes": list(self.notes)}
+                "dropped": dict(self.dropped), "dropped_by_record": dict(self.lost),
+                "notes": list(self.notes)}
 
     def format(self) -> str:
         """Human-readable multi-line summary."""

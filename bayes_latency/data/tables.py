@@ -26,7 +26,8 @@ from urllib.parse import quote, unquote
 
 import pandas as pd
 
-from bayes_latency.errors import BayesLatencyError
+from bayes_latency.errors import BayesLatencyError, TraceFormatError
+from bayes_latency.io import atomic_write, read_parquet
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -55,19 +56,33 @@ def partition_path(tables_dir: str | Path, name: str, experiment_id: str) -> Pat
 
 def write_partition(tables_dir: str | Path, name: str, experiment_id: str,
                     df: pd.DataFrame) -> Path:
-    """Write one experiment's rows of table ``name``; object columns of mixed types as strings."""
+    """Write one experiment's rows of table ``name`` atomically; object columns of mixed types as
+    strings, text UTF-8 cannot encode (lone surrogates) with U+FFFD."""
+    from bayes_latency.data.jsonl import _replace_lone_surrogates
+
     path = partition_path(tables_dir, name, experiment_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     df = df.reset_index(drop=True)
     try:
-        df.to_parquet(path, index=False)
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
     except (TypeError, ValueError, ArithmeticError):
         df = df.copy()
         for c in df.columns:
-            if df[c].dtype == object:
-                df[c] = df[c].astype("string")
-        df.to_parquet(path, index=False)
+            if df[c].dtype == object or pd.api.types.is_string_dtype(df[c]):
+                df[c] = df[c].map(lambda v: _replace_lone_surrogates(v)[0]
+                                  if isinstance(v, str) else v).astype("string")
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
+
+
+def _schema_ok(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_schema(path)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 def clear_table(tables_dir: str | Path, name: str) -> None:
@@ -162,22 +177,27 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
 
     d = Path(tables_dir)
     if d.is_file():
-        return pd.read_parquet(d, columns=list(columns) if columns is not None else None)
+        return read_parquet(d, columns=list(columns) if columns is not None else None)
     files = table_files(d, name, experiments)
     if not files:
         if not table_files(d, name):
             raise BayesLatencyError(f"{d}: no table {name!r} (run `bayes-latency ingest` first)")
         first = table_files(d, name)[0]
-        df = pd.read_parquet(first, columns=list(columns) if columns is not None else None)
+        df = read_parquet(first, columns=list(columns) if columns is not None else None)
         return df.iloc[0:0].reset_index(drop=True)
     cols = list(columns) if columns is not None else None
     if len(files) == 1:
-        df = pd.read_parquet(files[0], columns=cols)
+        df = read_parquet(files[0], columns=cols)
         if experiments is not None and files[0].name == f"{name}.parquet" \
                 and "experiment_id" in df.columns:
             df = df[df["experiment_id"].astype(str).isin({str(e) for e in experiments})]
         return df.reset_index(drop=True)
-    schemas = [pq.read_schema(f) for f in files]
+    try:
+        schemas = [pq.read_schema(f) for f in files]
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+        bad = next(f for f in files if not _schema_ok(f))
+        raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
+                               file=str(bad)) from None
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
     meta = next((s.metadata for s in schemas

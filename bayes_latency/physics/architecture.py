@@ -466,7 +466,17 @@ def architecture_from_config(config: Mapping[str, Any], name: str = "custom",
         head_dim = nope + rope
     else:
         rope = nope = v_head = q_lora = 0
-        head_dim = _int_field(text, src, "head_dim", default=0) or hidden // n_heads
+        head_dim = _int_field(text, src, "head_dim", default=0)
+        if not head_dim:
+            if hidden % n_heads:
+                raise UnknownArchitectureError(
+                    f"{src}: field 'hidden_size' = {hidden} is not divisible by "
+                    f"'num_attention_heads' = {n_heads} (and no 'head_dim' is given)")
+            head_dim = hidden // n_heads
+        if n_kv > n_heads or n_heads % n_kv:
+            raise UnknownArchitectureError(
+                f"{src}: field 'num_key_value_heads' = {n_kv} does not divide "
+                f"'num_attention_heads' = {n_heads}")
         if n_kv == n_heads:
             attention = "mha"
         elif n_kv == 1:

@@ -9,12 +9,11 @@ end-to-end harness (``bayes-latency study blis``) simulates.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from bayes_latency.export import blis_yaml, provenance
+from bayes_latency.io import atomic_write_text
 
 REAL_RUN_CONFIGS: tuple[tuple[str, int], ...] = (
     ("llama-2-7b", 1), ("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b", 2))
@@ -28,19 +27,6 @@ N_EXPORT_DRAWS = 40
 def export_name(model: str, tp: int) -> str:
     """File name of one export: ``<model>-h100-tp<N>.yaml``."""
     return f"{model}-h100-tp{int(tp)}.yaml"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_real_exports(model: Any, out_dir: Path, posterior_path: Path | None = None,
@@ -70,7 +56,8 @@ def write_real_exports(model: Any, out_dir: Path, posterior_path: Path | None = 
         config = {"model": name, "gpu": REAL_RUN_GPU, "tp": tp}
         coefs = model.coefficients(name, REAL_RUN_GPU, tp)
         path = Path(out_dir) / export_name(name, tp)
-        _atomic_write(path, blis_yaml(coefs, config, prov, n_draws=n_draws, seed=seed))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, blis_yaml(coefs, config, prov, n_draws=n_draws, seed=seed))
         paths.append(path)
     return paths
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bayes_latency.data.tables import read_table as _read_table
+
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT.parent / "shared" / "data" / "real"
 SPECS = ROOT.parent / "shared" / "specs"
@@ -41,7 +43,6 @@ def tiny_fleet_seed5(tmp_path_factory) -> Path:
 def tiny_posterior(tiny_fleet_seed5, tmp_path_factory) -> tuple[Path, Path]:
     """``(tables folder, posterior.nc)``: ingest of the seed-5 tiny fleet and a fast Laplace fit
     of 120 rows per configuration (one fit per session, ~15 s)."""
-    import pandas as pd
 
     from bayes_latency.cli import main
     from bayes_latency.data.experiment import ingest
@@ -49,7 +50,7 @@ def tiny_posterior(tiny_fleet_seed5, tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tiny5post")
     tables = root / "tables"
     ingest(sorted(p for p in tiny_fleet_seed5.iterdir() if p.is_dir()), tables)
-    obs = pd.read_parquet(tables / "observations.parquet")
+    obs = _read_table(tables, "observations")
     small = root / "small"
     small.mkdir()
     obs.groupby("config_id").head(120).reset_index(drop=True).to_parquet(

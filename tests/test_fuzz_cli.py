@@ -45,6 +45,8 @@ from mutate import (
 )
 
 from bayes_latency.cli import main
+from bayes_latency.data.experiment import load_tables as _load_tables
+from bayes_latency.data.tables import read_table as _read_table
 
 SEED = 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,8 +315,7 @@ def _one_line(err: str, names: tuple[str, ...]) -> str | None:
 def _table_domain(folder: Path) -> list[str]:
     """Numeric values of written tables outside their domain (non-finite, or negative)."""
     bad = []
-    for p in sorted(folder.glob("*.parquet")):
-        df = pd.read_parquet(p)
+    for name, df in (_load_tables(folder) if any(folder.iterdir()) else {}).items():
         for c in df.columns:
             s = df[c]
             if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
@@ -322,7 +323,7 @@ def _table_domain(folder: Path) -> list[str]:
             v = s.to_numpy(dtype=float, na_value=np.nan)
             v = v[~np.isnan(v)]
             if np.isinf(v).any() or (c not in SIGNED and (v < 0).any()):
-                bad.append(f"{p.name}:{c}")
+                bad.append(f"{name}:{c}")
     return bad
 
 
@@ -366,7 +367,7 @@ def base_ingest(tiny_fleet_seed5, tmp_path_factory):
     out = root / "out"
     assert main(["ingest", str(exp), "--out", str(out)]) == 0
     rep = json.loads((out / "ingest_report.json").read_text())["total"]
-    tabs = {p.stem: pd.read_parquet(p) for p in out.glob("*.parquet")}
+    tabs = _load_tables(out)
     return rep, tabs
 
 
@@ -417,12 +418,12 @@ def test_fuzz_ingest(tiny_fleet_seed5, base_ingest, tmp_path, capsys):
             problems.append(f"{name}: damaged input accepted without a count or note")
         if expect == "same":
             for t, df in base_tabs.items():
-                other = pd.read_parquet(out / f"{t}.parquet")
+                other = _read_table(out, t)
                 if not df.equals(other):
                     problems.append(f"{name}: table {t} differs from the base")
         # lost rows must be accounted for: fewer requests / steps only with counted drops
         for t in ("requests", "steps"):
-            n_t = len(pd.read_parquet(out / f"{t}.parquet"))
+            n_t = len(_read_table(out, t))
             if n_t < len(base_tabs[t]) and not n_drop and expect != "same":
                 if not any(rep["kept"].get(f, 0) for f in FLAGS):
                     STATS["silent_losses"] += 1
@@ -467,7 +468,7 @@ def test_fuzz_fit_validation(tiny_posterior, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(estimator.LatencyModel, "fit", no_sampling)
     tables, post = tiny_posterior
-    base = pd.read_parquet(tables / "observations.parquet")
+    base = _read_table(tables, "observations")
     rng = random.Random(SEED + 1)
     problems: list[str] = []
     runs: list[tuple[str, list, Path, tuple[str, ...]]] = []

@@ -29,6 +29,7 @@ from mutate import (
 )
 
 from bayes_latency.cli import main
+from bayes_latency.data.experiment import load_tables as _load_tables
 from bayes_latency.errors import UnknownArchitectureError
 from bayes_latency.physics.architecture import architecture_from_config
 
@@ -53,7 +54,7 @@ def ingest(exp: Path, out: Path, capsys) -> tuple[dict, dict[str, pd.DataFrame]]
     rc, _, err = run(["ingest", exp, "--out", out], capsys)
     assert rc == 0, err
     rep = json.loads((out / "ingest_report.json").read_text())["total"]
-    tabs = {p.stem: pd.read_parquet(p) for p in out.glob("*.parquet")}
+    tabs = _load_tables(out)
     return rep, tabs
 
 

@@ -150,9 +150,10 @@ def test_plot_forest_coefficients_by_configuration(saved):
 
 
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "arviz-plots 1.3.2 plot_forest over every variable: variables of different dimensionality "
-    "(scalars per coef next to (config, term) cells) give matplotlib 'x and y must have same "
-    "first dimension'; upstream would need to lay out labels per variable"))
+    "arviz-plots 1.3.2: plot_forest of two variables that share a labelled dimension with "
+    "different dimensionality (sigma_model (coef) next to z_model (coef, model); reproduced on a "
+    "two-variable synthetic DataTree) raises matplotlib's 'x and y must be the same size'; "
+    "upstream would need to lay out the label rows per variable"))
 def test_plot_forest_all_variables(saved):
     azp.plot_forest(saved.result, backend="matplotlib")
 
@@ -183,3 +184,28 @@ def test_psense_summary_and_check_report(saved):
                                     "insensitive"}
     md = diagnose(saved.result).to_markdown()
     assert "## Prior sensitivity" in md and "## Identifiability" in md
+
+
+def test_thinned_file_keeps_groups_aligned(saved, tmp_path):
+    path = saved.save(tmp_path / "thin.nc", thin=4)
+    m = LatencyModel.load(path)
+    dt = m.result
+    n = saved.result["posterior"].sizes["draw"]
+    for g in ("posterior", "log_likelihood", "posterior_predictive", "log_prior"):
+        assert dt[g].sizes["draw"] == len(range(0, n, 4)), g
+    assert dt.attrs["thinned_by"] == 4
+    assert np.isfinite(az.loo(dt).elpd) and az.loo_pit(dt)[OBS_VAR].size == dt["observed_data"].sizes["obs"]
+
+
+def test_subsample_is_labelled_and_scaled_in_the_report(saved, data):
+    from bayes_latency.model.groups import predictive_rows
+
+    rows = saved_rows(data)
+    sub, flag = predictive_rows(rows, n_samples=1000, seed=0, max_values=100 * 1000)
+    assert flag and len(sub) == 100
+    dt = saved.result.copy()
+    ll = dt["log_likelihood"].to_dataset()
+    ll.attrs.update({"subsample": "true", "n_rows_fitted": 2 * ll.sizes["obs"]})
+    dt["log_likelihood"] = ll
+    loo = diagnose(dt).loo
+    assert "subsample" in loo and loo["elpd_all_rows"] == pytest.approx(2 * loo["elpd"], rel=1e-6)

@@ -489,7 +489,7 @@ def _loo_summary(result: xr.DataTree, th: Thresholds) -> dict[str, Any] | None:
         res = azs.loo(tree, pointwise=True)
     k = np.asarray(res.pareto_k.values, dtype=float).ravel()
     n_high = int((k > th.pareto_k).sum())
-    return {
+    out = {
         "elpd": float(res.elpd),
         "se": float(res.se),
         "p": float(res.p),
@@ -499,6 +499,17 @@ def _loo_summary(result: xr.DataTree, th: Thresholds) -> dict[str, Any] | None:
         "share_k_high": n_high / max(k.size, 1),
         "max_k": float(np.nanmax(k)) if k.size else np.nan,
     }
+    ll_attrs = result["log_likelihood"].attrs
+    if str(ll_attrs.get("subsample", "false")) == "true":
+        # a simple random sample of the fitted rows: scale up, with its sampling error
+        n_all = int(ll_attrs.get("n_rows_fitted", k.size))
+        e = np.asarray(res.elpd_i.values, dtype=float).ravel()
+        n = e.size
+        out["subsample"] = f"{n} of {n_all} fitted rows (simple random sample)"
+        out["elpd_all_rows"] = float(n_all * e.mean())
+        out["elpd_all_rows_subsample_se"] = float(
+            n_all * e.std(ddof=1) / np.sqrt(n) * np.sqrt(max(1.0 - n / n_all, 0.0))) if n > 1 else np.nan
+    return out
 
 
 def diagnose(result: xr.DataTree, thresholds: Thresholds | None = None) -> DiagnosticsReport:

@@ -665,16 +665,32 @@ class LatencyModel:
         return hints
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``)."""
+    def save(self, path: str | Path, thin: int = 1) -> Path:
+        """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``).
+
+        ``thin`` > 1 keeps every ``thin``-th draw of every group indexed by the posterior's draws
+        (``posterior``, ``sample_stats``, ``log_likelihood``, ``posterior_predictive``,
+        ``log_prior``), so they stay aligned as ArviZ needs and the file is ``thin`` times
+        smaller; attrs ``thinned_by`` records it. The in-memory result is not changed.
+        """
         if self.result is None:
             raise BayesLatencyError("nothing to save: the model is not fitted")
+        if int(thin) < 1:
+            raise ConfigError(f"thin must be >= 1, got {thin}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        out = self.result
+        if int(thin) > 1:
+            out = out.copy()
+            for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
+                      "log_prior"):
+                if g in out.children and "draw" in out[g].dims:
+                    out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(None, None, int(thin))))
+            out.attrs["thinned_by"] = int(thin)
         if path.suffix == ".zarr":
-            self.result.to_zarr(path, mode="w")
+            out.to_zarr(path, mode="w")
         else:
-            self.result.to_netcdf(path, engine="h5netcdf")
+            out.to_netcdf(path, engine="h5netcdf")
         return path
 
     @classmethod
@@ -746,6 +762,7 @@ class LatencyModel:
 
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
     """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
+    import pymc as pm
     import pytensor
 
     mode = pm.find_MAP(progressbar=False, seed=seed)

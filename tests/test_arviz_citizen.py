@@ -209,3 +209,39 @@ def test_subsample_is_labelled_and_scaled_in_the_report(saved, data):
     dt["log_likelihood"] = ll
     loo = diagnose(dt).loo
     assert "subsample" in loo and loo["elpd_all_rows"] == pytest.approx(2 * loo["elpd"], rel=1e-6)
+
+
+def test_non_default_priors_load_check_and_export_from_the_file_alone(saved, tmp_path):
+    """A file whose embedded priors differ from the default ones rebuilds with them."""
+    import argparse
+
+    import yaml
+
+    from bayes_latency.checks.diagnostics import check_command
+    from bayes_latency.errors import ModelMismatchError
+    from bayes_latency.export import export_command
+    from bayes_latency.priors import load_priors
+
+    content = yaml.safe_load(saved.result.attrs["priors_yaml"])
+    content["terms"]["decode_kv"]["median"] = 1.7  # a non-default prior
+    custom = load_priors(content)
+    assert custom.hash != load_priors().hash
+    dt = saved.result.copy()
+    dt.attrs.update({"priors_yaml": yaml.safe_dump(custom.content(), sort_keys=False),
+                     "priors_hash": custom.hash})
+    path = tmp_path / "custom.nc"
+    dt.to_netcdf(path, engine="h5netcdf")
+    m = LatencyModel.load(path)
+    assert m.priors.hash == custom.hash and m.priors.term("decode_kv")["median"] == 1.7
+    assert check_command(argparse.Namespace(posterior=str(path), out=str(tmp_path / "chk"),
+                                            tables=None)) in (0, 1)
+    assert "Prior sensitivity" in (tmp_path / "chk" / "diagnostics.md").read_text()
+    assert export_command(argparse.Namespace(posterior=str(path), model="llama-2-7b", gpu="H100",
+                                             tp=1, draws=0, format="json",
+                                             out=str(tmp_path / "e.json"))) == 0
+    with pytest.raises(ModelMismatchError, match="load without priors"):
+        LatencyModel.load(path, priors=load_priors())
+    dt.attrs["priors_hash"] = "0" * 64  # embedded priors no longer match the recorded hash
+    dt.to_netcdf(tmp_path / "bad.nc", engine="h5netcdf")
+    with pytest.raises(ModelMismatchError, match="altered"):
+        LatencyModel.load(tmp_path / "bad.nc")

@@ -91,7 +91,13 @@ def test_result_structure_and_attrs(fitted):
     for key in ("bayes_latency_version", "model_version", "priors_hash", "data_hash", "method"):
         assert r.attrs[key]
     assert r.attrs["approximate"] == "false"
-    assert "log_likelihood" in r and r["log_likelihood"]["obs"].sizes["obs_row"] <= 1000
+    ll = r["log_likelihood"]  # every fitted row, or a labelled subsample above the budget
+    from bayes_latency.model.groups import MAX_PREDICTIVE_VALUES
+
+    n, S = len(fitted._rows), post.sizes["chain"] * post.sizes["draw"]
+    assert int(ll.attrs["n_rows_fitted"]) == n
+    assert ll["log_duration"].sizes["obs"] == min(n, MAX_PREDICTIVE_VALUES // S)
+    assert ll.attrs["subsample"] == ("true" if n * S > MAX_PREDICTIVE_VALUES else "false")
 
 
 def test_converges_on_small_fleet(fitted):

@@ -7,7 +7,11 @@
   variable, and per (config, term) cell for ``beta`` and ``alpha``);
 - sampler statistics: divergences, E-BFMI per chain, share of transitions that saturated the
   maximum tree depth (nutpie and PyMC names are both understood);
-- PSIS-LOO with Pareto-k when a ``log_likelihood`` group exists (a warning gate only).
+- PSIS-LOO with Pareto-k when a ``log_likelihood`` group exists (a warning gate only);
+- prior sensitivity (power-scaling, :func:`arviz_stats.psense_summary`) when the result has
+  ``log_prior`` and ``log_likelihood`` groups: which coefficients the priors dominate and which
+  the data do (:func:`prior_sensitivity`, informative, never a gate), reported next to the
+  identifiability analysis of the fit.
 
 Each gate has a threshold in :class:`Thresholds`. A posterior made by an approximate method
 (``result.attrs["approximate"] == "true"``, e.g. Laplace) has no Markov chains: its R-hat and ESS
@@ -128,6 +132,8 @@ class DiagnosticsReport:
     approximate: bool
     attrs: dict[str, Any] = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    sensitivity: pd.DataFrame | None = None
+    identifiability: list[dict[str, Any]] | None = None
 
     def gates_frame(self) -> pd.DataFrame:
         """The gates as a DataFrame (one row per gate)."""
@@ -161,6 +167,19 @@ class DiagnosticsReport:
             lines += ["## PSIS-LOO", ""]
             lines += [f"- {k}: {_fmt(v)}" for k, v in self.loo.items()]
             lines.append("")
+        if self.identifiability is not None:
+            from bayes_latency.data.identifiability import IdentifiabilityReport
+
+            ident = IdentifiabilityReport.from_dict(self.identifiability)
+            lines += ["## Identifiability", "", "```", ident.summary(), "```", ""]
+        if self.sensitivity is not None and not self.sensitivity.empty:
+            lines += ["## Prior sensitivity", "",
+                      f"Power-scaling sensitivity (arviz_stats.psense_summary) of the population "
+                      f"coefficients: above {SENSITIVITY_THRESHOLD} the posterior moves when the "
+                      "prior (or the likelihood) is scaled. *prior-dominated*: the data say "
+                      "little and the prior decides; *data-dominated*: the likelihood decides; "
+                      "*prior-data conflict*: both matter.", "",
+                      _markdown_table(self.sensitivity.reset_index()), ""]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,6 +195,9 @@ class DiagnosticsReport:
             "loo": self.loo,
             "attrs": self.attrs,
             "variables": self.table.reset_index().to_dict(orient="records"),
+            "identifiability": self.identifiability,
+            "prior_sensitivity": (None if self.sensitivity is None else
+                                  self.sensitivity.reset_index().to_dict(orient="records")),
         })
 
 
@@ -297,6 +319,92 @@ def log_likelihood_tree(result: xr.DataTree, var_name: str | None = None) -> xr.
 
 
 # --------------------------------------------------------------------------------------------
+# prior sensitivity
+
+#: Power-scaling sensitivity above which prior or likelihood "matters" (Kallioinen et al. 2024,
+#: the default of :func:`arviz_stats.psense_summary`).
+SENSITIVITY_THRESHOLD = 0.05
+
+
+#: Log-prior variables power-scaled by :func:`prior_sensitivity`: the coefficient priors of
+#: ``priors/*.yaml`` (roofline medians and ARD, both in ``z_pop``). Power-scaling every prior of a
+#: hierarchy (the standardised effects too) moves every coefficient and says little about the
+#: priors a user sets; the priorsense authors advise scaling the top-level priors.
+COEFFICIENT_PRIORS = ("z_pop", "z_config")
+
+
+def _verdict(prior: float, lik: float, thr: float) -> str:
+    if prior >= thr and lik >= thr:
+        return "prior-data conflict"
+    if prior >= thr:
+        return "prior-dominated"
+    if lik >= thr:
+        return "data-dominated"
+    return "insensitive"
+
+
+def prior_sensitivity(result: xr.DataTree, var_name: str = "mu",
+                      threshold: float = SENSITIVITY_THRESHOLD) -> pd.DataFrame | None:
+    """Which coefficients the priors dominate and which the data do (power-scaling).
+
+    Calls :func:`arviz_stats.psense_summary` on the population log-coefficient ``var_name``
+    (one value per coefficient; the configurations' ``beta`` / ``alpha`` inherit it) and adds
+    the power-scaling sensitivity of ``beta`` / ``alpha`` (largest over configurations). The
+    prior power-scaled is that of the coefficients (:data:`COEFFICIENT_PRIORS`: roofline prior
+    medians and ARD), the likelihood that of every row in ``log_likelihood``.
+
+    Returns
+    -------
+    DataFrame or None
+        Index ``coef``; columns ``prior``, ``likelihood`` (sensitivities of ``var_name``),
+        ``config_prior_max``, ``config_likelihood_max`` and ``verdict`` (``prior-dominated``,
+        ``data-dominated``, ``prior-data conflict`` or ``insensitive``). None when the result
+        has no ``log_prior`` / ``log_likelihood`` group or no ``var_name``.
+    """
+    post = _group(result, "posterior")
+    if (post is None or var_name not in post or _group(result, "log_prior") is None
+            or _group(result, "log_likelihood") is None):
+        return None
+    import logging
+
+    import arviz_stats as azs
+
+    lp = _group(result, "log_prior")
+    prior_vars = [v for v in COEFFICIENT_PRIORS if v in lp.data_vars] or None
+
+    log = logging.getLogger("arviz_stats.psense")
+    level = log.level
+    log.setLevel(logging.ERROR)  # its "potential issues" warning is what this table reports
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tab = azs.psense_summary(result, var_names=[var_name], threshold=threshold,
+                                     prior_var_names=prior_vars, round_to=6)
+            cells = {}
+            for v in CELL_VARIABLES:
+                if v in post:
+                    cells[v] = {g: azs.psense(result, var_names=[v], group=g,
+                                              group_var_names=prior_vars if g == "prior" else None)[v]
+                                for g in ("prior", "likelihood")}
+    finally:
+        log.setLevel(level)
+    coefs = [str(c) for c in post[var_name]["coef"].values] if "coef" in post[var_name].dims \
+        else [str(i) for i in range(len(tab))]
+    out = pd.DataFrame({"coef": coefs,
+                        "prior": tab["prior"].to_numpy(dtype=float),
+                        "likelihood": tab["likelihood"].to_numpy(dtype=float)}).set_index("coef")
+    for by in cells.values():
+        tdim = next(d for d in by["prior"].dims if d != "config")
+        for g, col in (("prior", "config_prior_max"), ("likelihood", "config_likelihood_max")):
+            mx = by[g].max("config") if "config" in by[g].dims else by[g]
+            for t, val in zip(mx[tdim].values, mx.values, strict=True):
+                out.loc[str(t), col] = float(val)
+    out["verdict"] = [_verdict(p, q, threshold) for p, q in zip(out["prior"], out["likelihood"],
+                                                                  strict=True)]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # the pieces of diagnose
 
 
@@ -381,7 +489,7 @@ def _loo_summary(result: xr.DataTree, th: Thresholds) -> dict[str, Any] | None:
         res = azs.loo(tree, pointwise=True)
     k = np.asarray(res.pareto_k.values, dtype=float).ravel()
     n_high = int((k > th.pareto_k).sum())
-    return {
+    out = {
         "elpd": float(res.elpd),
         "se": float(res.se),
         "p": float(res.p),
@@ -391,6 +499,17 @@ def _loo_summary(result: xr.DataTree, th: Thresholds) -> dict[str, Any] | None:
         "share_k_high": n_high / max(k.size, 1),
         "max_k": float(np.nanmax(k)) if k.size else np.nan,
     }
+    ll_attrs = result["log_likelihood"].attrs
+    if str(ll_attrs.get("subsample", "false")) == "true":
+        # a simple random sample of the fitted rows: scale up, with its sampling error
+        n_all = int(ll_attrs.get("n_rows_fitted", k.size))
+        e = np.asarray(res.elpd_i.values, dtype=float).ravel()
+        n = e.size
+        out["subsample"] = f"{n} of {n_all} fitted rows (simple random sample)"
+        out["elpd_all_rows"] = float(n_all * e.mean())
+        out["elpd_all_rows_subsample_se"] = float(
+            n_all * e.std(ddof=1) / np.sqrt(n) * np.sqrt(max(1.0 - n / n_all, 0.0))) if n > 1 else np.nan
+    return out
 
 
 def diagnose(result: xr.DataTree, thresholds: Thresholds | None = None) -> DiagnosticsReport:
@@ -520,10 +639,23 @@ def diagnose(result: xr.DataTree, thresholds: Thresholds | None = None) -> Diagn
             warns.append(f"{loo['n_k_high']} of {loo['n_obs']} observations have Pareto k > "
                          f"{th.pareto_k}: PSIS-LOO is unreliable for them")
 
+    # prior sensitivity (informative) and the identifiability analysis stored by the fit
+    sensitivity = None
+    try:
+        sensitivity = prior_sensitivity(result)
+    except Exception as e:  # noqa: BLE001 - informative, never fatal
+        warns.append(f"prior sensitivity could not be computed: {type(e).__name__}: {e}")
+    ident = None
+    if "identifiability" in result.attrs:
+        try:
+            ident = json.loads(result.attrs["identifiability"])
+        except (TypeError, ValueError):
+            ident = None
+
     return DiagnosticsReport(
         passed=not failures, failures=failures, warnings=warns, gates=gates, table=table,
         cells=cells, sampler=sampler, loo=loo, approximate=approximate, attrs=attrs,
-        thresholds=th,
+        thresholds=th, sensitivity=sensitivity, identifiability=ident,
     )
 
 
@@ -568,7 +700,7 @@ def compare_variants(results: dict[str, xr.DataTree], var_name: str | None = Non
         raise BayesLatencyError(f"variants have log-likelihoods over different observations: {sizes}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        table = azs.compare(trees, round_to="none")
+        table = azs.compare(trees, round_to=6)
     return pd.DataFrame(table)
 
 

@@ -4,11 +4,18 @@
 >>> m.coefficients("llama-2-70b", "H100", 4)       # beta(sample, term), alpha(sample, alpha_term)
 >>> m.save("posterior.nc"); LatencyModel.load("posterior.nc")
 
-The fitted result is an ``xarray.DataTree`` (groups ``posterior``, ``sample_stats``,
-``constant_data``, ``summaries``, ``log_likelihood``) with attrs ``bayes_latency_version``,
-``model_version``, ``priors_hash``, ``data_hash``, ``terms``, ``method``, ``variant``,
-``sampler`` and ``approximate``. Loading a file made by another model version or other priors
-raises :class:`~bayes_latency.errors.ModelMismatchError`.
+The fitted result is an ``xarray.DataTree`` with the groups ArviZ expects (``posterior``,
+``sample_stats``, ``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,
+``prior_predictive``, ``log_prior``; see :mod:`bayes_latency.model.groups`) and two of its own
+(``constant_data``, ``summaries``), with attrs ``bayes_latency_version``, ``model_version``,
+``priors_hash``, ``priors_yaml`` (the priors themselves), ``data_hash``, ``terms``, ``method``,
+``variant``, ``sampler``, ``sampler_settings`` and ``approximate``: :meth:`LatencyModel.load`
+rebuilds the estimator from the file alone. Loading a file made by another model version, or
+given priors that differ from the embedded ones, raises
+:class:`~bayes_latency.errors.ModelMismatchError`.
+
+Importing this module is light (no PyMC, PyTensor or ArviZ): they are imported when a model is
+built or diagnosed.
 """
 
 from __future__ import annotations
@@ -19,12 +26,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import arviz as az
 import numpy as np
 import pandas as pd
-import pymc as pm
-import pytensor
 import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
@@ -37,7 +42,6 @@ from bayes_latency.errors import (
     ConvergenceError,
     ModelMismatchError,
 )
-from bayes_latency.model.hierarchy import VARIANTS, Design, build_model, config_draws, prior_arrays
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
 from bayes_latency.model.summaries import (
     ConfigSummary,
@@ -48,11 +52,15 @@ from bayes_latency.model.summaries import (
 )
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
+if TYPE_CHECKING:  # pragma: no cover
+    import pymc as pm
+
+    from bayes_latency.model.hierarchy import Design
+
 METHODS = ("laplace-hierarchy", "full")
 SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
 #: Convergence gates applied by :meth:`LatencyModel.convergence`.
 GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
-LOGLIK_ROWS = 1000
 #: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
 #: funnel-like corners where the ARD tail meets the effect scales).
 TARGET_ACCEPT = 0.95
@@ -75,6 +83,13 @@ NUMBA_FASTMATH = False
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",)}
+
+
+def _priors_yaml(priors: object) -> str:
+    """The validated prior content as YAML (embedded in the result so a fit reloads alone)."""
+    import yaml
+
+    return yaml.safe_dump(priors.content(), sort_keys=False, allow_unicode=True)
 
 
 def _hash_frame(df: pd.DataFrame) -> str:
@@ -110,6 +125,8 @@ class LatencyModel:
             raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
         if sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
+        from bayes_latency.model.hierarchy import VARIANTS
+
         if variant not in VARIANTS:
             raise ConfigError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         if not hasattr(priors, "log_mean_sd"):
@@ -137,6 +154,8 @@ class LatencyModel:
         return np.asarray([self.priors.prior_median(c) for c in self.coefs], dtype=float)
 
     def _prepare(self, observations: pd.DataFrame) -> pd.DataFrame:
+        from bayes_latency.model.hierarchy import Design
+
         missing = [c for c in feature_columns(self.coefs) + ["value_us", "kind", "role", "config_id",
                                                              "model", "gpu", "tp", "n_steps"]
                    if c not in observations.columns]
@@ -163,6 +182,8 @@ class LatencyModel:
 
     def build(self, observations: pd.DataFrame) -> pm.Model:
         """The PyMC model for ``observations`` (computes stage-1 summaries when needed)."""
+        from bayes_latency.model.hierarchy import build_model, prior_arrays
+
         rows = self._prepare(observations)
         self._rows = rows
         if self.method == "laplace-hierarchy":
@@ -182,14 +203,18 @@ class LatencyModel:
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 500, chains: int = 2,
             seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
-            adaptation: str = NUTPIE_ADAPTATION) -> LatencyModel:
+            adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500) -> LatencyModel:
         """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.
 
         ``target_accept`` is NUTS's step-size target (nutpie and PyMC); raise it towards 0.99 when
         a few divergences remain. ``adaptation`` is nutpie's mass-matrix adaptation, ``"low_rank"``
         (default; needed when coefficients are identified only jointly) or ``"diag"`` (cheaper
-        when they are not; see :data:`NUTPIE_ADAPTATION`).
+        when they are not; see :data:`NUTPIE_ADAPTATION`). ``prior_draws`` is the number of
+        draws in the ``prior`` and ``prior_predictive`` groups (0: no prior groups).
         """
+        import pymc as pm
+        import pytensor
+
         if adaptation not in ADAPTATIONS:
             raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")
         t_start = time.perf_counter()
@@ -222,15 +247,29 @@ class LatencyModel:
         self.timings["sampling_s"] = time.perf_counter() - t0
         self._settings = {"draws": draws, "tune": tune, "chains": chains, "seed": seed,
                           "target_accept": target_accept, "adaptation": adaptation,
-                          "numba_fastmath": NUMBA_FASTMATH}
+                          "numba_fastmath": NUMBA_FASTMATH, "prior_draws": prior_draws}
         self._add_config_draws(dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = self._assemble(dt, model)
-        self._add_loglik(seed)
+        t0 = time.perf_counter()
+        self._add_arviz_groups(model, seed, prior_draws)
+        self.timings["arviz_groups_s"] = time.perf_counter() - t0
+        self.result.attrs["timings"] = json.dumps(self.timings)
+        self.result.attrs["fit_report"] = json.dumps(self.report.to_dict())
         return self
+
+    def _add_arviz_groups(self, model: pm.Model, seed: int, prior_draws: int) -> None:
+        """``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,
+        ``prior_predictive`` and ``log_prior`` (:mod:`bayes_latency.model.groups`)."""
+        from bayes_latency.model import groups
+
+        self.timings.update(groups.add_groups(self, model, self._rows, seed,
+                                              prior_draws=prior_draws))
 
     def _add_config_draws(self, dt: xr.DataTree, seed: int) -> None:
         """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
+        from bayes_latency.model.hierarchy import config_draws
+
         post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
         if "beta" in post or "theta_pop" not in post:
             return
@@ -254,7 +293,10 @@ class LatencyModel:
         self.timings["config_draws_s"] = time.perf_counter() - t0
 
     def _assemble(self, dt: xr.DataTree, model: pm.Model) -> xr.DataTree:
-        groups: dict[str, xr.Dataset] = {"posterior": dt["posterior"].to_dataset()}
+        from bayes_latency.model.groups import annotate, with_config_coords
+
+        groups: dict[str, xr.Dataset] = {
+            "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), self.design))}
         if "sample_stats" in dt:
             ss = dt["sample_stats"].to_dataset()
             ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
@@ -276,6 +318,9 @@ class LatencyModel:
             "method": self.method, "variant": self.variant, "sampler": self.sampler,
             "approximate": "true" if self.sampler == "laplace" else "false",
             "timings": json.dumps(self.timings), "fit_report": json.dumps(self.report.to_dict()),
+            "priors_yaml": _priors_yaml(self.priors), "priors_path": str(self.priors.path),
+            "model_config": json.dumps({"terms": list(self.terms), "method": self.method,
+                                        "variant": self.variant, "sampler": self.sampler}),
         })
         if self.identifiability is not None:
             out.attrs["identifiability"] = json.dumps(self.identifiability.to_dict())
@@ -359,6 +404,56 @@ class LatencyModel:
             gpu = load_gpu(gpu).name
         return model, gpu
 
+    def config_ids(self, model: str | None = None, gpu: str | None = None, tp: int | None = None,
+                   stack: str | None = None) -> list[str]:
+        """Fitted configuration ids matching the given model / GPU / TP degree / stack.
+
+        Names are resolved like :meth:`coefficients` does: a GPU alias (``"H100"``) or a Hugging
+        Face model name matches the canonical level the fit stored (``"H100-SXM"``). ``None``
+        matches every level.
+        """
+        from bayes_latency.physics.architecture import load_architecture
+        from bayes_latency.physics.hardware import load_gpu
+
+        if self.design is None:
+            raise BayesLatencyError("the model is not fitted; call fit() or load()")
+        c = self.design.configs
+        keep = np.ones(len(c), dtype=bool)
+        if model is not None:
+            m = model if model in set(c["model"]) else load_architecture(model).name
+            keep &= (c["model"] == m).to_numpy()
+        if gpu is not None:
+            g = gpu if gpu in set(c["gpu"]) else load_gpu(gpu).name
+            keep &= (c["gpu"] == g).to_numpy()
+        if tp is not None:
+            keep &= (c["tp"].astype(int) == int(tp)).to_numpy()
+        if stack is not None:
+            keep &= (c["stack"] == stack).to_numpy()
+        return [str(i) for i in c.index[keep]]
+
+    def sel(self, model: str | None = None, gpu: str | None = None, tp: int | None = None,
+            stack: str | None = None, group: str = "posterior") -> xr.Dataset:
+        """The ``group`` of the result restricted to the configurations matching the levels.
+
+        >>> m.sel(model="llama-2-70b", gpu="H100", tp=4)["beta"]   # doctest: +SKIP
+
+        Aliases resolve (see :meth:`config_ids`); the ``config`` dimension is kept, with its
+        non-index coordinates ``config_model``, ``config_gpu``, ``config_tp``, ``config_stack``.
+        Raises :class:`~bayes_latency.errors.ConfigError` when no fitted configuration matches
+        (use :meth:`coefficients` for an unseen one).
+        """
+        ids = self.config_ids(model, gpu, tp, stack)
+        if not ids:
+            raise ConfigError(f"no fitted configuration has model={model!r}, gpu={gpu!r}, "
+                              f"tp={tp!r}, stack={stack!r}; fitted: {list(self.design.configs.index)}"
+                              "; coefficients() speaks for unseen configurations")
+        if self.result is None or group not in self.result.children:
+            raise BayesLatencyError(f"the result has no {group!r} group")
+        ds = self.result[group].to_dataset()
+        if "config" not in ds.dims:
+            raise ConfigError(f"group {group!r} has no config dimension")
+        return ds.sel(config=ids)
+
     def coefficients(self, model: str, gpu: str, tp: int, n_draws: int | None = None,
                      seed: int = 0, stack: str = DEFAULT_STACK) -> xr.Dataset:
         """Posterior draws of beta and alpha for any configuration.
@@ -374,6 +469,8 @@ class LatencyModel:
             ``beta (sample, term)`` and ``alpha (sample, alpha_term)``; attrs say which levels
             were unseen.
         """
+        from bayes_latency.model.hierarchy import prior_arrays
+
         model, gpu = self._canonical(model, gpu)
         post = self._post().stack(sample=("chain", "draw"))
         S = post.sizes["sample"]
@@ -435,8 +532,42 @@ class LatencyModel:
             out[:, m, :] = th[:, None, :]
         return out
 
-    def predict(self, observations: pd.DataFrame, n_draws: int = 200, seed: int = 0) -> xr.DataArray:
-        """Posterior draws of each row's expected value (µs), without observation noise."""
+    def predict(self, observations: pd.DataFrame, model: str | None = None, gpu: str | None = None,
+                tp: int | None = None, n_draws: int = 200, seed: int = 0,
+                stack: str = DEFAULT_STACK, **serving: object) -> xr.DataArray | pd.DataFrame:
+        """Predicted iteration times: of observation rows, or of a batch table for a configuration.
+
+        Two forms:
+
+        * ``predict(observations)`` (rows of the observation table, with their ``x_<term>``
+          features and configuration): posterior draws of each row's expected value (µs),
+          without observation noise, as a DataArray ``(sample, obs)``.
+        * ``predict(batches, model=, gpu=, tp=, **serving)``: ``batches`` is a batch table (the
+          columns of :data:`bayes_latency.physics.basis.BATCH_COLUMNS`, one row per engine
+          step); the configuration may be seen or unseen (:meth:`coefficients` draws its
+          coefficients, an unseen one with its wider band) and ``serving`` takes the knobs of
+          :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
+          columns plus ``mean_us, median_us, q05_us, q95_us`` per row
+          (:func:`bayes_latency.export.predict_reference`).
+        """
+        if model is not None or gpu is not None or tp is not None:
+            if model is None or gpu is None or tp is None:
+                raise ConfigError("predict on a batch table needs model=, gpu= and tp=")
+            from bayes_latency.export import predict_reference
+
+            coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed,
+                                      stack=stack)
+            config = {"model": model, "gpu": gpu, "tp": int(tp), **serving}
+            out = predict_reference(coefs, config, batches=observations)
+            out.attrs["unseen_levels"] = coefs.attrs.get("unseen_levels", "")
+            return out
+        missing = [c for c in feature_columns(self.coefs) + ["config_id", "obs_id"]
+                   if c not in observations.columns]
+        if missing:
+            raise ConfigError(
+                f"predict: the table lacks {missing}. For a batch table (columns of "
+                "physics.basis.BATCH_COLUMNS) give the configuration: "
+                "predict(batches, model=..., gpu=..., tp=...)")
         X = observations[feature_columns(self.coefs)].to_numpy(dtype=float)
         th = self._theta_rows(observations, n_draws, seed)
         mu = np.einsum("snk,nk->sn", th, X)
@@ -480,22 +611,17 @@ class LatencyModel:
                             coords={"obs_row": observations["obs_id"].astype(str).to_numpy()},
                             name="obs")
 
-    def _add_loglik(self, seed: int) -> None:
-        rows = self._rows
-        if len(rows) > LOGLIK_ROWS:
-            rows = rows.sample(n=LOGLIK_ROWS, random_state=seed).sort_index()
-        ll = self.pointwise_loglik(rows)
-        self.result["log_likelihood"] = xr.DataTree(xr.Dataset({"obs": ll}))
-
     # ------------------------------------------------------------------ checks
     def convergence(self, gates: dict | None = None) -> dict:
         """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
+        import arviz_stats as azs
+
         gates = {**GATES, **(gates or {})}
         post = self._post()
         var_names = [v for v in ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu",
                                  "sigma_tp") if v in post]
-        rhat = az.rhat(post[var_names])
-        ess = az.ess(post[var_names], method="bulk")
+        rhat = azs.rhat(post[var_names])
+        ess = azs.ess(post[var_names], method="bulk")
         max_rhat = float(max(float(rhat[v].max()) for v in var_names))
         min_ess = float(min(float(ess[v].min()) for v in var_names))
         div = 0
@@ -542,21 +668,52 @@ class LatencyModel:
         return hints
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``)."""
+    def save(self, path: str | Path, thin: int = 1) -> Path:
+        """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``).
+
+        ``thin`` > 1 keeps every ``thin``-th draw of every group indexed by the posterior's draws
+        (``posterior``, ``sample_stats``, ``log_likelihood``, ``posterior_predictive``,
+        ``log_prior``), so they stay aligned as ArviZ needs and the file is ``thin`` times
+        smaller; attrs ``thinned_by`` records it. The in-memory result is not changed.
+        """
         if self.result is None:
             raise BayesLatencyError("nothing to save: the model is not fitted")
+        if int(thin) < 1:
+            raise ConfigError(f"thin must be >= 1, got {thin}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        out = self.result
+        if int(thin) > 1:
+            out = out.copy()
+            for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
+                      "log_prior"):
+                if g in out.children and "draw" in out[g].dims:
+                    out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(None, None, int(thin))))
+            out.attrs["thinned_by"] = int(thin)
         if path.suffix == ".zarr":
-            self.result.to_zarr(path, mode="w")
+            out.to_zarr(path, mode="w")
         else:
-            self.result.to_netcdf(path, engine="h5netcdf")
+            out.to_netcdf(path, engine="h5netcdf")
         return path
 
     @classmethod
     def load(cls, path: str | Path, priors: object = None) -> LatencyModel:
-        """Load a saved fit; refuses files made by another model version or other priors."""
+        """Rebuild a fitted estimator from a saved file alone.
+
+        The file carries the model configuration (terms, method, variant, sampler), the sampler
+        settings and the priors themselves (``priors_yaml``), so ``LatencyModel.load(path)``
+        needs no other argument, also for a fit made with non-default priors. ``priors`` (a
+        prior set or file), when given, must hash like the embedded ones.
+
+        Raises
+        ------
+        ModelMismatchError
+            The file was made by another model version, or ``priors`` differ from the fit's.
+        BayesLatencyError
+            Missing or unreadable file.
+        """
+        from bayes_latency.model.hierarchy import Design
+
         path = Path(path)
         if not path.exists():
             raise BayesLatencyError(f"posterior file {path} does not exist")
@@ -570,12 +727,24 @@ class LatencyModel:
                 f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
                 f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
         terms = tuple(json.loads(a["terms"]))
-        m = cls(priors=priors, terms=terms, method=a["method"], sampler=a["sampler"],
-                variant=a["variant"])
+        embedded = None
+        if "priors_yaml" in a:
+            import yaml
+
+            from bayes_latency.priors import load_priors
+
+            embedded = load_priors(yaml.safe_load(a["priors_yaml"]))
+            if embedded.hash != a.get("priors_hash"):
+                raise ModelMismatchError(
+                    f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "
+                    f"{a.get('priors_hash')}: the file was altered")
+        m = cls(priors=priors if priors is not None or embedded is None else embedded,
+                terms=terms, method=a["method"], sampler=a["sampler"], variant=a["variant"])
         if a.get("priors_hash") != m.priors.hash:
             raise ModelMismatchError(
                 f"{path} was fitted with priors {a.get('priors_hash')}, but the priors given now hash "
-                f"to {m.priors.hash}; pass the priors file used for the fit (--priors).")
+                f"to {m.priors.hash}; load without priors= (the file embeds its own) or pass the "
+                "priors file used for the fit (--priors).")
         const = dt["constant_data"].to_dataset()
         configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
                                 "gpu": const["config_gpu"].values.astype(str),
@@ -587,6 +756,7 @@ class LatencyModel:
         m.result = dt
         m._data_hash = a.get("data_hash")
         m.timings = json.loads(a.get("timings", "{}"))
+        m._settings = json.loads(a.get("sampler_settings", "{}"))
         if "identifiability" in a:  # hints after loading name the confounded groups too
             m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
         m._noise_from_result()
@@ -595,6 +765,7 @@ class LatencyModel:
 
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
     """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
+    import pymc as pm
     import pytensor
 
     mode = pm.find_MAP(progressbar=False, seed=seed)

@@ -186,7 +186,7 @@ class MarginalLoglik(Op):
         zeros = [pt.zeros_like(x) for x in inputs[2:]]
         return [gz * dm, gz * dsig, *zeros]
 
-    def infer_shape(self, fgraph, node, shapes):  # noqa: ANN001
+    def infer_shape(self, node, shapes):  # noqa: ANN001
         return [(), shapes[0], shapes[1]]
 
 

@@ -659,6 +659,7 @@ def fit_command(args: argparse.Namespace) -> int:
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler)
     t0 = time.perf_counter()
     m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+          progress=sys.stderr.isatty(),  # sampling progress on a terminal only
           target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
           adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION))
     out = m.save(args.out)

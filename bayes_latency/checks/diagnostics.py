@@ -603,7 +603,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     dict
         Name -> written file.
     """
-    from bayes_latency.checks import plots, ppc
+    from bayes_latency.checks import adequacy, plots, ppc
     from bayes_latency.errors import BayesLatencyError
 
     tables = Path(tables)
@@ -633,6 +633,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
         written["calibration_plot"] = plots.plot_calibration(rows, out / "calibration.png")
         written["step_scatter"] = plots.plot_observed_vs_predicted(
             rows, out / "step_observed_vs_predicted.png", title="Steps: observed vs predicted")
+    wl = None
     if requests is not None and len(requests):
         req = ppc.request_ppc(model, obs, requests, seed=seed)
         written["request_ppc"] = _write_csv(req.summary(), out / "request_ppc.csv")
@@ -643,6 +644,12 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
             wl, out / "workload_observed_vs_predicted.png", facet="metric",
             predicted="pred_median_us",
             title="Workload means: observed vs predicted (90% band)")
+    # adequacy gate: LOO-PIT and band coverage of the fitted rows, workload means
+    fitted = obs[obs["config_id"].isin(set(model.design.configs.index))]
+    adq = adequacy.assess(adequacy.step_checks(model, fitted, seed=seed), wl)
+    (out / "adequacy.md").write_text(adq.to_markdown())
+    written["adequacy"] = out / "adequacy.json"
+    written["adequacy"].write_text(json.dumps(adq.to_dict(), indent=2) + "\n")
     return written
 
 
@@ -661,7 +668,8 @@ def check_command(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        1 when a diagnostics gate fails, 0 otherwise.
+        1 when a diagnostics gate or (with ``--tables``) the adequacy gate of
+        :mod:`~bayes_latency.checks.adequacy` fails, 0 otherwise.
     """
     from bayes_latency.model.estimator import LatencyModel
 
@@ -692,4 +700,12 @@ def check_command(args: argparse.Namespace) -> int:
                 print(f"- {r.experiment_id}: {r.error_pct:+.1f}% "
                       f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
                       f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
+        adq = json.loads(written["adequacy"].read_text())
+        if adq["passed"]:
+            print("\nadequacy gate: passed (LOO-PIT, band coverage, workload means)")
+        else:
+            print("\nadequacy gate: FAILED, the model does not explain these data:")
+            for f in adq["failures"]:
+                print(f"- {f}")
+            return 1
     return 0 if report.passed else 1

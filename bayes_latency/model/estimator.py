@@ -670,8 +670,21 @@ def fit_command(args: argparse.Namespace) -> int:
     print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
           f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
                                                   if conv["approximate"] else ""))
+    # adequacy gate (posterior predictive checks of the fitted rows and workload means)
+    from bayes_latency.checks.adequacy import check_fit
+
+    req_file = Path(args.tables) / "requests.parquet"
+    requests = pd.read_parquet(req_file) if req_file.is_file() else None
+    adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
     if not conv["passed"]:
-        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"]))
+        extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
+                 if not adq.passed else [])
+        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"] + extra))
+    if not adq.passed:
+        print("bayes-latency: the model does not explain the data (adequacy gate):\n"
+              + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
+        return 1
+    print("adequacy gate passed (LOO-PIT, band coverage, workload means)")
     return 0
 
 

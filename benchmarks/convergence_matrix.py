@@ -78,6 +78,8 @@ def worst_variables(m: LatencyModel, k: int = 4) -> str:
     rows = []
     for v in names:
         r, e = rhat[v], ess[v]
+        if not np.isfinite(np.asarray(r)).any():  # constant (e.g. no effects with one level)
+            continue
         i = int(np.nanargmax(np.asarray(r).ravel())) if r.size else 0
         idx = np.unravel_index(i, r.shape) if r.ndim else ()
         where = ",".join(str(r[d].values[j]) for d, j in zip(r.dims, idx, strict=True)

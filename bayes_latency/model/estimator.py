@@ -173,8 +173,24 @@ class LatencyModel:
             if bad:
                 self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
             self._noise = {s.config_id: s.noise for s in self.summaries}
-            return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries)
-        return build_model(self.design, self.priors, variant=self.variant, rows=rows)
+            return build_model(self.design, self.priors, variant=self.variant,
+                               summaries=self.summaries, no_gate=self._no_gate())
+        return build_model(self.design, self.priors, variant=self.variant, rows=rows,
+                           no_gate=self._no_gate())
+
+    def _no_gate(self) -> tuple[str, ...]:
+        """Terms without an ARD gate: those that no configuration identifies on their own
+        (in a group of :attr:`IdentifiabilityReport.confounded_everywhere`, or without data:
+        features zero in every fitted row). Their relevance is the prior's call either way, and
+        the gate's kink and heavy tail only add modes and curvature (see
+        :func:`~bayes_latency.model.hierarchy._population`)."""
+        groups = self.identifiability.confounded_everywhere if self.identifiability else []
+        off = {c for g in groups for c in g}
+        rows = getattr(self, "_rows", None)
+        if rows is not None:
+            X = rows[feature_columns(self.coefs)].to_numpy(dtype=float)
+            off |= {c for c, used in zip(self.coefs, (X != 0).any(axis=0), strict=True) if not used}
+        return tuple(sorted(off))
 
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 500, chains: int = 2,

@@ -210,7 +210,7 @@ def _write_readme(out: Path, model: LatencyModel, conv: dict, diag, rec: pd.Data
         "| experiment | observed (ms) | predicted (ms) | 90% band (ms) | error | truth error |",
         "|---|---|---|---|---|---|",
         *[f"| {r.experiment_id}{' (held out)' if r.config_id == held else ''} | "
-          f"{r.observed_us / 1e3:.1f} | {r.pred_mean_us / 1e3:.1f} | {r.q05_us / 1e3:.1f}-{r.q95_us / 1e3:.1f} | "
+          f"{r.observed_us / 1e3:.1f} | {r.pred_median_us / 1e3:.1f} | {r.q05_us / 1e3:.1f}-{r.q95_us / 1e3:.1f} | "
           f"{_fmt_pct(r.error_pct)} | {_fmt_pct(getattr(r, 'truth_error_pct', np.nan))} |"
           for r in e2e[e2e["stage"] == "all"].itertuples()],
         "",

@@ -750,7 +750,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     dict
         Name -> written file.
     """
-    from bayes_latency.checks import plots, ppc
+    from bayes_latency.checks import adequacy, plots, ppc
     from bayes_latency.errors import BayesLatencyError
 
     tables = Path(tables)
@@ -789,6 +789,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
         written["calibration_plot"] = plots.plot_calibration(rows, out / "calibration.png")
         written["step_scatter"] = plots.plot_observed_vs_predicted(
             rows, out / "step_observed_vs_predicted.png", title="Steps: observed vs predicted")
+    wl = None
     if requests is not None and len(requests):
         req = ppc.request_ppc(model, obs, requests, seed=seed)
         written["request_ppc"] = _write_csv(req.summary(), out / "request_ppc.csv")
@@ -803,10 +804,22 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
         if not bad:
             written["workload_scatter"] = plots.plot_observed_vs_predicted(
                 wl, out / "workload_observed_vs_predicted.png", facet="metric",
+                predicted="pred_median_us",
                 title="Workload means: observed vs predicted (90% band)")
     if findings:
         written["findings"] = _write_text(out / "findings.json",
                                           json.dumps(findings, indent=2) + "\n")
+    # adequacy gate: LOO-PIT and band coverage of the fitted rows, workload means (a model
+    # without posterior coefficient draws is judged on the in-sample PIT of the step check)
+    if hasattr(model, "design") and hasattr(model, "coefficients"):
+        fitted = obs[obs["config_id"].isin(set(model.design.configs.index))]
+        step_rows = adequacy.step_checks(model, fitted, seed=seed)
+    else:
+        step_rows = rows if len(step_rows) else None
+    adq = adequacy.assess(step_rows, wl)
+    _write_text(out / "adequacy.md", adq.to_markdown())
+    written["adequacy"] = _write_text(out / "adequacy.json",
+                                      json.dumps(adq.to_dict(), indent=2) + "\n")
     return written
 
 
@@ -832,7 +845,8 @@ def check_command(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        1 when a diagnostics gate fails, 0 otherwise.
+        1 when a diagnostics gate or (with ``--tables``) the adequacy gate of
+        :mod:`~bayes_latency.checks.adequacy` fails, 0 otherwise.
     """
     from bayes_latency.checks.sanity import coefficient_findings, load_posterior
     from bayes_latency.io import check_output_path
@@ -873,8 +887,15 @@ def check_command(args: argparse.Namespace) -> int:
                     print(f"- {r.experiment_id}: prediction not finite or absurd (see findings)")
                     continue
                 print(f"- {r.experiment_id}: {r.error_pct:+.1f}% "
-                      f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_mean_us / 1e3:.1f} ms "
+                      f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
                       f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
+        adq = json.loads(written["adequacy"].read_text())
+        if adq["passed"]:
+            print("\nadequacy gate: passed (LOO-PIT, band coverage, workload means)")
+        else:
+            print("\nadequacy gate: FAILED, the model does not explain these data:")
+            for f in adq["failures"]:
+                print(f"- {f}")
     if "findings" in written:
         findings += json.loads(written["findings"].read_text())
     if findings:
@@ -883,5 +904,7 @@ def check_command(args: argparse.Namespace) -> int:
             print(f"- {f}")
         if out is not None:
             _write_text(out / "findings.json", json.dumps(findings, indent=2) + "\n")
+        return 1
+    if "adequacy" in written and not json.loads(written["adequacy"].read_text())["passed"]:
         return 1
     return 0 if report.passed else 1

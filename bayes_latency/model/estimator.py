@@ -197,8 +197,24 @@ class LatencyModel:
             if bad:
                 self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
             self._noise = {s.config_id: s.noise for s in self.summaries}
-            return build_model(self.design, self.priors, variant=self.variant, summaries=self.summaries)
-        return build_model(self.design, self.priors, variant=self.variant, rows=rows)
+            return build_model(self.design, self.priors, variant=self.variant,
+                               summaries=self.summaries, no_gate=self._no_gate())
+        return build_model(self.design, self.priors, variant=self.variant, rows=rows,
+                           no_gate=self._no_gate())
+
+    def _no_gate(self) -> tuple[str, ...]:
+        """Terms without an ARD gate: those that no configuration identifies on their own
+        (in a group of :attr:`IdentifiabilityReport.confounded_everywhere`, or without data:
+        features zero in every fitted row). Their relevance is the prior's call either way, and
+        the gate's kink and heavy tail only add modes and curvature (see
+        :func:`~bayes_latency.model.hierarchy._population`)."""
+        groups = self.identifiability.confounded_everywhere if self.identifiability else []
+        off = {c for g in groups for c in g}
+        rows = getattr(self, "_rows", None)
+        if rows is not None:
+            X = rows[feature_columns(self.coefs)].to_numpy(dtype=float)
+            off |= {c for c, used in zip(self.coefs, (X != 0).any(axis=0), strict=True) if not used}
+        return tuple(sorted(off))
 
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 500, chains: int = 2,
@@ -875,6 +891,7 @@ def fit_command(args: argparse.Namespace) -> int:
                      scheduler=getattr(args, "scheduler", None))
     t0 = time.perf_counter()
     m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+          progress=sys.stderr.isatty(),  # sampling progress on a terminal only
           target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
           adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION))
     with atomic_path(out_path) as tmp:
@@ -887,8 +904,21 @@ def fit_command(args: argparse.Namespace) -> int:
     print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
           f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
                                                   if conv["approximate"] else ""))
+    # adequacy gate (posterior predictive checks of the fitted rows and workload means)
+    from bayes_latency.checks.adequacy import check_fit
+
+    req_file = Path(args.tables) / "requests.parquet"
+    requests = pd.read_parquet(req_file) if req_file.is_file() else None
+    adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
     if not conv["passed"]:
-        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"]))
+        extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
+                 if not adq.passed else [])
+        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"] + extra))
+    if not adq.passed:
+        print("bayes-latency: the model does not explain the data (adequacy gate):\n"
+              + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
+        return 1
+    print("adequacy gate passed (LOO-PIT, band coverage, workload means)")
     return 0
 
 

@@ -161,7 +161,8 @@ class Design:
         return np.asarray([levels.index(v) for v in col])
 
 
-def _population(pa: PriorArrays, variant: str) -> pt.TensorVariable:
+def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = None
+                ) -> pt.TensorVariable:
     """Population log-coefficient per coef, with ARD folded into the same parameter.
 
     ``z[k] ~ N(0, 1)``;  ``log theta_pop[k] = m[k] + s[k] * z[k] + log relevance[k]`` with
@@ -170,6 +171,15 @@ def _population(pa: PriorArrays, variant: str) -> pt.TensorVariable:
     where relevance falls exponentially (``z = -3``: relevance ~ e^-(sharpness * (3 + loc))).
     One parameter per term, so the ARD scale cannot trade off against the mean: a separate
     relevance parameter (Beta or logistic gate) gave R-hat 1.5-1.7 on the same data.
+
+    ``ard_mask[k] = 0`` switches the gate off for term ``k`` (relevance 1, the plain lognormal
+    prior): the estimator does so for the terms that no configuration identifies on their own
+    (:attr:`~bayes_latency.data.identifiability.IdentifiabilityReport.confounded_everywhere`).
+    Their data give only a sum, so whether one of them is "irrelevant" is the prior's call, and
+    the gate's heavy left tail makes every corner of the sum (one term carrying it, the others
+    gated off) a mode of the posterior; the gate's kink at ``loc`` (slope ``s`` -> ``s +
+    sharpness``) also changes the likelihood's curvature in ``z`` up to 45-fold, a divergence
+    source (tiny fleet seed 1: 7 divergences with the gate on every term, 0 with none).
     """
     z = pm.Normal("z_pop", 0.0, 1.0, dims="coef")
     base = pa.mu_mean + pa.mu_sd * z
@@ -178,9 +188,81 @@ def _population(pa: PriorArrays, variant: str) -> pt.TensorVariable:
         return base
     a = pa.ard
     log_rel = -pt.softplus(-a["sharpness"] * (z - a["loc"]))
+    if ard_mask is not None:  # terms no configuration identifies on their own: no gate
+        log_rel = log_rel * np.asarray(ard_mask, dtype=float)
     pm.Deterministic("relevance", pt.exp(log_rel), dims="coef")
     pm.Deterministic("mu", base + log_rel, dims="coef")
     return base + log_rel
+
+
+def _partition(design: Design, level: str) -> tuple[int, ...]:
+    """How a factor splits the configurations, with levels relabelled by first appearance."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(int(i), len(first)) for i in design.index(level))
+
+
+def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays
+                     ) -> pt.TensorVariable:
+    """Sum over factors of each configuration's crossed effects, ``(config, coef)``.
+
+    Factors that split the configurations identically (e.g. in a fleet where every Mixtral runs
+    at TP 2 and every Llama at TP 1, or in a table of two configurations that differ in model,
+    GPU and TP at once) act on the data only through the sum of their effects. Sampled one by
+    one, that sum is a ridge of products ``sigma_f * z_f`` (a funnel where one scale is small);
+    instead such a group is sampled in the direction the data identify and the rest is left to
+    the prior, exactly: with ``S = |sigma|`` over the group and ``a = sigma / S``,
+
+        z_joint ~ ZeroSumNormal,  w_j ~ ZeroSumNormal (j = 2..n; prior only),
+        (z_1, ..., z_n) = a z_joint + sum_j H[:, j] w_j,
+
+    ``H`` the Householder reflection that maps the first axis to ``-a``; this is an orthogonal
+    transform of independent standard normals, so ``z_f`` have their usual prior, and
+    ``sum_f sigma_f z_f = S z_joint``: the data see only ``S z_joint``. The variable ``z_<lead>``
+    (first factor of the group) holds ``z_joint``, ``z_<other>`` the prior-only ``w``;
+    ``eff_<factor>`` are the effects as usual.
+    """
+    groups: dict[tuple[int, ...], list[str]] = {}
+    total = 0.0
+    for f in factors:
+        if len(design.coords()[f]) <= 1:
+            _effect(f, factors[f], f, design, pa.spread[f])  # zero effects, scale from its prior
+            continue
+        groups.setdefault(_partition(design, f), []).append(f)
+    for names in groups.values():
+        if len(names) == 1:
+            f = names[0]
+            total = total + _effect(f, factors[f], f, design, pa.spread[f])[design.index(f)]
+            continue
+        sig = pt.stack([_scale(f, factors[f], pa.spread[f]) for f in names])  # (n, K)
+        lead = names[0]
+        S = pt.sqrt(pt.sum(sig**2, axis=0))
+        a = sig / S[None, :]
+        v = pt.set_subtensor(a[0], a[0] + 1.0)  # a + e1, never 0 (a[0] > 0)
+        vv = pt.sum(v**2, axis=0)
+        z_joint = pm.ZeroSumNormal(f"z_{lead}", dims=("coef", lead))  # (K, L)
+        ws = [pm.ZeroSumNormal(f"z_{f}", dims=("coef", lead)) for f in names[1:]]
+        lead_idx = design.index(lead)
+        for i, f in enumerate(names):
+            z_f = a[i][:, None] * z_joint
+            for j, w in enumerate(ws, start=1):
+                h = (1.0 if i == j else 0.0) - 2.0 * v[i] * v[j] / vv  # H[i, j], (K,)
+                z_f = z_f + h[:, None] * w
+            # levels of f in the order of the lead's levels it coincides with
+            own = design.index(f)
+            perm = np.asarray([lead_idx[np.flatnonzero(own == lv)[0]]
+                               for lv in range(len(design.coords()[f]))])
+            pm.Deterministic(f"eff_{f}", (sig[i][:, None] * z_f).T[perm], dims=(f, "coef"))
+        total = total + (S[:, None] * z_joint).T[lead_idx]
+    return total
+
+
+def _scale(name: str, scale_prior: float, spread: float | None) -> pt.TensorVariable:
+    """Per-term effect scales ``sigma_<name>`` (independent, or pooled with ``spread``)."""
+    if spread is None:
+        return pm.HalfNormal(f"sigma_{name}", sigma=scale_prior, dims="coef")
+    tau = pm.HalfNormal(f"tau_{name}", sigma=scale_prior)
+    zeta = pm.Normal(f"zeta_{name}", 0.0, 1.0, dims="coef")
+    return pm.Deterministic(f"sigma_{name}", tau * pt.exp(spread * zeta), dims="coef")
 
 
 def _effect(name: str, scale_prior: float, level: str, design: Design,
@@ -202,12 +284,7 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     106 divergences instead of 1-2 on the demo fleet (few levels per factor make the centred
     form a funnel in ``sigma``).
     """
-    if spread is None:
-        sigma = pm.HalfNormal(f"sigma_{name}", sigma=scale_prior, dims="coef")
-    else:
-        tau = pm.HalfNormal(f"tau_{name}", sigma=scale_prior)
-        zeta = pm.Normal(f"zeta_{name}", 0.0, 1.0, dims="coef")
-        sigma = pm.Deterministic(f"sigma_{name}", tau * pt.exp(spread * zeta), dims="coef")
+    sigma = _scale(name, scale_prior, spread)
     n_levels = len(design.coords()[level])
     if n_levels <= 1:
         return pm.Deterministic(f"eff_{name}", pt.zeros((1, len(design.coefs))), dims=(level, "coef"))
@@ -217,7 +294,7 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
 
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
-                ) -> pm.Model:
+                no_gate: tuple[str, ...] = ()) -> pm.Model:
     """The PyMC model of one fit.
 
     Parameters
@@ -231,6 +308,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
     summaries, rows
         Per-configuration summaries (fast path: configuration coefficients integrated out), or
         the fitted rows (full path: every row in the likelihood).
+    no_gate
+        Coefficients whose ARD gate is off (see :func:`_population`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -255,16 +334,13 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             else:
                 _row_likelihood(theta, design, rows, pa)
             return model
-        mu = _population(pa, variant)
+        mu = _population(pa, variant, np.asarray([c not in no_gate for c in design.coefs]))
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
         if variant != "complete_pooling":
-            e_m = _effect("model", pa.sigma_model, "model", design, pa.spread["model"])
-            e_g = _effect("gpu", pa.sigma_gpu, "gpu", design, pa.spread["gpu"])
-            e_t = _effect("tp", pa.sigma_tp, "tp", design, pa.spread["tp"])
-            loc = loc + e_m[design.index("model")] + e_g[g_idx] + e_t[design.index("tp")]
+            factors = {"model": pa.sigma_model, "gpu": pa.sigma_gpu, "tp": pa.sigma_tp}
             if len(design.stacks) > 1:  # serving software (only when the data mix stacks)
-                e_s = _effect("stack", pa.sigma_stack, "stack", design, pa.spread["stack"])
-                loc = loc + e_s[design.index("stack")]
+                factors["stack"] = pa.sigma_stack
+            loc = loc + _crossed_effects(factors, design, pa)
         sig_c = pm.LogNormal("sigma_config", mu=np.log(pa.sigma_config["median"]),
                              sigma=pa.sigma_config["sigma"], dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))

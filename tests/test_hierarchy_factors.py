@@ -1,0 +1,48 @@
+"""Factors that split the configurations alike are sampled through their sum (issue 15)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+from obs_factory import make_observations
+
+from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.model.hierarchy import prior_arrays
+
+# model and TP split these configurations identically (every Mixtral at TP 2), GPU does not
+CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("mixtral-8x7b", "H100", 2)]
+
+
+def test_confounded_factors_share_one_identified_direction_with_the_same_prior():
+    obs, _ = make_observations(CONFIGS, n_iter=60, n_win=60, n_alpha=40, seed=2)
+    m = LatencyModel()
+    model = m.build(obs)
+    free = {v.name for v in model.free_RVs}
+    assert {"z_model", "z_tp", "z_gpu", "sigma_model", "sigma_tp", "sigma_gpu"} <= free
+    # z_model is the joint direction, indexed by the model's levels; z_tp is prior only
+    assert model.named_vars_to_dims["z_tp"] == ("coef", "model")
+    with model:
+        pr = pm.sample_prior_predictive(draws=3000, random_seed=1, var_names=[
+            "eff_model", "eff_tp", "eff_gpu", "sigma_model", "sigma_tp", "theta_pop", "mu"]).prior
+    em, et = pr["eff_model"].values[0], pr["eff_tp"].values[0]
+    zm = em[:, 0, :] / pr["sigma_model"].values[0]
+    zt = et[:, 0, :] / pr["sigma_tp"].values[0]
+    # each effect keeps its own prior: zero-sum over 2 levels -> sd sqrt(1/2), independent
+    np.testing.assert_allclose(zm.std(axis=0), np.sqrt(0.5), rtol=0.08)
+    np.testing.assert_allclose(zt.std(axis=0), np.sqrt(0.5), rtol=0.08)
+    assert abs(np.corrcoef(zm[:, 0], zt[:, 0])[0, 1]) < 0.06
+    # and the population means are the sum of all effects, as before
+    d = m.design
+    pa = prior_arrays(m.priors, d.coefs, d.gpus)
+    log_m = (pr["mu"].values[0][:, None, :] + pa.gpu_offset[d.index("gpu")][None]
+             + em[:, d.index("model")] + et[:, d.index("tp")]
+             + pr["eff_gpu"].values[0][:, d.index("gpu")])
+    np.testing.assert_allclose(np.log(pr["theta_pop"].values[0]), log_m, atol=1e-10)
+
+
+def test_factors_that_split_differently_stay_separate():
+    obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-7b", "H100", 2),
+                                ("mixtral-8x7b", "H100", 2)], n_iter=60, n_win=60, n_alpha=40)
+    model = LatencyModel().build(obs)
+    assert model.named_vars_to_dims["z_tp"] == ("coef", "tp")
+    assert model.named_vars_to_dims["z_model"] == ("coef", "model")

@@ -11,5 +11,5 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+local"
 
-MODEL_VERSION = "4"  # 4: factors that split configurations alike share z; 3: full-path dof
+MODEL_VERSION = "4"  # 4: shared z of alike factors, ARD mask, bounded tilt; 3: full-path dof
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""

@@ -7,7 +7,7 @@ study's cross-validation). Per case: max R-hat, min bulk ESS (over the variables
 check), divergences, the posterior variables that fail (worst first) and the time.
 
     python benchmarks/convergence_matrix.py [--cases tiny,one,two,demo,real] [--cv]
-        [--label before] [--work /tmp/convergence_matrix]
+        [--label TEXT] [--work /tmp/convergence_matrix]
 
 Writes ``results/benchmarks/convergence_matrix[_LABEL].md`` and ``.json``.
 """
@@ -165,8 +165,7 @@ def main() -> None:
                     rows.append(run_case(f"real CV: without {sp.name}",
                                          o[~o["experiment_id"].isin(sp.held_out)], None, save))
     df = pd.DataFrame(rows)
-    suffix = f"_{args.label}" if args.label else ""
-    out = ROOT / "results" / "benchmarks" / f"convergence_matrix{suffix}"
+    out = ROOT / "results" / "benchmarks" / "convergence_matrix"  # one current file (label: title)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [f"# Convergence of `bayes-latency fit` with no flags{' (' + args.label + ')' if args.label else ''}",

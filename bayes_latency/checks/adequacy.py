@@ -30,7 +30,7 @@ coverage 0.49-0.75 / 0.85-0.95, worst workload error -9.8% (Mixtral TTFT, prefix
 randomised copy, KS 0.165-0.20 (p < 4e-7) and 50% coverage 33-37% on its step windows, workload
 means off by +399% to +25,559%. Tiny seeds 0-4, one and two configurations of the tiny fleet,
 the demo fleet and all the real data pass; the randomised copy fails
-(``results/benchmarks/convergence_matrix_after.md``).
+(``results/benchmarks/convergence_matrix.md``).
 """
 
 from __future__ import annotations

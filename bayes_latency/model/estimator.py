@@ -293,8 +293,10 @@ class LatencyModel:
         tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
         sc = post["sigma_config"].transpose("chain", "draw", "coef").values
         Cn, Dn = tp.shape[:2]
+        pa = prior_arrays(self.priors, self.coefs, self.design.gpus)
         theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
-                                    self.summaries, self.design, np.random.default_rng(seed + 7))
+                                    self.summaries, self.design, np.random.default_rng(seed + 7),
+                                    scale=np.exp(pa.mu_mean))
         theta = theta.reshape(tp.shape)
         if n_neg:
             self.report.notes.append(f"{n_neg} of {Cn * Dn * len(self.design.configs)} (draw, "

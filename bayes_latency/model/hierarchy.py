@@ -330,7 +330,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             theta = pt.exp(pa.mu_mean[None, :] + offset + pa.mu_sd[None, :] * z)
             _theta_deterministics(theta, design)
             if rows is None:
-                _summary_potential(theta, summaries, design)
+                _summary_potential(theta, summaries, design, np.exp(pa.mu_mean))
             else:
                 _row_likelihood(theta, design, rows, pa)
             return model
@@ -345,7 +345,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                              sigma=pa.sigma_config["sigma"], dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:
-            pm.Potential("loglik_marginal", marginal_loglik(m, sig_c, summaries, design))
+            pm.Potential("loglik_marginal",
+                         marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
         else:
             eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
             theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
@@ -360,23 +361,63 @@ def _theta_deterministics(theta: pt.TensorVariable, design: Design) -> None:
     pm.Deterministic("alpha", theta[:, nb:], dims=("config", "alpha_term"))
 
 
-def _stacked(summaries: list[ConfigSummary], design: Design) -> tuple[np.ndarray, ...]:
+#: Largest shift (in prior medians of each coefficient) that a stage-1 gradient at the bound may
+#: imply along any direction of the quadratic summary (see :func:`bounded_tilt`).
+MAX_TILT_SHIFT = 1.0
+
+
+def bounded_tilt(grad: np.ndarray, info: np.ndarray, scale: np.ndarray,
+                 max_shift: float = MAX_TILT_SHIFT) -> np.ndarray:
+    """The stage-1 gradient with its tilt bounded along weakly informed directions.
+
+    At a coefficient held at its bound ``theta = 0`` the gradient ``g`` says the likelihood still
+    rises towards negative values. The quadratic summary ``g.d - d'I d/2`` then rises without
+    bound along directions with a gradient component ``g_v`` but little curvature ``lambda_v``
+    (coefficients the data give only as a sum): its maximum lies ``g_v / lambda_v`` away, and
+    integrated against the configuration residual it grows like ``(g_v d)^2 / 2`` as the residual
+    scale ``d`` grows. Measured on the real data (default terms): the chains ran to
+    ``sigma_config`` of 3.8-6,000 with log densities of 2e5-2e6 and step sizes of 1e-13. The true
+    likelihood stops at the bound (theta >= 0), so in the eigenbasis of the information (in
+    units of ``scale``, the prior medians) the component is clipped to
+    ``|g_v| <= max_shift * lambda_v``: the summary's maximum lies at most ``max_shift`` prior
+    medians beyond the bound, and directions without curvature carry no tilt.
+    """
+    g = np.array(grad, dtype=float)
+    act = np.diag(info) > 0
+    if not act.any():
+        return g
+    s = scale[act]
+    Is = info[np.ix_(act, act)] * np.outer(s, s)
+    lam, V = np.linalg.eigh(0.5 * (Is + Is.T))
+    lam = np.maximum(lam, 0.0)
+    gv = V.T @ (g[act] * s)
+    gv = np.clip(gv, -max_shift * lam, max_shift * lam)
+    g[act] = (V @ gv) / s
+    return g
+
+
+def _stacked(summaries: list[ConfigSummary], design: Design, scale: np.ndarray | None = None
+             ) -> tuple[np.ndarray, ...]:
+    """``(theta_hat, grad, info)`` stacked over the design's configurations; with ``scale`` (prior
+    medians) the gradients are bounded by :func:`bounded_tilt`."""
     by_id = {s.config_id: s for s in summaries}
     order = [by_id[c] for c in design.configs.index]
-    return (np.stack([s.theta_hat for s in order]), np.stack([s.grad for s in order]),
+    grad = [s.grad if scale is None else bounded_tilt(s.grad, s.info, scale) for s in order]
+    return (np.stack([s.theta_hat for s in order]), np.stack(grad),
             np.stack([s.info for s in order]))
 
 
 def _summary_potential(theta: pt.TensorVariable, summaries: list[ConfigSummary],
-                       design: Design) -> None:
-    theta_hat, grad, info = _stacked(summaries, design)
+                       design: Design, scale: np.ndarray | None = None) -> None:
+    theta_hat, grad, info = _stacked(summaries, design, scale)
     d = theta - theta_hat
     pm.Potential("loglik_summaries",
                  pt.sum(d * grad) - 0.5 * pt.sum(d[:, :, None] * info * d[:, None, :]))
 
 
 def marginal_loglik(m: pt.TensorVariable, sig_c: pt.TensorVariable,
-                    summaries: list[ConfigSummary], design: Design) -> pt.TensorVariable:
+                    summaries: list[ConfigSummary], design: Design,
+                    scale: np.ndarray | None = None) -> pt.TensorVariable:
     """Log of the integral over each configuration's coefficients, summed over configurations.
 
     With ``l(theta) = g.(theta - theta_hat) - 1/2 (theta - theta_hat)' I (theta - theta_hat)``
@@ -391,7 +432,7 @@ def marginal_loglik(m: pt.TensorVariable, sig_c: pt.TensorVariable,
     """
     from bayes_latency.model.marginal import marginal_loglik_op
 
-    theta_hat, grad, info = _stacked(summaries, design)
+    theta_hat, grad, info = _stacked(summaries, design, scale)
     return marginal_loglik_op(m, sig_c, theta_hat, grad, info)
 
 
@@ -412,7 +453,8 @@ def truncated_normal_positive(mean: np.ndarray, sd: np.ndarray,
 
 def config_draws(theta_pop: np.ndarray, sigma_config: np.ndarray,
                  summaries: list[ConfigSummary], design: Design,
-                 rng: np.random.Generator, sweeps: int = 30) -> tuple[np.ndarray, int]:
+                 rng: np.random.Generator, sweeps: int = 30,
+                 scale: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Draws of every configuration's coefficients given the population draws, ``theta >= 0``.
 
     The conditional of ``theta_c`` given the population and the data is ``N(theta*, P^-1)`` with
@@ -436,7 +478,7 @@ def config_draws(theta_pop: np.ndarray, sigma_config: np.ndarray,
     n_truncated : int
         Number of (draw, configuration) pairs that needed the truncated sampler.
     """
-    theta_hat, grad, info = _stacked(summaries, design)
+    theta_hat, grad, info = _stacked(summaries, design, scale)
     S, C, K = theta_pop.shape
     out = np.empty_like(theta_pop)
     eye = np.eye(K)

@@ -284,7 +284,7 @@ class LatencyModel:
 
     def _add_config_draws(self, dt: xr.DataTree, seed: int) -> None:
         """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
-        from bayes_latency.model.hierarchy import config_draws
+        from bayes_latency.model.hierarchy import config_draws, prior_arrays
 
         post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
         if "beta" in post or "theta_pop" not in post:

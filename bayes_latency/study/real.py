@@ -1,16 +1,7 @@
 """The real-data study: fit, cross-validate and compare the hierarchy on published measurements.
 
-Data (read from ``../shared/data/real``, never copied; see its README):
-
-- ``h100-steps/batch_summaries.parquet``: sampled ``step.BATCH_SUMMARY`` records of two real vLLM
-  runs on H100 SXM (Llama-2-70B TP4 and CodeLlama-34B TP2, ``general`` workload). Iteration rows
-  are the ``ts_start(i+1) - ts_start(i)`` gaps of consecutive sampled steps
-  (:func:`~bayes_latency.data.steps.iterations_from_steps`), features from the summaries
-  (contexts approximated from the KV usage).
-- ``microbench/splitwise_perf_model.csv``: Splitwise static-batch microbenchmarks (A100:
-  Llama-2-70B TP 2/4/8, Bloom-176B TP 8; H100: Llama-2-70B TP 2/4) as ``benchmark_mean`` rows.
-- ``h100-lifecycle/<run>/``: client-side lifecycle metrics of 16 real runs, for the workload-level
-  comparison of the mean decode interval per token.
+Data: read from ``../shared/data/real`` (never copied), as described in
+:mod:`bayes_latency.study.realdata`.
 
 What :func:`main` does:
 

@@ -871,6 +871,7 @@ def check_command(args: argparse.Namespace) -> int:
         if not findings:
             plot_forest(model.result, out / "forest.png")
     written: dict[str, Path] = {}
+    adequacy_failed = False
     if tables and not findings:
         written = run_checks(model, Path(tables), out)
         print("\n## Predictive checks\n")
@@ -890,6 +891,7 @@ def check_command(args: argparse.Namespace) -> int:
                       f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
                       f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
         adq = json.loads(written["adequacy"].read_text())
+        adequacy_failed = not adq["passed"]
         if adq["passed"]:
             print("\nadequacy gate: passed (LOO-PIT, band coverage, workload means)")
         else:
@@ -905,6 +907,6 @@ def check_command(args: argparse.Namespace) -> int:
         if out is not None:
             _write_text(out / "findings.json", json.dumps(findings, indent=2) + "\n")
         return 1
-    if "adequacy" in written and not json.loads(written["adequacy"].read_text())["passed"]:
+    if adequacy_failed:
         return 1
     return 0 if report.passed else 1

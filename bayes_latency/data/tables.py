@@ -75,16 +75,6 @@ def write_partition(tables_dir: str | Path, name: str, experiment_id: str,
     return path
 
 
-def _schema_ok(path: Path) -> bool:
-    import pyarrow.parquet as pq
-
-    try:
-        pq.read_schema(path)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
 def clear_table(tables_dir: str | Path, name: str) -> None:
     """Remove table ``name`` from a folder (both layouts), before an ingest rewrites it."""
     d = Path(tables_dir)
@@ -192,12 +182,13 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
                 and "experiment_id" in df.columns:
             df = df[df["experiment_id"].astype(str).isin({str(e) for e in experiments})]
         return df.reset_index(drop=True)
-    try:
-        schemas = [pq.read_schema(f) for f in files]
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
-        bad = next(f for f in files if not _schema_ok(f))
-        raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
-                               file=str(bad)) from None
+    schemas = []
+    for f in files:
+        try:
+            schemas.append(pq.read_schema(f))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+            raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
+                                   file=str(f)) from None
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
     meta = next((s.metadata for s in schemas

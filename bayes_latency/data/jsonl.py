@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from bayes_latency.errors import TraceFormatError
 _decode = msgspec.json.Decoder().decode
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_REFUSED = object()
 
 
 def _replace_lone_surrogates(doc: Any) -> tuple[Any, int]:
@@ -52,12 +53,18 @@ def _replace_lone_surrogates(doc: Any) -> tuple[Any, int]:
     return fix(doc), count
 
 
-def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any]]:
+def iter_json_lines(path: Path, report: IngestReport,
+                    typed: Callable[[bytes], Any] | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(line number, parsed value)`` of a JSON Lines file, plain or ``.gz``.
 
     Blank lines and lines read are counted in ``report.read``; a line that is not JSON is a
     counted drop (``malformed_json``, with the first examples as ``file:line`` notes). Memory stays
     flat: one line at a time.
+
+    ``typed``, when given, is a typed msgspec decoder (``msgspec.json.Decoder(T).decode``) tried
+    first on every line without a ``\\u`` escape of a surrogate: a line it accepts is yielded as
+    its typed value; a line it refuses (any ``msgspec`` error) is decoded as above. The caller
+    tells the two apart by type, and must treat a typed value exactly as the generic one.
 
     Raises
     ------
@@ -73,6 +80,14 @@ def iter_json_lines(path: Path, report: IngestReport) -> Iterator[tuple[int, Any
                     report.read["blank_lines"] += 1
                     continue
                 report.read["lines"] += 1
+                if typed is not None and b"\\u" not in raw:
+                    try:
+                        value = typed(raw)
+                    except Exception:  # noqa: BLE001 - the generic path below decides
+                        value = _REFUSED
+                    if value is not _REFUSED:
+                        yield lineno, value
+                        continue
                 try:
                     doc = _decode(raw)
                 except Exception:  # noqa: BLE001 - json.loads decides (same values, same errors)

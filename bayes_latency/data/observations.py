@@ -152,29 +152,32 @@ def _rows(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[s
                          "aggregate": aggregate, "role": _KIND_ROLE[kind],
                          "anchor_exact": anchor_exact, "anchor_error_us": anchor_error_us,
                          "ctx_approximated": ctx_approximated}
-    df = pd.DataFrame(d, index=range(n))
     names = term_names(terms)
     feats = np.zeros((n, len(names))) if X is None else np.asarray(X, dtype=float).reshape(n, -1)
     for j, t in enumerate(names):
-        df[f"x_{t}"] = feats[:, j]
+        d[f"x_{t}"] = feats[:, j]
     for a in ALPHA_TERMS:
-        df[f"x_{a}"] = 0.0 if alpha is None or a not in alpha else alpha[a]
-    return df
+        d[f"x_{a}"] = 0.0 if alpha is None or a not in alpha else alpha[a]
+    return pd.DataFrame(d, index=range(n))  # one constructor: inserting columns one by one is slow
 
 
 def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gpu: Any,
            serving: Any, stack: str = DEFAULT_STACK) -> pd.DataFrame:
     """Add configuration columns and obs ids (``experiment/kind/k``)."""
     model, gname, tp = str(arch.name), str(gpu.name), int(serving.tp)
-    df["experiment_id"], df["workload"] = experiment_id, workload
-    df["model"], df["gpu"], df["tp"], df["stack"] = model, gname, tp, stack
-    df["config_id"] = config_id(model, gname, tp, stack)
-    df["max_num_batched_tokens"] = int(serving.max_num_batched_tokens)
-    df["max_num_seqs"] = int(serving.max_num_seqs)
-    df["ep"] = int(serving.ep)
     k = df.groupby("kind", sort=False).cumcount().to_numpy()
-    df["obs_id"] = [f"{experiment_id}/{kd}/{i}" for kd, i in zip(df["kind"], k, strict=True)]
-    return df
+    labels = {"experiment_id": experiment_id, "workload": workload, "model": model, "gpu": gname,
+              "tp": tp, "stack": stack, "config_id": config_id(model, gname, tp, stack),
+              "max_num_batched_tokens": int(serving.max_num_batched_tokens),
+              "max_num_seqs": int(serving.max_num_seqs), "ep": int(serving.ep),
+              "obs_id": [f"{experiment_id}/{kd}/{i}"
+                         for kd, i in zip(df["kind"].tolist(), k.tolist(), strict=True)]}
+    new = [c for c in labels if c not in df.columns]
+    if len(new) < len(labels):  # a column already there is overwritten in place, as before
+        for c in labels:
+            if c not in new:
+                df[c] = labels[c]
+    return pd.concat([df, pd.DataFrame({c: labels[c] for c in new}, index=df.index)], axis=1)
 
 
 def _steps_of(tables: Mapping[str, Any], name: str, experiment_id: str) -> pd.DataFrame | None:

@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -217,6 +218,70 @@ class _Bad(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
+# Typed decoding (fast path)
+# ---------------------------------------------------------------------------------------------
+# A line is first decoded straight into these msgspec Structs (no dicts, no GC tracking). The
+# schema accepts only the shapes that the generic dict walk below handles without a special
+# case of its own (e.g. an attribute value with an unknown key, a span that is not an object,
+# ``events`` that is not a list); any other line is refused and takes the generic path, so both
+# give the same tables and counts. Fields whose every value the generic code already tells
+# apart (span name, ids, status) are typed ``Any`` and checked by the same code.
+_UNSET = msgspec.UNSET
+_Scalar = str | int | float | bool | None
+
+
+class _AnyValue(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    stringValue: _Scalar | msgspec.UnsetType = _UNSET
+    intValue: _Scalar | msgspec.UnsetType = _UNSET
+    doubleValue: _Scalar | msgspec.UnsetType = _UNSET
+    boolValue: _Scalar | msgspec.UnsetType = _UNSET
+    arrayValue: Any = _UNSET
+    kvlistValue: Any = _UNSET
+    bytesValue: Any = _UNSET
+
+
+class _KeyValue(msgspec.Struct, gc=False):
+    key: str
+    value: _AnyValue | None | msgspec.UnsetType = _UNSET
+
+
+class _Event(msgspec.Struct, gc=False):
+    name: Any = None
+    attributes: list[_KeyValue] | None = None
+
+
+class _Span(msgspec.Struct, gc=False):
+    traceId: Any = None
+    spanId: Any = None
+    parentSpanId: Any = None
+    name: Any = None
+    attributes: list[_KeyValue] | None = None
+    events: list[_Event] | None = None
+    droppedEventsCount: Any = 0
+    status: Any = None
+
+
+class _Scope(msgspec.Struct, gc=False):
+    name: Any = None
+
+
+class _ScopeSpans(msgspec.Struct, gc=False):
+    scope: _Scope | None = None
+    spans: list[_Span] | None = None
+
+
+class _ResourceSpans(msgspec.Struct, gc=False):
+    scopeSpans: list[_ScopeSpans]
+
+
+class _Export(msgspec.Struct, gc=False):
+    resourceSpans: list[_ResourceSpans]
+
+
+_decode_typed = msgspec.json.Decoder(_Export).decode
+
+
+# ---------------------------------------------------------------------------------------------
 # Value coercion
 # ---------------------------------------------------------------------------------------------
 _USUAL_TYPE = {_INT: "intValue", _FLOAT: "doubleValue", _STR: "stringValue"}
@@ -280,6 +345,8 @@ def _parse_attrs(attrs: Any, spec: dict[str, int], report: IngestReport) -> dict
         return out
     if type(attrs) is not list:
         raise _Bad("attributes")
+    if attrs and type(attrs[0]) is _KeyValue:
+        return _parse_attrs_typed(attrs, spec, report)
     spec_get = spec.get
     for kv in attrs:
         if type(kv) is not dict:
@@ -309,6 +376,64 @@ def _parse_attrs(attrs: Any, spec: dict[str, int], report: IngestReport) -> dict
                 continue
             else:
                 raise _Bad(key)
+        t = type(raw)
+        if kind == _INT:
+            if t is str:
+                try:
+                    v = int(raw)
+                except ValueError:
+                    v = _to_int(raw)
+            elif t is int:
+                v = raw
+            else:
+                v = _to_int(raw)
+            if v is None or v < _INT64_MIN or v > _INT64_MAX:
+                raise _Bad(key)
+        elif kind == _FLOAT:
+            if t is float and raw - raw == 0.0:  # finite
+                v = raw
+            else:
+                v = _to_float(raw)
+                if v is None:
+                    raise _Bad(key)
+        elif t is str:
+            v = raw
+        else:
+            raise _Bad(key)
+        out[key] = v
+    return out
+
+
+def _parse_attrs_typed(attrs: list[_KeyValue], spec: dict[str, int],
+                       report: IngestReport) -> dict[str, Any]:
+    """:func:`_parse_attrs` of a typed attribute list (same values, same errors and counts)."""
+    out: dict[str, Any] = {}
+    spec_get = spec.get
+    for kv in attrs:
+        key = kv.key
+        kind = spec_get(key)
+        if kind is None or key in out:
+            continue
+        val = kv.value
+        if type(val) is not _AnyValue:
+            raise _Bad(key)
+        raw = val.intValue if kind == _INT else (val.doubleValue if kind == _FLOAT
+                                                  else val.stringValue)
+        if raw is _UNSET:
+            if val.intValue is not _UNSET:
+                raw = val.intValue
+            elif val.doubleValue is not _UNSET:
+                raw = val.doubleValue
+            elif val.stringValue is not _UNSET:
+                raw = val.stringValue
+            elif val.boolValue is not _UNSET:
+                raw = val.boolValue
+            elif val.arrayValue is _UNSET and val.kvlistValue is _UNSET and \
+                    val.bytesValue is _UNSET:
+                continue  # empty AnyValue = unset
+            else:
+                report.drop("non_scalar_attribute")
+                continue
         t = type(raw)
         if kind == _INT:
             if t is str:
@@ -386,9 +511,17 @@ class OtlpTables:
 # ---------------------------------------------------------------------------------------------
 # Accumulator
 # ---------------------------------------------------------------------------------------------
-def _named_events(events: list, rep: IngestReport) -> Iterator[tuple[dict, str]]:
-    """The events of a span that are objects with a string name; others are counted drops."""
+def _named_events(events: list, rep: IngestReport) -> Iterator[tuple[Any, str]]:
+    """``(attributes, name)`` of the events of a span that are objects with a string name;
+    others are counted drops."""
     for ev in events:
+        if type(ev) is _Event:
+            name = ev.name
+            if type(name) is not str:
+                rep.drop("bad_field:name")
+                continue
+            yield ev.attributes, name
+            continue
         if type(ev) is not dict:
             rep.drop("bad_field:event")
             continue
@@ -396,13 +529,14 @@ def _named_events(events: list, rep: IngestReport) -> Iterator[tuple[dict, str]]
         if type(name) is not str:
             rep.drop("bad_field:name")
             continue
-        yield ev, name
+        yield ev.get("attributes"), name
 
 
-def _event_attrs(ev: dict, spec: Any, required: tuple[str, ...], rep: IngestReport) -> dict | None:
+def _event_attrs(attrs: Any, spec: Any, required: tuple[str, ...],
+                 rep: IngestReport) -> dict | None:
     """Parsed attributes of a step event, or None after counting why it was dropped."""
     try:
-        ea = _parse_attrs(ev.get("attributes"), spec, rep)
+        ea = _parse_attrs(attrs, spec, rep)
     except _Bad as bad:
         rep.drop(f"bad_field:{bad.args[0]}")
         return None
@@ -436,10 +570,19 @@ class _Acc:
     def span(self, sp: Any, scope: Any) -> None:
         rep = self.report
         rep.read["spans"] += 1
-        if type(sp) is not dict:
+        if type(sp) is _Span:
+            name, trace_id, span_id, events = sp.name, sp.traceId, sp.spanId, sp.events
+            span_attrs, parent, status = sp.attributes, sp.parentSpanId, sp.status
+            dropped_ev = sp.droppedEventsCount
+        elif type(sp) is not dict:
             rep.drop("bad_field:span")
             return
-        name = sp.get("name")
+        else:
+            name, trace_id, span_id, events = (sp.get("name"), sp.get("traceId"),
+                                               sp.get("spanId"), sp.get("events"))
+            span_attrs, parent, status = (sp.get("attributes"), sp.get("parentSpanId"),
+                                          sp.get("status"))
+            dropped_ev = sp.get("droppedEventsCount", 0)
         if type(scope) is not str:
             # no usable scope name: fall back on the span name
             if name == "llm_request":
@@ -451,14 +594,12 @@ class _Acc:
         if scope not in (_SCOPE_API, _SCOPE_CORE, _SCOPE_STEP):
             rep.drop("unknown_scope")
             return
-        trace_id, span_id = sp.get("traceId"), sp.get("spanId")
         if type(trace_id) is not str:
             rep.drop("bad_field:traceId")
             return
         if type(span_id) is not str:
             rep.drop("bad_field:spanId")
             return
-        events = sp.get("events")
         if events is None:
             events = []
         elif type(events) is not list:
@@ -470,25 +611,24 @@ class _Acc:
             return
         try:
             if scope == _SCOPE_API:
-                attrs = _parse_attrs(sp.get("attributes"), _API_SPEC, rep)
+                attrs = _parse_attrs(span_attrs, _API_SPEC, rep)
             elif scope == _SCOPE_CORE:
-                attrs = _parse_attrs(sp.get("attributes"), _CORE_SPEC, rep)
+                attrs = _parse_attrs(span_attrs, _CORE_SPEC, rep)
             else:
                 attrs = {}
-            parent = sp.get("parentSpanId")
             if parent is not None and type(parent) is not str:
                 raise _Bad("parentSpanId")
         except _Bad as bad:
             rep.drop(f"bad_field:{bad.args[0]}")
             return
         self.seen_spans.add(key)
-        dropped_ev = _to_int(sp.get("droppedEventsCount", 0))
+        dropped_ev = _to_int(dropped_ev)
         if dropped_ev:
             rep.drop("sdk_dropped_events", max(dropped_ev, 0))
         rep.read["events"] += len(events)
         if scope == _SCOPE_API:
             rep.read["api_spans"] += 1
-            self._api_span(sp, attrs, trace_id, span_id, events)
+            self._api_span(status, attrs, trace_id, span_id, events)
         elif scope == _SCOPE_CORE:
             rep.read["core_spans"] += 1
             self._core_span(attrs, trace_id, span_id, parent or None, events)
@@ -497,16 +637,17 @@ class _Acc:
             self._step_span(events)
 
     # -- vllm.api ------------------------------------------------------------------------------
-    def _api_span(self, sp: dict, attrs: dict, trace_id: str, span_id: str, events: list) -> None:
+    def _api_span(self, status: Any, attrs: dict, trace_id: str, span_id: str,
+                  events: list) -> None:
         rep = self.report
         times: dict[str, float | None] = {}
         reason = None
-        for ev, name in _named_events(events, rep):
+        for ev_attrs, name in _named_events(events, rep):
             if name not in _API_EVENTS:
                 rep.drop("unknown_event")
                 continue
             try:
-                ea = _parse_attrs(ev.get("attributes"), _API_EVENT_SPEC, rep)
+                ea = _parse_attrs(ev_attrs, _API_EVENT_SPEC, rep)
             except _Bad as bad:
                 rep.drop(f"bad_field:{bad.args[0]}")
                 continue
@@ -520,7 +661,7 @@ class _Acc:
             times[name] = t_ev
             if name == "api.ABORTED":
                 reason = ea.get("reason")
-        code = _status_code(sp.get("status"))
+        code = _status_code(status)
         a = self.api
         a["api_request_id"].append(attrs.get("gen_ai.request.id"))
         a["trace_id"].append(trace_id)
@@ -555,9 +696,9 @@ class _Acc:
         je = self.je
         start = len(je["event"])
         dkey = (rid, trace_id, span_id)
-        for ev, name in _named_events(events, rep):
+        for ev_attrs, name in _named_events(events, rep):
             try:
-                ea = _parse_attrs(ev.get("attributes"), _JOURNEY_SPEC, rep)
+                ea = _parse_attrs(ev_attrs, _JOURNEY_SPEC, rep)
             except _Bad as bad:
                 rep.drop(f"bad_field:{bad.args[0]}")
                 self.damaged.add(dkey)
@@ -594,17 +735,17 @@ class _Acc:
     def _step_span(self, events: list) -> None:
         rep = self.report
         steps, snaps = self.steps, self.snaps
-        for ev, name in _named_events(events, rep):
+        for ev_attrs, name in _named_events(events, rep):
             if name == "step.BATCH_SUMMARY":
                 rep.read["step_summaries"] += 1
-                ea = _event_attrs(ev, _STEP_SPEC, ("step.id",), rep)
+                ea = _event_attrs(ev_attrs, _STEP_SPEC, ("step.id",), rep)
                 if ea is None or not _step_in_range(ea, rep):
                     rep.lost["steps"] += 1
                     continue
                 for c in STEP_COLUMNS:
                     steps[c].append(ea.get(c))
             elif name == "step.REQUEST_SNAPSHOT":
-                ea = _event_attrs(ev, _SNAPSHOT_SPEC, ("step.id", "request.id"), rep)
+                ea = _event_attrs(ev_attrs, _SNAPSHOT_SPEC, ("step.id", "request.id"), rep)
                 if ea is None:
                     continue
                 neg = next((k for k, v in ea.items() if type(v) is int and v < 0), None)
@@ -937,7 +1078,18 @@ def read_otlp(path: str | Path, experiment_id: str | None = None,
     exp = experiment_id if experiment_id is not None else _default_experiment_id(path)
     acc = _Acc(str(path), report)
     n_valid = 0
-    for lineno, doc in iter_json_lines(path, report):
+    for lineno, doc in iter_json_lines(path, report, typed=_decode_typed):
+        if type(doc) is _Export:  # typed fast path: same walk, no type checks left to do
+            n_valid += 1
+            for rs in doc.resourceSpans:
+                for ss in rs.scopeSpans:
+                    spans = ss.spans
+                    if spans is None:
+                        continue
+                    scope_name = ss.scope.name if ss.scope is not None else None
+                    for sp in spans:
+                        acc.span(sp, scope_name)
+            continue
         rss = doc.get("resourceSpans") if type(doc) is dict else None
         if type(rss) is not list:
             report.drop_at("not_otlp", f"{path}:{lineno}")

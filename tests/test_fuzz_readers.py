@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -176,6 +177,47 @@ def test_most_light_mutations_do_not_raise(example_docs: list[dict], fuzz_dir: P
         except TraceFormatError:
             raised += 1
     assert raised == 0
+
+
+def _read_or_error(path: Path) -> Any:
+    try:
+        return read_otlp(path, experiment_id="fuzz")
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+def _assert_same_reading(a: Any, b: Any) -> None:
+    """Two readings of one file: the same error, or the same tables (exact) and report."""
+    assert type(a) is type(b)
+    if isinstance(a, str):
+        assert a == b
+        return
+    for name in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
+    assert a.report.to_dict() == b.report.to_dict()
+
+
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_typed_decoding_reads_like_the_generic_path(example_docs: list[dict], fuzz_dir: Path,
+                                                    data: st.DataObject) -> None:
+    """Lines decoded into the typed Structs give what the generic dict walk gives (every
+    table, dtype and count), whatever the mutation; the generic path is forced by a typed
+    decoder that refuses every line."""
+    import bayes_latency.data.otlp as otlp
+
+    lines = data.draw(_mutated_lines(example_docs))
+    p = fuzz_dir / "typed.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    fast = _read_or_error(p)
+
+    def refuse(raw: bytes) -> Any:
+        raise ValueError("generic path")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(otlp, "_decode_typed", refuse)
+        slow = _read_or_error(p)
+    _assert_same_reading(fast, slow)
 
 
 _KV_BASE = [

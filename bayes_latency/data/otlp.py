@@ -565,6 +565,9 @@ class _Acc:
         self.core_rows: list[tuple[str, tuple[str, str], int, int]] = []
         # core spans that lost a journey event to a bad / out-of-range field
         self.damaged: set[tuple[str, str, str]] = set()
+        # request index and event rank of each sorted journey row (set by _journey_table)
+        self._je_row: np.ndarray | None = None
+        self._je_rank: np.ndarray | None = None
 
     # -- dispatch ----------------------------------------------------------------------------
     def span(self, sp: Any, scope: Any) -> None:
@@ -844,8 +847,26 @@ class _Acc:
         for c in _JOURNEY_STR:
             cols[c] = pd.Series(j[c], dtype="object")
         df = pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
+        self._je_row = self._je_rank = None
         if n == 0:
             return df
+        fast = self._journey_order(j)
+        if fast is not None:
+            order, row, rank = fast
+            # the once-per-request events: only the first of each request is kept (with no
+            # tie on (request, step, ts, rank), no row repeats (request, event, step, ts))
+            key = row * len(JOURNEY_EVENTS) + rank
+            once = np.isin(rank, [_EVENT_RANK[e] for e in _ONCE_EVENTS])
+            bad = np.zeros(n, dtype=bool)
+            if once.any():
+                first = np.zeros(int(once.sum()), dtype=bool)
+                first[np.unique(key[once], return_index=True)[1]] = True
+                bad[np.flatnonzero(once)[~first]] = True
+            if bad.any():
+                self.report.drop("duplicate_event", int(bad.sum()))
+                order, row, rank = order[~bad], row[~bad], rank[~bad]
+            self._je_row, self._je_rank = row, rank
+            return df.take(order).reset_index(drop=True)
         df["_rank"] = df["event"].map(_EVENT_RANK).astype(np.int64)
         df = _sort_all(df, first=["request_id", "step", "ts_monotonic_ns", "_rank"])
         dup = df.duplicated(subset=["request_id", "event", "step", "ts_monotonic_ns"])
@@ -855,6 +876,29 @@ class _Acc:
             self.report.drop("duplicate_event", int(bad.sum()))
             df = df[~bad]
         return df.drop(columns="_rank").reset_index(drop=True)
+
+    def _journey_order(self, j: dict[str, list]) -> tuple[np.ndarray, ...] | None:
+        """Sort order of the journey rows by (request, step (nulls first), ts, event rank) and
+        each sorted row's request index (in ``sorted(self.cores)``) and event rank; None when
+        two rows tie on those keys (the pandas sort then orders them by every column)."""
+        pos = {r: k for k, r in enumerate(sorted(self.cores))}
+        n = len(j["event"])
+        row = np.fromiter((pos[r] for r in j["request_id"]), dtype=np.int64, count=n)
+        rank = np.fromiter((_EVENT_RANK[e] for e in j["event"]), dtype=np.int64, count=n)
+        steps = j["step"]
+        has_step = np.fromiter((v is not None for v in steps), dtype=bool, count=n)
+        step = np.fromiter((0 if v is None else v for v in steps), dtype=np.int64, count=n)
+        ts = np.asarray(j["ts_monotonic_ns"], dtype=np.int64)
+        order = np.lexsort((rank, ts, step, has_step, row))
+        keys = (row, has_step, step, ts, rank)
+        if n > 1:
+            same = np.ones(n - 1, dtype=bool)
+            for k in keys:
+                ks = k[order]
+                same &= ks[1:] == ks[:-1]
+            if same.any():
+                return None
+        return order, row[order], rank[order]
 
     def _api_table(self, experiment_id: str) -> pd.DataFrame:
         a = self.api
@@ -885,7 +929,8 @@ class _Acc:
         # ---- join engine spans to API spans ----
         api_by_span: dict[str, int] = {}
         api_by_id: dict[str, int] = {}
-        for i, (sid, aid) in enumerate(zip(api["span_id"], api["api_request_id"], strict=True)):
+        for i, (sid, aid) in enumerate(zip(api["span_id"].tolist(),
+                                           api["api_request_id"].tolist(), strict=True)):
             api_by_span.setdefault(sid, i)
             if isinstance(aid, str):
                 api_by_id.setdefault(aid, i)
@@ -912,44 +957,76 @@ class _Acc:
         if n - int(joined.sum()):
             rep.kept["core_without_api"] += n - int(joined.sum())
 
-        def from_api(col: str, default: Any) -> list:
+        take = np.where(joined, api_idx, 0)
+
+        def from_api(col: str, default: Any) -> np.ndarray:
+            """``api[col]`` of each request's API span, ``default`` without one."""
             vals = api[col].to_numpy(dtype=object) if len(api) else np.array([], dtype=object)
-            return [vals[i] if i >= 0 else default for i in api_idx]
+            out = np.full(n, default, dtype=object)
+            if len(api):
+                out[joined] = vals[take[joined]]
+            return out
+
+        def int_from_api(col: str) -> pd.arrays.IntegerArray:
+            if not len(api):
+                return pd.array([None] * n, dtype="Int64")
+            return api[col].array.take(np.where(joined, api_idx, -1), allow_fill=True)
+
+        def float_from_api(col: str) -> np.ndarray:
+            if not len(api):
+                return np.full(n, np.nan)
+            return np.where(joined, api[col].to_numpy(dtype=float)[take], np.nan)
 
         out = pd.DataFrame({
             "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
             "request_id": pd.Series(rids, dtype="str"),
             "api_request_id": pd.Series(from_api("api_request_id", None), dtype="object"),
             "trace_id": pd.Series([self.cores[r][0] for r in rids], dtype="str"),
-            "arrival_s": np.asarray(from_api("arrival_s", np.nan), dtype=float),
-            "departed_s": np.asarray(from_api("departed_s", np.nan), dtype=float),
+            "arrival_s": float_from_api("arrival_s"),
+            "departed_s": float_from_api("departed_s"),
         })
-        api_aborted = np.asarray(from_api("aborted", False), dtype=bool)
-        api_prompt = pd.array(from_api("prompt_tokens", None), dtype="Int64")
-        api_max = pd.array(from_api("max_tokens", None), dtype="Int64")
+        api_aborted = (np.where(joined, api["aborted"].to_numpy(dtype=bool)[take], False)
+                       if len(api) else np.zeros(n, dtype=bool))
+        api_prompt = int_from_api("prompt_tokens")
+        api_max = int_from_api("max_tokens")
 
         # ---- per-request facts from the journey (je is sorted and deduplicated) ----
-        pos = {r: k for k, r in enumerate(rids)}
-        firsts = je.drop_duplicates(subset=["request_id", "event"], keep="first")
-        row_of = firsts["request_id"].map(pos).to_numpy(dtype=np.int64)
-        ev_of = firsts["event"].to_numpy(dtype=object)
+        if self._je_row is not None and len(self._je_row) == len(je):
+            je_row, je_rank = self._je_row, self._je_rank
+        else:
+            pos = {r: k for k, r in enumerate(rids)}
+            je_row = np.fromiter((pos[r] for r in je["request_id"].tolist()), dtype=np.int64,
+                                 count=len(je))
+            je_rank = np.fromiter((_EVENT_RANK[e] for e in je["event"].tolist()),
+                                  dtype=np.int64, count=len(je))
+        # first row of each (request, event) in journey order
+        first_idx = np.unique(je_row * len(JOURNEY_EVENTS) + je_rank, return_index=True)[1]
+        row_of, rank_of = je_row[first_idx], je_rank[first_idx]
+
+        def scatter(rows: np.ndarray, idx: np.ndarray, col: str) -> pd.arrays.IntegerArray:
+            """Int64 column of the requests: ``je[col]`` at journey rows ``idx`` for requests
+            ``rows``, null elsewhere."""
+            data = np.zeros(n, dtype=np.int64)
+            mask = np.ones(n, dtype=bool)
+            if len(idx):
+                src = je[col].array
+                if isinstance(src, pd.arrays.IntegerArray):
+                    data[rows], mask[rows] = src._data[idx], src._mask[idx]
+                else:
+                    data[rows], mask[rows] = np.asarray(src, dtype=np.int64)[idx], False
+            data[mask] = 0
+            return pd.arrays.IntegerArray(data, mask)
 
         def first_of(event: str, col: str) -> pd.arrays.IntegerArray:
-            sel = ev_of == event
-            vals = pd.array([None] * n, dtype="Int64")
-            if sel.any():
-                vals[row_of[sel]] = firsts.loc[sel, col].astype("Int64").array
-            return vals
+            sel = rank_of == _EVENT_RANK[event]
+            return scatter(row_of[sel], first_idx[sel], col)
 
         for event, prefix in (("QUEUED", "queued"), ("SCHEDULED", "first_scheduled"),
                               ("FIRST_TOKEN", "first_token"), ("FINISHED", "finished")):
             out[f"{prefix}_ns"] = first_of(event, "ts_monotonic_ns")
             out[f"{prefix}_step"] = first_of(event, "step")
-        je_row = je["request_id"].map(pos).to_numpy(dtype=np.int64)
-        je_ev = je["event"].to_numpy(dtype=object)
-
         def count_of(event: str) -> np.ndarray:
-            return np.bincount(je_row[je_ev == event], minlength=n).astype(np.int64)
+            return np.bincount(je_row[je_rank == _EVENT_RANK[event]], minlength=n).astype(np.int64)
 
         n_sched, n_pre_ev = count_of("SCHEDULED"), count_of("PREEMPTED")
         max_pre = np.zeros(n, dtype=np.int64)
@@ -960,12 +1037,9 @@ class _Acc:
         out["n_preemptions"] = np.maximum(n_pre_ev, max_pre)
 
         def first_non_null(col: str) -> pd.arrays.IntegerArray:
-            sub = je.loc[je[col].notna(), ["request_id", col]].drop_duplicates("request_id")
-            vals = pd.array([None] * n, dtype="Int64")
-            if len(sub):
-                vals[sub["request_id"].map(pos).to_numpy(dtype=np.int64)] = \
-                    sub[col].astype("Int64").array
-            return vals
+            idx = np.flatnonzero(je[col].notna().to_numpy())
+            idx = idx[np.unique(je_row[idx], return_index=True)[1]]
+            return scatter(je_row[idx], idx, col)
 
         prompt = first_non_null("prefill_total")
         out["prompt_tokens"] = pd.array(np.where(prompt.isna(), api_prompt, prompt),
@@ -974,8 +1048,8 @@ class _Acc:
         mx = first_non_null("decode_max")
         out["max_tokens"] = pd.array(np.where(mx.isna(), api_max, mx), dtype="Int64")
         fin_list = np.full(n, None, dtype=object)
-        sel = ev_of == "FINISHED"
-        fin_list[row_of[sel]] = firsts.loc[sel, "finish_status"].to_numpy(dtype=object)
+        sel = rank_of == _EVENT_RANK["FINISHED"]
+        fin_list[row_of[sel]] = je["finish_status"].to_numpy(dtype=object)[first_idx[sel]]
         has = {e: count_of(e) > 0 for e in ("QUEUED", "SCHEDULED", "FIRST_TOKEN", "FINISHED")}
         complete = has["QUEUED"] & has["SCHEDULED"] & has["FIRST_TOKEN"] & has["FINISHED"]
         # a request that lost a journey event to a bad field is not complete: its first

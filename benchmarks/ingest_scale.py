@@ -2,9 +2,11 @@
 
 Three parts, one run:
 
-1. **JSON path** on the demo fleet's traces: MB/s of decoding the lines with ``json.loads`` and
-   with msgspec, and of :func:`~bayes_latency.data.otlp.read_otlp` with each; the tables of both
-   must be identical.
+1. **Where ingest time goes** on the demo fleet's traces: MB per CPU-second of decoding the lines
+   with ``json.loads``, msgspec (to dicts) and msgspec into the typed OTLP Structs of
+   :mod:`bayes_latency.data.otlp`; of :func:`~bayes_latency.data.otlp.read_otlp` on its generic
+   path and on its typed path (the tables of both must be identical); and CPU seconds per ingest
+   stage (read, rebuild, observations, iterations, lifecycle, Parquet) of an inline ingest.
 2. **Same results** on the demo fleet: ingest inline (one process) and on a
    ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``: every table identical;
    stage-1 summaries of both equal to 1e-12; the demo fit (its training rows, ``DEMO_FIT``
@@ -143,20 +145,77 @@ def _stage1(obs: pd.DataFrame, scheduler) -> tuple[list, float, int]:
 
 
 # ------------------------------------------------------------------------------- part 1
-def json_path(demo: list[Path]) -> dict:
+#: The same measurement (``_stage_cpu`` on this demo fleet, 86.2 MB, inline, best of 2) on the
+#: commit before the issue-#17 fast paths (9ab4453), 2026-11-24 07:16 UTC, load average 1.4-2.6:
+#: MB per CPU-second per stage.
+BEFORE_9AB4453 = {"total": 12.4, "read_otlp": 24.2, "observations": 59.9, "write_parquet": 95.5,
+                  "reconstruct": 155.0, "lifecycle": 490.7, "iterations": 549.5}
+
+
+def _stage_cpu(demo: list[Path], out: Path) -> dict:
+    """CPU seconds per ingest stage of an inline ingest of ``demo`` (best of 2 by total)."""
+    import functools
+    from collections import defaultdict
+
+    import bayes_latency.data.experiment as ex
+    import bayes_latency.data.lifecycle as lcm
+    import bayes_latency.data.otlp as otlp
+
+    acc: dict[str, float] = defaultdict(float)
+    patched = []
+
+    def wrap(mod, name: str, label: str) -> None:
+        f = getattr(mod, name)
+
+        @functools.wraps(f)
+        def g(*a, **k):
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[label] += time.process_time() - t
+
+        patched.append((mod, name, f))
+        setattr(mod, name, g)
+
+    for mod, name, label in ((otlp, "read_otlp", "read_otlp"),
+                             (ex, "reconstruct_batches", "reconstruct"),
+                             (ex, "build_observations", "observations"),
+                             (ex, "build_iterations", "iterations"),
+                             (ex, "write_partition", "write_parquet"),
+                             (lcm, "read_lifecycle_dir", "lifecycle")):
+        wrap(mod, name, label)
+    best: dict = {}
+    try:
+        ex.ingest(demo[:1], out / "warm", scheduler="inline")
+        for k in range(2):
+            acc.clear()
+            c0 = time.process_time()
+            ex.ingest(demo, out / f"stages{k}", scheduler="inline")
+            total = time.process_time() - c0
+            if not best or total < best["total"]:
+                best = {"total": total, **acc, "other": total - sum(acc.values())}
+    finally:
+        for mod, name, f in patched:
+            setattr(mod, name, f)
+    return {k: round(v, 3) for k, v in best.items()}
+
+
+def json_path(demo: list[Path], work: Path) -> dict:
+    """Decoding speeds, ``read_otlp`` on the typed and the generic path, CPU per stage."""
     import msgspec
 
-    import bayes_latency.data.jsonl as jsonl
-    from bayes_latency.data.otlp import read_otlp
+    import bayes_latency.data.otlp as otlp
 
     files = [f / "traces.jsonl" for f in demo]
     mb = sum(f.stat().st_size for f in files) / 1e6
     res: dict = {"trace_mb": round(mb, 1)}
-    dec = msgspec.json.Decoder().decode
     lines = [ln for f in files for ln in f.read_bytes().splitlines(keepends=True)]
     # CPU time (process_time) as well as wall time: the machine is shared, and waiting for a
     # core inflates wall time but not CPU time; best of 3
-    for name, fn in (("json.loads", json.loads), ("msgspec", dec)):
+    decoders = (("json.loads", json.loads), ("msgspec", msgspec.json.Decoder().decode),
+                ("msgspec typed", otlp._decode_typed))
+    for name, fn in decoders:
         best_c = best_w = float("inf")
         for _ in range(3):
             c0, w0 = time.process_time(), time.perf_counter()
@@ -167,22 +226,33 @@ def json_path(demo: list[Path]) -> dict:
         res[f"decode_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
         res[f"decode_mb_s[{name}]"] = round(mb / best_w, 1)
     del lines
+
+    def refuse(raw: bytes) -> None:
+        raise ValueError("generic path")
+
     tabs = {}
-    orig = jsonl._decode
+    typed = otlp._decode_typed
     try:
-        for name, fn in (("json.loads", json.loads), ("msgspec", orig)):
-            jsonl._decode = fn
-            c0, w0 = time.process_time(), time.perf_counter()
-            tabs[name] = [read_otlp(f) for f in files]
-            res[f"read_otlp_mb_per_cpu_s[{name}]"] = round(mb / (time.process_time() - c0), 1)
-            res[f"read_otlp_mb_s[{name}]"] = round(mb / (time.perf_counter() - w0), 1)
+        for name, fn in (("generic", refuse), ("typed", typed)):
+            otlp._decode_typed = fn
+            best_c = best_w = float("inf")
+            for _ in range(2):
+                c0, w0 = time.process_time(), time.perf_counter()
+                tabs[name] = [otlp.read_otlp(f) for f in files]
+                best_c = min(best_c, time.process_time() - c0)
+                best_w = min(best_w, time.perf_counter() - w0)
+            res[f"read_otlp_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
+            res[f"read_otlp_mb_s[{name}]"] = round(mb / best_w, 1)
     finally:
-        jsonl._decode = orig
-    for a, b in zip(tabs["json.loads"], tabs["msgspec"], strict=True):
+        otlp._decode_typed = typed
+    for a, b in zip(tabs["generic"], tabs["typed"], strict=True):
         for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
             pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
         assert a.report.to_dict() == b.report.to_dict()
     res["tables_identical"] = True
+    del tabs
+    res["stage_cpu_s"] = _stage_cpu(demo, work / "stages")
+    res["load_average"] = round(os.getloadavg()[0], 2)
     return res
 
 
@@ -330,21 +400,32 @@ def _markdown(r: dict) -> str:
         "(the 2 cores are shared with other jobs, so wall-time figures are pessimistic; "
         "MB per worker CPU-second is not affected by waiting for a core).",
         "",
-        "## 1. JSON path (demo fleet traces)",
+        "## 1. Where ingest time goes (demo fleet traces, one process)",
         "",
-        f"{j['trace_mb']} MB of OTLP JSON Lines (MB per CPU-second of this process; wall-time "
-        "MB/s in brackets).",
+        f"{j['trace_mb']} MB of OTLP JSON Lines; MB per CPU-second of this process (wall-time "
+        f"MB/s in brackets); load average {j.get('load_average')} at the end.",
         "",
-        "| | json.loads | msgspec |",
-        "|---|---|---|",
-        f"| decoding the lines only (best of 3) | {j['decode_mb_per_cpu_s[json.loads]']} "
-        f"({j['decode_mb_s[json.loads]']}) | {j['decode_mb_per_cpu_s[msgspec]']} "
-        f"({j['decode_mb_s[msgspec]']}) |",
-        f"| `read_otlp` end to end (decode + spans + tables) | "
-        f"{j['read_otlp_mb_per_cpu_s[json.loads]']} ({j['read_otlp_mb_s[json.loads]']}) | "
-        f"{j['read_otlp_mb_per_cpu_s[msgspec]']} ({j['read_otlp_mb_s[msgspec]']}) |",
+        "| decoding the lines only (best of 3) | MB per CPU-s (MB/s) |",
+        "|---|---|",
+        *[f"| {name} | {j[f'decode_mb_per_cpu_s[{name}]']} ({j[f'decode_mb_s[{name}]']}) |"
+          for name in ("json.loads", "msgspec", "msgspec typed")],
+        f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "
+        f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
+        f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
+        f"{j['read_otlp_mb_per_cpu_s[typed]']} ({j['read_otlp_mb_s[typed]']}) |",
         "",
-        f"Tables and reports of the two identical: {j['tables_identical']}.",
+        f"Tables and reports of the two paths identical: {j['tables_identical']}. "
+        "\"msgspec typed\" decodes each line straight into Structs of the OTLP schema; a line "
+        "the schema refuses takes the generic path.",
+        "",
+        "Ingest of the demo fleet inline, CPU per stage (best of 2), against the same "
+        "measurement on the commit before these changes (9ab4453):",
+        "",
+        "| stage | CPU s | share | MB per CPU-s | before (9ab4453) |",
+        "|---|---|---|---|---|",
+        *[f"| {k} | {v:.2f} | {100 * v / j['stage_cpu_s']['total']:.0f}% | "
+          f"{j['trace_mb'] / v:.1f} | {BEFORE_9AB4453.get(k, '')} |"
+          for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1]) if v > 0],
         "",
         "## 2. Same results (demo fleet)",
         "",
@@ -394,11 +475,9 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
-        "- Where ingest time goes (cProfile of the single-process ingest of the demo fleet): "
-        "`read_otlp` about 60% (of which decoding JSON about 11%, span and attribute handling "
-        "about 27%, building and sorting its tables about 18%), observations 20%, batch "
-        "reconstruction 9%, lifecycle files 8%: pure-Python per-record work, which a faster JSON "
-        "decoder alone cannot bring near 50 MB/s per core.",
+        "- Where the rest goes: section 1 (JSON decoding in C is about a third of `read_otlp`; "
+        "the walk over spans and attributes, the batch replay and the Parquet encoding are "
+        "per-record work that is not vectorised further here).",
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",
@@ -444,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         r.setdefault("dates", {})
         if "json" in parts:
-            r["json"] = json_path(demo)
+            r["json"] = json_path(demo, work)
             r["dates"]["json"] = stamp
             print("json:", r["json"], file=sys.stderr)
         if "same" in parts:

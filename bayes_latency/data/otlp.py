@@ -721,8 +721,13 @@ class _Acc:
                     rep.drop("bad_field:ts.monotonic")
                     self.damaged.add(dkey)
                     continue
-            neg = "ts.monotonic_ns" if ts < 0 else next(
-                (a for a in _JOURNEY_NONNEG if (v := ea.get(a)) is not None and v < 0), None)
+            neg = "ts.monotonic_ns" if ts < 0 else None
+            if neg is None:
+                for a in _JOURNEY_NONNEG:
+                    v = ea.get(a)
+                    if v is not None and v < 0:
+                        neg = a
+                        break
             if neg is not None:
                 rep.drop(f"out_of_range:{neg}")
                 self.damaged.add(dkey)

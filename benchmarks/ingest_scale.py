@@ -98,6 +98,17 @@ def _cluster(n: int):
     return cluster, client
 
 
+def _uptime() -> str:
+    """``uptime`` output (time and load averages), or the load averages alone."""
+    import subprocess
+
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _trace_bytes(folders: list[Path]) -> int:
     return sum((f / "traces.jsonl").stat().st_size for f in folders)
 
@@ -400,6 +411,8 @@ def _markdown(r: dict) -> str:
         "(the 2 cores are shared with other jobs, so wall-time figures are pessimistic; "
         "MB per worker CPU-second is not affected by waiting for a core).",
         "",
+        *([f"`uptime` at the start of the run: `{r['uptime'].get('start')}`; at the end: "
+           f"`{r['uptime'].get('end')}`.", ""] if r.get("uptime") else []),
         "## 1. Where ingest time goes (demo fleet traces, one process)",
         "",
         f"{j['trace_mb']} MB of OTLP JSON Lines; MB per CPU-second of this process (wall-time "
@@ -522,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"Python {platform.python_version()}")
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         r.setdefault("dates", {})
+        r["uptime"] = {"start": _uptime()}
         if "json" in parts:
             r["json"] = json_path(demo, work)
             r["dates"]["json"] = stamp
@@ -534,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             r["scale"] = scale(demo, work, args.factor)
             r["dates"]["scale"] = stamp
             print("scale:", json.dumps(r["scale"], indent=1), file=sys.stderr)
+        r["uptime"]["end"] = _uptime()
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

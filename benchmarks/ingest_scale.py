@@ -161,6 +161,9 @@ def _stage1(obs: pd.DataFrame, scheduler) -> tuple[list, float, int]:
 #: MB per CPU-second per stage.
 BEFORE_9AB4453 = {"total": 12.4, "read_otlp": 24.2, "observations": 59.9, "write_parquet": 95.5,
                   "reconstruct": 155.0, "lifecycle": 490.7, "iterations": 549.5}
+#: Part 3 on that commit (2026-11-24 05:22-05:37 UTC, load average 11.4-13.0): ingest MB/s per
+#: core and MB per worker CPU-second, 1 and 2 workers.
+BEFORE_SCALE_9AB4453 = {"mb_s_per_core": (4.2, 2.1), "mb_per_cpu_s": (9.1, 7.8)}
 
 
 def _stage_cpu(demo: list[Path], out: Path) -> dict:
@@ -488,9 +491,16 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
-        "- Where the rest goes: section 1 (JSON decoding in C is about a third of `read_otlp`; "
-        "the walk over spans and attributes, the batch replay and the Parquet encoding are "
-        "per-record work that is not vectorised further here).",
+        f"- Before the typed decoding and numpy tables (9ab4453, load average 11-13): "
+        f"{BEFORE_SCALE_9AB4453['mb_s_per_core'][0]} / {BEFORE_SCALE_9AB4453['mb_s_per_core'][1]}"
+        f" MB/s per core and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
+        f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
+        f"- Where the rest goes (section 1): decoding the JSON into Structs is now "
+        f"{100 * j['read_otlp_mb_per_cpu_s[typed]'] / j['decode_mb_per_cpu_s[msgspec typed]']:.0f}%"
+        " of `read_otlp`; the rest of it is the Python walk over spans, events and attributes "
+        "(a loop step per attribute: type checks, int parsing of OTLP's string-encoded ints) and "
+        "the table building; then observations, Parquet encoding (pyarrow) and the sequential "
+        "batch replay. 50 MB/s per core would need all of these in compiled code.",
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",

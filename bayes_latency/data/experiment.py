@@ -425,10 +425,11 @@ def _size(path: Path) -> int:
 
 
 #: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
-#: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured: the demo
-#: fleet's 85 MB took 9.2-9.4 CPU-seconds inline; the 20x fleet 9.1 MB per worker CPU-second
-#: (``results/benchmarks/ingest_scale.md``). The demo fleet (about 9.5 s estimated) stays inline.
-INGEST_BYTES_PER_S = 9e6
+#: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured
+#: (``results/benchmarks/ingest_scale.md``): the demo fleet's 86 MB take 4.4 CPU-seconds inline
+#: (19.5 MB per CPU-second); the 20x fleet 15.0-15.7 MB per worker CPU-second. The demo fleet
+#: (about 5.7 s estimated) stays inline.
+INGEST_BYTES_PER_S = 15e6
 
 
 def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,

@@ -11,8 +11,17 @@ scopes matter:
 ``vllm.scheduler.step`` (``scheduler_steps_<N>`` spans)
     ``step.BATCH_SUMMARY`` events of sampled steps and ``step.REQUEST_SNAPSHOT`` events of rich steps.
 
-The reader streams the file line by line (one ``json.loads`` per line) and accumulates plain Python
-column lists, so memory grows only with the number of output rows. Tables are built once at the end.
+The reader streams the file line by line and accumulates plain Python column lists, so memory
+grows only with the number of output rows. Tables are built once at the end, with numpy (the
+journey order by ``np.lexsort``, per-request facts by scatter), falling back on a pandas sort by
+every column only for journey rows that tie on (request, step, time, event).
+
+Each line is first decoded straight into msgspec Structs of the OTLP schema (``_Export``: no
+dicts, no garbage-collector tracking; on the demo fleet's traces 330 MB per CPU-second against 130
+for msgspec to dicts). The schema accepts only shapes that the generic walk handles without a
+special case of its own; any other line (a wrong type anywhere, an attribute value with an unknown
+key, a ``\\u`` escape) is decoded to plain values and walked by the generic code. Both paths share
+the field checks below and give identical tables and counts (``tests/test_fuzz_readers.py``).
 
 Bad-input policy
 ----------------

@@ -33,6 +33,7 @@ from bayes_latency.data.replay import (
     WORKLOAD_KINDS,
     ClientStage,
     Replay,
+    elasticities,
     predicted_means,
     replay_stage,
     workload_rows,
@@ -47,7 +48,9 @@ __all__ = ["Calibration", "calibrate", "config_means", "replay_all"]
 #: Largest relative change of any predicted client mean between two replays at the same
 #: coefficients for the loop to stop.
 DEFAULT_TOL = 0.01
-DEFAULT_MAX_ITER = 4
+DEFAULT_MAX_ITER = 6
+#: Relative step of beta for the elasticities of the tangent rows.
+BUMP = 0.05
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Calibration:
     history: pd.DataFrame
     converged: bool
     replays: dict[str, Replay] = field(default_factory=dict)
+    elasticity: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def iterations(self) -> int:
@@ -119,9 +123,18 @@ def _replay_unit(stage: ClientStage, beta: np.ndarray, terms: tuple[str, ...],
 
 
 def replay_all(stages: Sequence[ClientStage], coefs: Mapping[str, tuple[np.ndarray, Any]],
-               terms: Sequence[str], seed: int = 0, scheduler: Any = "inline"
-               ) -> tuple[dict[str, Replay], pd.DataFrame]:
-    """Replay every stage at its configuration's coefficients; the replays and their rows."""
+               terms: Sequence[str], seed: int = 0, scheduler: Any = "inline",
+               bump: float = BUMP) -> tuple[dict[str, Replay], pd.DataFrame, pd.DataFrame]:
+    """Replay every stage at its configuration's coefficients, and again with beta scaled by
+    ``1 + bump``; the replays, their tangent rows and the elasticities.
+
+    Returns
+    -------
+    (replays, rows, elasticity)
+        Replays by experiment id, the client rows (:func:`~bayes_latency.data.replay.
+        workload_rows` with the elasticities; ``bump=0``: fixed-schedule rows) and one row per
+        stage with the elasticity of each kind.
+    """
     from bayes_latency.parallel import run_units
 
     terms = tuple(term_names(terms))
@@ -130,13 +143,23 @@ def replay_all(stages: Sequence[ClientStage], coefs: Mapping[str, tuple[np.ndarr
         cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
         if cid not in coefs:
             raise ConfigError(f"client stage {s.experiment_id}: no coefficients for {cid}")
-        units.append((s, np.asarray(coefs[cid][0], dtype=float), terms, seed))
-    reps = run_units(_replay_unit, units, scheduler=scheduler, cost_s=1.5 * len(units),
-                     desc="replay", unit="stage")
-    rows = [workload_rows(s, r, load_architecture(s.model), load_gpu(s.gpu), terms)
-            for s, r in zip(stages, reps, strict=True)]
+        b = np.asarray(coefs[cid][0], dtype=float)
+        units.append((s, b, terms, seed))
+        if bump > 0:
+            units.append((s, b * (1.0 + bump), terms, seed))
+    out = run_units(_replay_unit, units, scheduler=scheduler, cost_s=1.5 * len(units),
+                    desc="replay", unit="stage")
+    step = 2 if bump > 0 else 1
+    reps = out[::step]
+    rows, el = [], []
+    for i, (s, r) in enumerate(zip(stages, reps, strict=True)):
+        e = elasticities(r, out[step * i + 1], bump) if bump > 0 else None
+        rows.append(workload_rows(s, r, load_architecture(s.model), load_gpu(s.gpu), terms,
+                                  elasticity=e))
+        el.append({"experiment_id": s.experiment_id, **{f"e_{k}": (e or {}).get(k, 1.0)
+                                                        for k in WORKLOAD_KINDS}})
     return ({s.experiment_id: r for s, r in zip(stages, reps, strict=True)},
-            pd.concat(rows, ignore_index=True))
+            pd.concat(rows, ignore_index=True), pd.DataFrame(el))
 
 
 def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
@@ -155,19 +178,46 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
 
 
 def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
-             new: Mapping[str, Replay],
+             old_el: pd.DataFrame, new: Mapping[str, Replay],
              coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]]) -> tuple[float, str]:
+    """Largest relative gap, at the new coefficients, between the old rows' prediction of a
+    client mean (tangent at the old schedule) and a new replay's."""
     worst, where = 0.0, ""
+    el = old_el.set_index("experiment_id")
     for s in stages:
         cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
         b, a = coefs[cid]
-        p0 = predicted_means(old[s.experiment_id], b, a)
-        p1 = predicted_means(new[s.experiment_id], b, a)
+        r0, r1 = old[s.experiment_id], new[s.experiment_id]
+        p0 = predicted_means(r0, b, a)
+        p1 = predicted_means(r1, b, a)
         for k in ("workload_ttft", "workload_e2e"):
-            c = abs(p1[k] / p0[k] - 1.0) if p0[k] > 0 else math.inf
+            e = float(el.loc[s.experiment_id, f"e_{k}"])
+            # tangent: e * f0 . b - (e - 1) * f0 . b0 (+ alpha), f0 . b0 = the old engine mean
+            p0k = p0[k] + (e - 1.0) * (float(r0.features[k] @ b) - r0.engine_us[k])
+            c = abs(p1[k] / p0k - 1.0) if p0k > 0 else math.inf
             if c > worst:
                 worst, where = c, f"{s.experiment_id}/{k}"
     return worst, where
+
+
+def _blend(old: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+           new: Mapping[str, tuple[np.ndarray, Mapping[str, float]]], lam: float
+           ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Coefficients ``lam`` of the way from ``old`` to ``new`` (geometric where both > 0)."""
+    if lam >= 1.0:
+        return {k: (np.asarray(v[0]), dict(v[1])) for k, v in new.items()}
+    out = {}
+    for k, (bn, an) in new.items():
+        bo, ao = old.get(k, (bn, an))
+        bo, bn = np.asarray(bo, dtype=float), np.asarray(bn, dtype=float)
+        pos = (bo > 0) & (bn > 0)
+        b = np.where(pos, np.exp((1 - lam) * np.log(np.where(pos, bo, 1.0))
+                                 + lam * np.log(np.where(pos, bn, 1.0))),
+                     (1 - lam) * bo + lam * bn)
+        a = {t: float((ao.get(t, v) ** (1 - lam)) * (v ** lam)) if v > 0 and ao.get(t, v) > 0
+             else float(v) for t, v in an.items()}
+        out[k] = (b, a)
+    return out
 
 
 def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
@@ -215,12 +265,11 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     coefs = dict(_prior_start(stages, terms))
     if start:
         coefs.update({k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in start.items()})
-    t = time.perf_counter()
-    replays, rows = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
-    replay_s = time.perf_counter() - t
+    replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
     hist: list[dict[str, Any]] = []
     model, obs = None, base
     converged = False
+    lam, last_change = 1.0, math.inf
     for it in range(1, max_iter + 1):
         obs = pd.concat([base, rows], ignore_index=True) if len(base) else rows
         xcols = [c for c in obs.columns if c.startswith("x_")]
@@ -228,22 +277,32 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         t = time.perf_counter()
         model = fit(obs)
         fit_s = time.perf_counter() - t
-        coefs = config_means(model, stages, terms, seed=seed)
+        post = config_means(model, stages, terms, seed=seed)
         t = time.perf_counter()
-        new_replays, new_rows = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
-        replay_s = time.perf_counter() - t
-        change, where = _changes(stages, replays, new_replays, coefs)
-        hist.append({"iteration": it, "fit_s": fit_s, "replay_s": replay_s,
-                     "max_change": change, "worst_row": where, "n_rows": len(obs),
+        new_replays, _, _ = replay_all(stages, post, terms, seed=seed, scheduler=scheduler,
+                                       bump=0.0)
+        change, where = _changes(stages, replays, el, new_replays, post)
+        max_e = float(el[[f"e_{k}" for k in ("workload_ttft", "workload_e2e")]].to_numpy().max())
+        hist.append({"iteration": it, "fit_s": fit_s, "max_change": change, "worst_row": where,
+                     "damping": lam, "max_elasticity": max_e, "n_rows": len(obs),
                      "n_client_rows": len(rows)})
-        say(f"[calibrate] iteration {it}: fit {fit_s:.0f} s, replay {replay_s:.0f} s, "
-            f"largest change of a client mean {change:.2%} ({where})")
+        say(f"[calibrate] iteration {it}: fit {fit_s:.0f} s, largest change of a client mean "
+            f"{change:.2%} ({where}), largest elasticity {max_e:.2f}, damping {lam:g}")
         if change < tol:
             converged = True
+            hist[-1]["replay_s"] = time.perf_counter() - t
             break
-        replays, rows = new_replays, new_rows
+        if it == max_iter:
+            hist[-1]["replay_s"] = time.perf_counter() - t
+            break
+        if change > last_change:
+            lam = max(lam / 2.0, 0.125)      # oscillating: take shorter steps
+        last_change = change
+        coefs = _blend(coefs, post, lam)
+        replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
+        hist[-1]["replay_s"] = time.perf_counter() - t
     return Calibration(model=model, observations=obs, rows=rows, history=pd.DataFrame(hist),
-                       converged=converged, replays=replays)
+                       converged=converged, replays=replays, elasticity=el)
 
 
 def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mapping[str, Replay],
@@ -279,4 +338,35 @@ def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mappi
     return df
 
 
-__all__ += ["client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]
+def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: int | None = None,
+                           seed: int = 0) -> Any:
+    """Coefficient draws for simulating a **new run** of a configuration (an ``xr.Dataset`` like
+    :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`).
+
+    A posterior draw of the coefficients gives the mean a run would have if runs never varied;
+    a real run's mean TTFT and E2E also scatter around that by the client rows' residual (run
+    to run, and what the replay misses). Each draw here multiplies beta by ``exp(s_e2e * z1)``
+    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the configuration's fitted
+    noise scale of ``workload_e2e`` and ``workload_ttft`` (the fleet median for a configuration
+    without client rows): E2E is mostly steps (beta), TTFT mostly ``alpha_arrival``. The band of
+    the simulated means of these draws is a predictive band for a run's mean.
+    """
+    import xarray as xr
+
+    ds = model.coefficients(name, gpu, tp, n_draws=n_draws, seed=seed)
+    cid = config_id(load_architecture(name).name, load_gpu(gpu).name, int(tp))
+    s_e2e = float(model.noise(cid, "workload_e2e").sigma)
+    s_ttft = float(model.noise(cid, "workload_ttft").sigma)
+    rng = np.random.default_rng([seed, 7])
+    n = ds.sizes["sample"]
+    fb = xr.DataArray(np.exp(s_e2e * rng.standard_normal(n)), dims=("sample",))
+    fa = xr.DataArray(np.exp(s_ttft * rng.standard_normal(n)), dims=("sample",))
+    out = ds.copy()
+    out["beta"] = ds["beta"] * fb
+    out["alpha"] = ds["alpha"] * fa
+    out.attrs.update(ds.attrs)
+    out.attrs["run_level_sigma"] = {"workload_e2e": s_e2e, "workload_ttft": s_ttft}
+    return out
+
+
+__all__ += ["run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

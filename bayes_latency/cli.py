@@ -70,6 +70,11 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
                           n_draws=args.draws, runs=args.runs, data=args.data,
                           blis_src=args.blis_src, parallel=args.parallel)
+    if args.name == "client":
+        from bayes_latency.study.client_blis import main as study_client
+
+        return study_client(Path(args.out), blis=args.blis, quick=args.quick,
+                            n_draws=args.draws)
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
@@ -150,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
-    s.add_argument("name", choices=["real", "blis"],
-                   help="real: the fit study; blis: the 16 real runs simulated in BLIS")
+    s.add_argument("name", choices=["real", "blis", "client"],
+                   help="real: the fit study; blis: the 16 real runs simulated in BLIS; client: "
+                        "the runs' client metrics in the fit, in-sample / leave-one-run-out / "
+                        "leave-one-model-out through BLIS (with --blis)")
     s.add_argument("--out", default="results/real")
     s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
     s.add_argument("--blis", default=None, help="(blis) BLIS binary (default: $BLIS_BIN)")

@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,8 +49,8 @@ from bayes_latency.physics.basis import DEFAULT_TERMS, basis_matrix, term_names
 from bayes_latency.physics.hardware import GPU
 from bayes_latency.physics.serving import ServingConfig
 
-__all__ = ["WORKLOAD_KINDS", "ClientStage", "Replay", "replay_stage", "stage_requests",
-           "workload_rows"]
+__all__ = ["MAX_ELASTICITY", "WORKLOAD_KINDS", "ClientStage", "Replay", "elasticities",
+           "replay_stage", "stage_requests", "workload_rows"]
 
 #: Observation kinds of client-side means (see the module docstring).
 WORKLOAD_KINDS: tuple[str, ...] = ("workload_ttft", "workload_e2e", "workload_decode")
@@ -330,15 +329,39 @@ def _observed(stage: ClientStage) -> dict[str, float]:
     return {"workload_ttft": ttft, "workload_e2e": e2e, "workload_decode": dec}
 
 
-def workload_rows(stage: ClientStage, replay: Replay, arch: Architecture, gpu: GPU,
-                  terms: Sequence[str] = DEFAULT_TERMS) -> pd.DataFrame:
-    """Observation rows of one replayed stage (kinds :data:`WORKLOAD_KINDS`).
+def elasticities(replay: Replay, bumped: Replay, h: float) -> dict[str, float]:
+    """How the engine part of each client mean responds to scaling beta by ``1 + h``.
 
-    ``terms`` may hold more terms than the replay's (their features are 0, e.g. terms the
-    replay's beta set to 0 are still computed: pass the fit's terms to both).
+    ``e = (m(1+h) / m(1) - 1) / h`` of the replayed engine means: 1 when the schedule does not
+    move (the mean is then exactly linear), above 1 when slower steps also make requests queue
+    longer (near capacity). Clipped to ``[1, MAX_ELASTICITY]``.
+    """
+    out = {}
+    for k in WORKLOAD_KINDS:
+        m0, m1 = replay.engine_us[k], bumped.engine_us[k]
+        e = (m1 / m0 - 1.0) / h if m0 > 0 and math.isfinite(m1) else 1.0
+        out[k] = float(min(max(e, 1.0), MAX_ELASTICITY))
+    return out
+
+
+#: Largest elasticity a tangent row may carry (a stage this sensitive is past its capacity).
+MAX_ELASTICITY = 50.0
+
+
+def workload_rows(stage: ClientStage, replay: Replay, arch: Architecture, gpu: GPU,
+                  terms: Sequence[str] = DEFAULT_TERMS,
+                  elasticity: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Observation rows of one replayed stage (kinds :data:`WORKLOAD_KINDS`).
 
     Rows whose measured mean is missing are left out. ``n_steps`` is 1 (the noise of a client
     mean is the kind's own, not a per-step noise), ``aggregate`` is ``"mean"``.
+
+    With ``elasticity`` (:func:`elasticities`), a row is the **tangent** of the mean at the
+    replayed coefficients instead of its fixed-schedule form: features ``e * f`` and value
+    ``y + (e - 1) * f . beta_r`` (``f . beta_r`` = the replayed engine mean), so that the row
+    predicts ``y`` at ``beta_r`` as before and moves ``e`` times faster when beta scales, as the
+    replay does when queueing grows with the step time. Near a stage's capacity the
+    fixed-schedule rows would let the fit overshoot and the replay/fit loop oscillate.
     """
     terms = tuple(term_names(terms))
     if tuple(replay.terms) != terms:
@@ -350,7 +373,9 @@ def workload_rows(stage: ClientStage, replay: Replay, arch: Architecture, gpu: G
         v = obs[kind]
         if not (math.isfinite(v) and v > 0):
             continue
-        frames.append(_rows(kind, np.array([v]), replay.features[kind][None, :], terms,
+        e = float((elasticity or {}).get(kind, 1.0))
+        frames.append(_rows(kind, np.array([v + (e - 1.0) * replay.engine_us[kind]]),
+                            e * replay.features[kind][None, :], terms,
                             n_steps=1, alpha=replay.alpha[kind], aggregate="mean"))
     if not frames:
         return _finish([], terms)

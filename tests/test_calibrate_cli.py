@@ -165,6 +165,18 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     d["tensor_parallel_size"] = 2
     p.write_text(json.dumps(d))
     _one_line_error(capsys, base + ["--model", "llama-2-7b"], "tp=2")
+    # a recorded model that is not --model
+    _one_line_error(capsys, base + ["--model", "llama-2-70b", "--tp", "2"], "--model llama-2-70b")
+
+
+def test_tracev2_and_detailed_vllm_give_recorded_stages():
+    data = Path(__file__).parent / "data"
+    for f, n in (("blis_observe.yaml", 19), ("vllm_bench_small.json", 11)):
+        tabs, _ = read_client_results(data / f)
+        (st,) = client_stages(tabs, *CFG, 5000, path=data / f)
+        assert st.arrival_s is not None and len(st.arrival_s) == n
+        assert list(st.arrival_s) == sorted(st.arrival_s) and st.arrival_s[0] >= 0.0
+        assert st.observed["ttft_mean_us"] > 0 and st.observed["e2e_mean_us"] > 0
 
 
 def test_real_inference_perf_run_matches_the_study_stages(real_dir):

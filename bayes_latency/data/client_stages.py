@@ -295,6 +295,18 @@ def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any]) -> Clien
                        output_tokens=tuple(int(x) for x in o[good][order]), **common)
 
 
+def _check_model(recorded: pd.Series, model: str | Path, eid: str) -> None:
+    """Refuse a result that names a known model other than ``model`` (both resolved)."""
+    from bayes_latency.physics.architecture import resolve_name
+
+    if not len(recorded):
+        return
+    mine, theirs = resolve_name(str(model)), resolve_name(str(recorded.iloc[0]))
+    if mine is not None and theirs is not None and mine != theirs:
+        raise ConfigError(f"{eid}: the result records model {recorded.iloc[0]!r} ({theirs}), "
+                          f"not --model {model} ({mine})")
+
+
 def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: int,
                   kv_blocks: int, path: str | Path | None = None,
                   max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
@@ -336,6 +348,7 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
     results, profile = _stage_files(Path(path) if path is not None else None)
     out: list[ClientStage] = []
     for eid, rows in lc.groupby("experiment_id", sort=False):
+        _check_model(rows["model"].dropna(), model, str(eid))
         rtp = rows["tp"].dropna()
         if len(rtp) and int(rtp.iloc[0]) != int(tp):
             raise ConfigError(f"{eid}: the result records tp={int(rtp.iloc[0])}, not --tp {tp}")

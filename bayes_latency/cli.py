@@ -93,7 +93,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     rows join the same fit), saves the posterior atomically, prints the history, the replayed
     means against the measured ones and the gates, and with ``--export`` writes a BLIS YAML whose
     ``draws`` are run-level draws (:func:`~bayes_latency.calibrate.run_level_coefficients`).
-    Exit 1 when a convergence or adequacy gate fails or the calibration did not converge.
+    Exit 1 when a convergence or adequacy gate fails, the calibration did not converge or a
+    measured client mean is outside its run-level 90% band (the model cannot explain it, e.g.
+    trace rows of ``--tables`` that disagree with the client result).
     """
     import math
 
@@ -245,14 +247,21 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if not cal.converged:
         failed.append(f"calibration: the client means still moved by {cal.final_change:.2%} "
                       f"after {cal.iterations} iteration(s) (raise --max-iter)")
-    bad = pred[(pred["kind"] != "workload_decode") & pred["observed_us"].notna()]
-    worst = float(bad["error"].abs().max()) if len(bad) else math.nan
+    fitted = pred[(pred["kind"] != "workload_decode") & pred["observed_us"].notna()]
+    worst = float(fitted["error"].abs().max()) if len(fitted) else math.nan
     print(f"largest error of a replayed client mean: {worst:.2%}")
+    out_band = fitted[(fitted["observed_us"] < fitted["run_q05_us"])
+                      | (fitted["observed_us"] > fitted["run_q95_us"])]
+    if len(out_band):
+        failed.append("client means outside the run-level 90% band: " + "; ".join(
+            f"{r.experiment_id} {r.kind} measured {r.observed_us / 1e3:.4g} ms, band "
+            f"[{r.run_q05_us / 1e3:.4g}, {r.run_q95_us / 1e3:.4g}] ms"
+            for r in out_band.itertuples()))
     if failed:
         print("bayes-latency: gates failed:\n" + "\n".join(f"- {f}" for f in failed),
               file=sys.stderr)
         return 1
-    print("gates passed (convergence, adequacy, calibration)")
+    print("gates passed (convergence, adequacy, calibration, client means in their bands)")
     return 0
 
 

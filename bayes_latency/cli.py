@@ -1,4 +1,4 @@
-"""The ``bayes-latency`` command: simulate, ingest, fit, check, export, demo.
+"""The ``bayes-latency`` command: simulate, ingest, fit, calibrate, check, export, demo.
 
 Each subcommand parses its arguments here and calls one library function; errors of the package
 (:class:`~bayes_latency.errors.BayesLatencyError`) become a one-line message and exit code 2,
@@ -70,9 +70,267 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
                           n_draws=args.draws, runs=args.runs, data=args.data,
                           blis_src=args.blis_src, parallel=args.parallel)
+    if args.name == "client":
+        from bayes_latency.study.client_blis import main as study_client
+
+        return study_client(Path(args.out), blis=args.blis, quick=args.quick,
+                            n_draws=args.draws)
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    return calibrate_command(args)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """``bayes-latency calibrate RESULT --model M --gpu G --tp N --out post.nc``.
+
+    Reads a client benchmark result (any format :func:`~bayes_latency.data.client.
+    read_client_results` accepts), builds its load stages, calibrates (replay -> fit -> replay at
+    the posterior mean until the client means stop moving; with ``--tables`` the ingested trace
+    rows join the same fit), saves the posterior atomically, prints the history, the replayed
+    means against the measured ones and the gates, and with ``--export`` writes a BLIS YAML whose
+    ``draws`` are run-level draws (:func:`~bayes_latency.calibrate.run_level_coefficients`).
+    Exit 1 when a convergence or adequacy gate fails, the calibration did not converge or a
+    measured client mean is outside its run-level 90% band (the model cannot explain it, e.g.
+    trace rows of ``--tables`` that disagree with the client result).
+    """
+    import math
+
+    import pandas as pd
+
+    from bayes_latency.io import atomic_path, atomic_write_text, check_output_path
+    from bayes_latency.model.estimator import _check_sampler_args
+    from bayes_latency.physics.architecture import load_architecture
+    from bayes_latency.physics.hardware import load_gpu
+
+    # ---- validation before any long work
+    _check_sampler_args(args)
+    for opt, name, lo in (("--tp", "tp", 1), ("--max-num-seqs", "max_num_seqs", 1),
+                          ("--max-num-batched-tokens", "max_num_batched_tokens", 1),
+                          ("--max-iter", "max_iter", 1), ("--export-draws", "export_draws", 0)):
+        v = getattr(args, name)
+        if v is not None and v < lo:
+            raise BayesLatencyError(f"{opt} {v}: must be >= {lo}")
+    if args.kv_blocks is not None and args.kv_blocks < 1:
+        raise BayesLatencyError(f"--kv-blocks {args.kv_blocks}: must be >= 1")
+    if not (0 < args.tol < 1):
+        raise BayesLatencyError(f"--tol {args.tol}: must be in (0, 1)")
+    result = Path(args.result)
+    if not result.exists():
+        raise BayesLatencyError(f"RESULT {result}: no such file or folder")
+    inputs = [result] + ([Path(args.tables)] if args.tables else []) \
+        + [Path(p) for p in (args.model, args.gpu, args.priors) if p and Path(p).exists()]
+    out_path = check_output_path(args.out, inputs, kind="file")
+    export_path = check_output_path(args.export, inputs + [out_path], kind="file") \
+        if args.export else None
+    if export_path is not None and export_path.resolve() == out_path.resolve():
+        raise BayesLatencyError(f"--export {export_path}: the same file as --out")
+    arch = load_architecture(args.model)
+    gpu = load_gpu(args.gpu)
+    if arch.n_heads % args.tp:
+        raise BayesLatencyError(f"--tp {args.tp}: does not divide the {arch.n_heads} attention "
+                                f"heads of {arch.name}")
+    terms = tuple(t.strip() for t in args.terms.split(",") if t.strip()) if args.terms else None
+
+    # ---- inputs
+    from bayes_latency.data.client import read_client_results
+    from bayes_latency.data.client_stages import client_stages, default_kv_blocks, stages_table
+
+    tables, report = read_client_results(result)
+    print(report.format())
+    kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
+                                                                      args.tp)
+    stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,
+                           max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    print(f"{len(stages)} load stage(s) to replay on {arch.name} / {gpu.name} / TP {args.tp}, "
+          f"{kv} KV blocks per GPU" + ("" if args.kv_blocks else " (BLIS's formula)"))
+    with pd.option_context("display.width", 140, "display.max_columns", 20):
+        print(stages_table(stages).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    base = pd.DataFrame()
+    if args.tables:
+        from bayes_latency.data.observations import validate_observations
+        from bayes_latency.model.estimator import load_observations
+
+        tp_ = Path(args.tables)
+        f_in = tp_ / "observations.parquet" if tp_.is_dir() else tp_
+        base = validate_observations(load_observations(args.tables), source=str(f_in))
+        print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
+
+    # ---- calibrate
+    from bayes_latency.calibrate import calibrate, client_predictions
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+
+    def fit(obs: pd.DataFrame) -> object:
+        m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
+                         sampler=args.sampler)
+        return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+                     progress=sys.stderr.isatty(), target_accept=args.target_accept)
+
+    cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed)
+    m = cal.model
+    with atomic_path(out_path) as tmp:
+        m.save(tmp)
+    h = cal.history
+    print(f"calibration: {cal.iterations} iteration(s), final change of a client mean "
+          f"{cal.final_change:.2%} (tolerance {args.tol:.2%}), "
+          + ("converged" if cal.converged else "NOT converged"))
+    print(h[["iteration", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
+    n_cfg_stages = len(stages)
+    run = _run_level_draws(m, args, n_cfg_stages, n_draws=200)
+    pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
+    show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
+                 "run_q05_us", "run_q95_us", "error"]]
+    print("replayed client means at the posterior (µs; q05/q95: 5-95% over coefficient draws; "
+          "run_q05/run_q95: a new run's mean, run-level draws):")
+    print(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    sig = run.attrs.get("run_level_sigma", {})
+    print("run-to-run scatter of the bands (log scale): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sig.items())
+          + f" [{run.attrs.get('run_level_sigma_source', 'fitted')}]")
+    print(f"saved {out_path}")
+
+    # ---- export with run-level draws
+    if export_path is not None:
+        import yaml
+
+        from bayes_latency.export import (
+            _check_finite,
+            blis_draws,
+            blis_notes,
+            blis_yaml,
+            provenance,
+        )
+
+        config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
+        coefs = m.coefficients(args.model, args.gpu, int(args.tp))
+        prov = {**provenance(m.result.attrs, out_path), "client_result": str(result),
+                "calibration_iterations": int(cal.iterations),
+                "calibration_final_change": float(cal.final_change)}
+        text = blis_yaml(coefs, config, prov)
+        if args.export_draws:
+            run = _run_level_draws(m, args, n_cfg_stages)
+            sig = run.attrs.get("run_level_sigma", {})
+            text += yaml.safe_dump(
+                {"draws_kind": "run-level: posterior draws x the run-to-run scatter of the client "
+                               "means (predictive band of a new run's mean)",
+                 "run_level_sigma": {k: float(v) for k, v in sig.items()},
+                 "run_level_sigma_source": str(run.attrs.get("run_level_sigma_source")),
+                 "draws": blis_draws(run, int(args.export_draws), args.seed, config)},
+                sort_keys=False, default_flow_style=None, width=120)
+        _check_finite(yaml.safe_load(text))
+        atomic_write_text(export_path, text)
+        for note in blis_notes(coefs, config):
+            print(f"note: {note}")
+        print(f"exported {export_path}" + (f" with {args.export_draws} run-level draws"
+                                           if args.export_draws else ""))
+
+    # ---- gates
+    from bayes_latency.checks.adequacy import check_fit
+
+    conv = m.convergence({"max_rhat": args.max_rhat})
+    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
+          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
+                                                  if conv["approximate"] else ""))
+    adq, _, _ = check_fit(m, cal.observations, None, seed=args.seed)
+    failed = []
+    if not conv["passed"]:
+        failed.append("convergence: " + "; ".join(conv["failures"]))
+    if not adq.passed:
+        failed.append("adequacy: " + "; ".join(adq.failures))
+    if not cal.converged:
+        failed.append(f"calibration: the client means still moved by {cal.final_change:.2%} "
+                      f"after {cal.iterations} iteration(s) (raise --max-iter)")
+    fitted = pred[(pred["kind"] != "workload_decode") & pred["observed_us"].notna()]
+    worst = float(fitted["error"].abs().max()) if len(fitted) else math.nan
+    print(f"largest error of a replayed client mean: {worst:.2%}")
+    out_band = fitted[(fitted["observed_us"] < fitted["run_q05_us"])
+                      | (fitted["observed_us"] > fitted["run_q95_us"])]
+    if len(out_band):
+        failed.append("client means outside the run-level 90% band: " + "; ".join(
+            f"{r.experiment_id} {r.kind} measured {r.observed_us / 1e3:.4g} ms, band "
+            f"[{r.run_q05_us / 1e3:.4g}, {r.run_q95_us / 1e3:.4g}] ms"
+            for r in out_band.itertuples()))
+    if failed:
+        print("bayes-latency: gates failed:\n" + "\n".join(f"- {f}" for f in failed),
+              file=sys.stderr)
+        return 1
+    print("gates passed (convergence, adequacy, calibration, client means in their bands)")
+    return 0
+
+
+#: A configuration with fewer client stages than this cannot estimate its run-to-run scatter:
+#: the bands of ``calibrate`` then use the prior's mean scale of the client-mean noise.
+_MIN_STAGES_FOR_SCATTER = 3
+
+
+def _run_level_draws(m: object, args: argparse.Namespace, n_stages: int,
+                     n_draws: int | None = None) -> object:
+    """Run-level coefficient draws (:func:`~bayes_latency.calibrate.run_level_coefficients`);
+    with fewer than :data:`_MIN_STAGES_FOR_SCATTER` client stages the fitted scatter (one or two
+    means cannot estimate it) is replaced by the prior's mean half-normal scale."""
+    import math
+
+    import numpy as np
+    import xarray as xr
+
+    from bayes_latency.calibrate import run_level_coefficients
+    from bayes_latency.priors import load_priors
+
+    run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), n_draws=n_draws,
+                                 seed=args.seed)
+    if n_stages >= _MIN_STAGES_FOR_SCATTER:
+        run.attrs["run_level_sigma_source"] = "fitted"
+        return run
+    pri = load_priors(args.priors)
+    sig = {}
+    for k in ("workload_e2e", "workload_ttft"):
+        s = pri.noise_prior(k)["sigma"]
+        sig[k] = float(s.get("sigma", 0.1)) * math.sqrt(2.0 / math.pi)
+    ds = m.coefficients(args.model, args.gpu, int(args.tp), n_draws=n_draws, seed=args.seed)
+    rng = np.random.default_rng([args.seed, 7])
+    n = ds.sizes["sample"]
+    out = ds.copy()
+    out["beta"] = ds["beta"] * xr.DataArray(np.exp(sig["workload_e2e"] * rng.standard_normal(n)),
+                                            dims=("sample",))
+    out["alpha"] = ds["alpha"] * xr.DataArray(
+        np.exp(sig["workload_ttft"] * rng.standard_normal(n)), dims=("sample",))
+    out.attrs.update(ds.attrs)
+    out.attrs["run_level_sigma"] = sig
+    out.attrs["run_level_sigma_source"] = (f"prior mean (fewer than {_MIN_STAGES_FOR_SCATTER} "
+                                           f"client stages cannot estimate the scatter)")
+    return out
+
+
+def _bands(run: object, stages: list, replays: dict) -> object:
+    """5-95% band of each stage's replayed client means over the run-level draws (µs)."""
+    import numpy as np
+    import pandas as pd
+
+    from bayes_latency.data.replay import WORKLOAD_KINDS
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+
+    fitted = [str(t) for t in run["term"].values]
+    B = np.zeros((run.sizes["sample"], len(DEFAULT_TERMS)))
+    for j, t in enumerate(DEFAULT_TERMS):
+        if t in fitted:
+            B[:, j] = run["beta"].sel(term=t).values
+    A = {str(a): run["alpha"].sel(alpha_term=a).values for a in run["alpha_term"].values}
+    rows = []
+    for s in stages:
+        rep = replays[s.experiment_id]
+        for k in WORKLOAD_KINDS[:2]:
+            v = B @ rep.features[k] + sum(w * A.get(a, 0.0) for a, w in rep.alpha[k].items())
+            rows.append({"experiment_id": s.experiment_id, "kind": k,
+                         "run_q05_us": float(np.quantile(v, 0.05)),
+                         "run_q95_us": float(np.quantile(v, 0.95))})
+    return pd.DataFrame(rows)
 
 
 _SCHEDULER_HELP = ("Dask scheduler for the per-experiment / per-configuration tasks: an address "
@@ -122,6 +380,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help=_SCHEDULER_HELP + " (stage 1 only; the hierarchy runs here)")
     s.set_defaults(func=_cmd_fit)
 
+    s = sub.add_parser("calibrate", help="coefficients with bands from one client benchmark "
+                                         "result (no traces needed)")
+    s.add_argument("result", help="client result: vllm bench serve JSON, inference-perf results "
+                                  "folder / lifecycle JSON, or BLIS TraceV2 header YAML / CSV")
+    s.add_argument("--model", required=True, help="known model name or config.json path")
+    s.add_argument("--gpu", required=True)
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--out", required=True, help="posterior file (.nc)")
+    s.add_argument("--tables", help="ingested trace tables whose rows join the same fit")
+    s.add_argument("--export", help="BLIS YAML of the configuration (with run-level draws)")
+    s.add_argument("--export-draws", type=int, default=20,
+                   help="run-level coefficient draws in the export (for bands; 0: none)")
+    s.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV-cache blocks per GPU (default: BLIS's formula from config.json and "
+                        "the GPU memory)")
+    s.add_argument("--max-num-seqs", type=int, default=128)
+    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
+    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"])
+    s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
+    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--tune", type=int, default=1000)
+    s.add_argument("--chains", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-rhat", type=float, default=1.01)
+    s.add_argument("--target-accept", type=float, default=0.95)
+    s.add_argument("--tol", type=float, default=0.01,
+                   help="stop when no replayed client mean moves more than this (relative)")
+    s.add_argument("--max-iter", type=int, default=6, help="most replay/fit iterations")
+    s.set_defaults(func=_cmd_calibrate)
+
     s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")
     s.add_argument("posterior")
     s.add_argument("--tables", help="ingested tables for predictive checks")
@@ -150,8 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
-    s.add_argument("name", choices=["real", "blis"],
-                   help="real: the fit study; blis: the 16 real runs simulated in BLIS")
+    s.add_argument("name", choices=["real", "blis", "client"],
+                   help="real: the fit study; blis: the 16 real runs simulated in BLIS; client: "
+                        "the runs' client metrics in the fit, in-sample / leave-one-run-out / "
+                        "leave-one-model-out through BLIS (with --blis)")
     s.add_argument("--out", default="results/real")
     s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
     s.add_argument("--blis", default=None, help="(blis) BLIS binary (default: $BLIS_BIN)")

@@ -101,7 +101,8 @@ MIN_CALIBRATION = 5
 
 _KIND_ROLE = {"iteration": "beta", "step_window": "beta", "benchmark_mean": "beta",
               "request_prefill": "ppc", "request_decode": "ppc", "scheduler_cpu": "aux",
-              "alpha_arrival": "alpha", "alpha_departure": "alpha"}
+              "alpha_arrival": "alpha", "alpha_departure": "alpha",
+              "workload_ttft": "workload", "workload_e2e": "workload", "workload_decode": "ppc"}
 
 
 def observation_columns(terms: Sequence[str] = DEFAULT_TERMS) -> list[str]:

@@ -82,7 +82,8 @@ NUMBA_FASTMATH = False
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
-               "benchmark_mean": ("iteration",)}
+               "benchmark_mean": ("iteration",),
+               "workload_decode": ("workload_e2e",)}
 
 
 def _priors_yaml(priors: object) -> str:

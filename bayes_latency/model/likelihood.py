@@ -25,7 +25,7 @@ import numpy as np
 from scipy import special
 
 #: Kinds whose rows are fitted, and the coefficient block they inform.
-FIT_ROLES = ("beta", "alpha")
+FIT_ROLES = ("beta", "alpha", "workload")
 #: Kinds with an anchor-timing error term ``tau``.
 WINDOW_KINDS = frozenset({"step_window"})
 

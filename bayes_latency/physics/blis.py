@@ -258,3 +258,77 @@ def blis_shape_from_fields(*, n_layers: int, hidden: int, n_heads: int, n_kv_hea
 
 __all__ = ["BLIS_COMMIT", "BlisHardware", "BlisModelShape", "KV_BYTES", "MOE_MIN_EXPERTS",
            "blis_shape_from_config", "blis_shape_from_fields"]
+
+
+# ------------------------------------------------------------------------------ KV blocks
+_GIB = 1 << 30
+
+
+def _moe_experts(cfg: Mapping[str, Any]) -> int:
+    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
+        v = cfg.get(k)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 0
+
+
+def kv_blocks_per_gpu(config: Mapping[str, Any], tp: int, memory_gib: float = 80.0,
+                      gpu_memory_utilization: float = 0.9, block_size: int = 16,
+                      bytes_per_param: float = 2.0) -> int:
+    """KV cache blocks of ONE GPU, the number ``--total-kv-blocks`` means in BLIS.
+
+    BLIS's auto-calculation (``CalculateKVBlocks``) computes
+    ``(TP * mem * util - weights - activation - TP * non_torch) / per_gpu_block_bytes``: all
+    GPUs' memory over one GPU's block size, TP x the blocks vLLM reports. This is that value
+    divided by TP (same weights estimate, activation 5.5 GiB dense / 8 GiB MoE, non-torch
+    0.15 GiB at TP 1 else 0.6 GiB per GPU). Dense, GQA and Mixtral-style MoE configs.
+
+    Parameters
+    ----------
+    config
+        The model's Hugging Face ``config.json`` (parsed).
+    tp
+        Tensor-parallel degree.
+    memory_gib
+        Memory of one GPU, GiB (BLIS: 80 for H100).
+
+    Raises
+    ------
+    ConfigError
+        When the config lacks a field or the model does not fit.
+    """
+    from bayes_latency.errors import ConfigError
+
+    try:
+        h = int(config["hidden_size"])
+        n_layers = int(config["num_hidden_layers"])
+        n_heads = int(config["num_attention_heads"])
+        n_kv = int(config.get("num_key_value_heads") or n_heads)
+        inter = int(config["intermediate_size"])
+        vocab = int(config["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"model config lacks a field for KV blocks: {exc}") from exc
+    head_dim = int(config.get("head_dim") or h // n_heads)
+    kv_dim = n_kv * head_dim
+    experts = _moe_experts(config)
+    attn = h * (h + 2 * kv_dim) + h * h
+    if experts >= 2:
+        mlp = n_layers * (3 * h * inter * experts + experts * h)
+    else:
+        mlp = n_layers * 3 * h * inter
+    lm_head = 0 if config.get("tie_word_embeddings") else vocab * h
+    params = vocab * h + n_layers * (attn + 2 * h) + mlp + lm_head + h
+    weights_gib = params * bytes_per_param / _GIB
+    activation = 8.0 if experts >= 2 else 5.5
+    non_torch = (0.15 if tp == 1 else 0.6) * tp
+    total = memory_gib * gpu_memory_utilization * tp
+    free = total - weights_gib - activation - non_torch
+    per_token_gpu = n_layers * 2.0 * head_dim * n_kv * bytes_per_param / tp
+    block_bytes = int(per_token_gpu * block_size)
+    if free <= 0 or block_bytes <= 0:
+        raise ConfigError(f"model does not fit on {tp} x {memory_gib} GiB")
+    blis_auto = int(free * _GIB) // block_bytes
+    return blis_auto // tp
+
+
+__all__ += ["kv_blocks_per_gpu"]

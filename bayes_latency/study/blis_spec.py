@@ -33,6 +33,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from bayes_latency.data.client_stages import (  # noqa: F401  (moved there; re-exported)
+    QUANTILE_LEVELS,
+    _tilt,
+    empirical_pdf,
+    pdf_mean,
+)
 from bayes_latency.data.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
 from bayes_latency.errors import BayesLatencyError, TraceFormatError
 from bayes_latency.physics.architecture import resolve_name
@@ -52,12 +58,6 @@ EXPORT_MODELS: tuple[str, ...] = ("llama-2-7b", "llama-2-70b", "codellama-34b", 
 #: request of the 4 reasoning runs ended between 300.0 and 301.0 s (``failures.request_latency``)
 #: and no success took longer than 300.4 s. Passed to BLIS as ``--timeout``.
 CLIENT_TIMEOUT_S = 300
-#: Quantile levels of inference-perf distributions, key -> level.
-QUANTILE_LEVELS: dict[str, float] = {
-    "min": 0.0, "p0.1": 0.001, "p1": 0.01, "p5": 0.05, "p10": 0.10, "p25": 0.25,
-    "median": 0.50, "p75": 0.75, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p99.9": 0.999,
-    "max": 1.0,
-}
 ENV_DATA = "BAYES_LATENCY_REAL_DATA"
 
 
@@ -181,76 +181,6 @@ def real_data_dir(explicit: str | Path | None = None) -> Path | None:
     return None
 
 
-def empirical_pdf(dist: Mapping[str, Any], min_tokens: int = 1) -> dict[int, float]:
-    """An integer length distribution rebuilt from inference-perf quantiles and mean.
-
-    The mass between two consecutive quantile levels (e.g. 0.25 between ``p25`` and ``median``)
-    is spread evenly over the integers between the two quantile values (a point mass when they
-    are equal), so the CDF is piecewise linear through every reported quantile. Lengths below
-    ``min_tokens`` are raised to it (BLIS generates at least one token). When ``dist`` has a
-    ``mean`` inside ``(min, max)``, the distribution is then exponentially tilted
-    (``p_k * exp(theta * k)``, the closest distribution in KL) so that its mean equals it; the
-    piecewise-uniform version alone is 0-3% below the real means (the Llama-2-7B runs' long
-    low tails).
-
-    Raises
-    ------
-    TraceFormatError
-        When fewer than two quantiles are present or they decrease.
-    """
-    pts = []
-    for key, level in QUANTILE_LEVELS.items():
-        v = dist.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            pts.append((level, float(v)))
-    if len(pts) < 2:
-        raise TraceFormatError("output_len has fewer than two quantiles", field="output_len")
-    pdf: dict[int, float] = {}
-    for (l0, v0), (l1, v1) in zip(pts, pts[1:], strict=False):
-        if v1 < v0 - 1e-9:
-            raise TraceFormatError(f"output_len quantiles decrease ({v0} -> {v1})",
-                                   field="output_len")
-        mass = l1 - l0
-        if mass <= 0:
-            continue
-        lo, hi = max(int(round(v0)), min_tokens), max(int(round(v1)), min_tokens)
-        n = hi - lo + 1
-        for t in range(lo, hi + 1):
-            pdf[t] = pdf.get(t, 0.0) + mass / n
-    keys = np.array(sorted(pdf), dtype=float)
-    probs = np.array([pdf[int(k)] for k in keys])
-    probs /= probs.sum()
-    target = dist.get("mean")
-    if isinstance(target, (int, float)) and not isinstance(target, bool) \
-            and keys[0] < target < keys[-1]:
-        probs = _tilt(keys, probs, float(target))
-    return {int(k): float(p) for k, p in zip(keys, probs, strict=True)}
-
-
-def _tilt(keys: np.ndarray, probs: np.ndarray, target: float) -> np.ndarray:
-    """``probs * exp(theta * keys)`` normalised, with ``theta`` such that the mean is ``target``."""
-    z = (keys - keys.mean()) / (keys.max() - keys.min())
-
-    def tilted(theta: float) -> np.ndarray:
-        w = np.log(probs) + theta * z
-        w = np.exp(w - w.max())
-        return w / w.sum()
-
-    lo, hi = -200.0, 200.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if float(tilted(mid) @ keys) < target:
-            lo = mid
-        else:
-            hi = mid
-    return tilted(0.5 * (lo + hi))
-
-
-def pdf_mean(pdf: Mapping[int, float]) -> float:
-    """Mean of a ``{value: probability}`` distribution."""
-    return float(sum(k * p for k, p in pdf.items()) / sum(pdf.values()))
-
-
 def _load_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -344,63 +274,20 @@ def find_runs(data_dir: str | Path, substring: str | None = None) -> list[RealRu
 
 
 # ------------------------------------------------------------------------------ KV blocks
-_GIB = 1 << 30
-
-
-def _moe_experts(cfg: Mapping[str, Any]) -> int:
-    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
-        v = cfg.get(k)
-        if isinstance(v, int) and v > 0:
-            return v
-    return 0
-
-
 def kv_blocks_per_gpu(config: Mapping[str, Any], tp: int, memory_gib: float = 80.0,
                       gpu_memory_utilization: float = 0.9, block_size: int = 16,
                       bytes_per_param: float = 2.0) -> int:
-    """KV cache blocks of ONE GPU, the number ``--total-kv-blocks`` means in BLIS.
+    """:func:`bayes_latency.physics.blis.kv_blocks_per_gpu` (moved there), raising
+    :class:`BlisSetupError` when the config lacks a field or the model does not fit."""
+    from bayes_latency.errors import ConfigError
+    from bayes_latency.physics.blis import kv_blocks_per_gpu as _kv
 
-    BLIS's auto-calculation (``CalculateKVBlocks``) computes
-    ``(TP * mem * util - weights - activation - TP * non_torch) / per_gpu_block_bytes``: all
-    GPUs' memory over one GPU's block size, TP x the blocks vLLM reports. This is that value
-    divided by TP (same weights estimate, activation 5.5 GiB dense / 8 GiB MoE, non-torch
-    0.15 GiB at TP 1 else 0.6 GiB per GPU). Dense, GQA and Mixtral-style MoE configs.
-
-    Raises
-    ------
-    BlisSetupError
-        When the config lacks a field or the model does not fit.
-    """
     try:
-        h = int(config["hidden_size"])
-        n_layers = int(config["num_hidden_layers"])
-        n_heads = int(config["num_attention_heads"])
-        n_kv = int(config.get("num_key_value_heads") or n_heads)
-        inter = int(config["intermediate_size"])
-        vocab = int(config["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BlisSetupError(f"model config lacks a field for KV blocks: {exc}") from exc
-    head_dim = int(config.get("head_dim") or h // n_heads)
-    kv_dim = n_kv * head_dim
-    experts = _moe_experts(config)
-    attn = h * (h + 2 * kv_dim) + h * h
-    if experts >= 2:
-        mlp = n_layers * (3 * h * inter * experts + experts * h)
-    else:
-        mlp = n_layers * 3 * h * inter
-    lm_head = 0 if config.get("tie_word_embeddings") else vocab * h
-    params = vocab * h + n_layers * (attn + 2 * h) + mlp + lm_head + h
-    weights_gib = params * bytes_per_param / _GIB
-    activation = 8.0 if experts >= 2 else 5.5
-    non_torch = (0.15 if tp == 1 else 0.6) * tp
-    total = memory_gib * gpu_memory_utilization * tp
-    free = total - weights_gib - activation - non_torch
-    per_token_gpu = n_layers * 2.0 * head_dim * n_kv * bytes_per_param / tp
-    block_bytes = int(per_token_gpu * block_size)
-    if free <= 0 or block_bytes <= 0:
-        raise BlisSetupError(f"model does not fit on {tp} x {memory_gib} GiB")
-    blis_auto = int(free * _GIB) // block_bytes
-    return blis_auto // tp
+        return _kv(config, tp, memory_gib=memory_gib,
+                   gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                   bytes_per_param=bytes_per_param)
+    except ConfigError as exc:
+        raise BlisSetupError(str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------ workload

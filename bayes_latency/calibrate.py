@@ -1,0 +1,372 @@
+"""Calibrate from client-side results: replay, fit, replay again until the rows stop moving.
+
+The rows of a client run (:mod:`bayes_latency.data.replay`) are linear in the coefficients once
+the run's schedule is known, and the schedule depends on the coefficients. :func:`calibrate`
+solves that fixed point:
+
+1. replay every client stage at the current coefficients of its configuration (the posterior
+   mean of the previous fit; at the start, the start coefficients given, else the prior medians);
+2. fit the step, journey and benchmark rows together with the client rows (one hierarchical fit,
+   the client rows with their own noise kinds), and take the new posterior means;
+3. replay again at the new means and compare the rows' predicted means at those same
+   coefficients under the old and the new schedule; stop when the largest relative change is
+   below ``tol`` (or after ``max_iter`` fits).
+
+The fit of the last iteration is returned with the history (iterations, final change). A
+configuration with only client rows gets its posterior from them plus the hierarchy; one with
+traces too gets both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bayes_latency.data.observations import DEFAULT_STACK, config_id
+from bayes_latency.data.replay import (
+    WORKLOAD_KINDS,
+    ClientStage,
+    Replay,
+    elasticities,
+    predicted_means,
+    replay_stage,
+    workload_rows,
+)
+from bayes_latency.errors import ConfigError
+from bayes_latency.physics.architecture import load_architecture
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
+from bayes_latency.physics.hardware import load_gpu
+
+__all__ = ["Calibration", "calibrate", "config_means", "replay_all"]
+
+#: Largest relative change of any predicted client mean between two replays at the same
+#: coefficients for the loop to stop.
+DEFAULT_TOL = 0.01
+DEFAULT_MAX_ITER = 6
+#: Relative step of beta for the elasticities of the tangent rows.
+BUMP = 0.05
+
+
+@dataclass
+class Calibration:
+    """Result of :func:`calibrate`.
+
+    Attributes
+    ----------
+    model
+        The last fit (a fitted :class:`~bayes_latency.model.estimator.LatencyModel`).
+    observations
+        The rows it was fitted on (the base rows plus the last client rows).
+    rows
+        The last client rows (kinds :data:`~bayes_latency.data.replay.WORKLOAD_KINDS`).
+    history
+        One row per iteration: ``iteration, fit_s, replay_s, max_change, worst_row``
+        (``max_change``: largest relative change of a predicted client mean when the schedule is
+        replayed again at the fit's posterior mean; NaN for the last when not re-replayed).
+    converged
+        Whether the last change is below the tolerance.
+    replays
+        The last replays, by experiment id.
+    """
+
+    model: Any
+    observations: pd.DataFrame
+    rows: pd.DataFrame
+    history: pd.DataFrame
+    converged: bool
+    replays: dict[str, Replay] = field(default_factory=dict)
+    elasticity: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def iterations(self) -> int:
+        """Number of fits."""
+        return len(self.history)
+
+    @property
+    def final_change(self) -> float:
+        """Last ``max_change``."""
+        return float(self.history["max_change"].iloc[-1]) if len(self.history) else math.nan
+
+
+def config_means(model: Any, stages: Sequence[ClientStage], terms: Sequence[str],
+                 seed: int = 0) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Posterior-mean ``(beta over terms, {alpha_term: value})`` of every stage's configuration.
+
+    Terms the model did not fit get 0 (the value an export writes for them).
+    """
+    out: dict[str, tuple[np.ndarray, dict[str, float]]] = {}
+    names = list(term_names(terms))
+    for s in stages:
+        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        if cid in out:
+            continue
+        ds = model.coefficients(s.model, s.gpu, s.tp, seed=seed)
+        b = ds["beta"].mean("sample")
+        fitted = {str(t): float(v) for t, v in zip(b["term"].values, b.values, strict=True)}
+        beta = np.array([fitted.get(t, 0.0) for t in names])
+        a = ds["alpha"].mean("sample")
+        alpha = {str(t): float(v) for t, v in zip(a["alpha_term"].values, a.values, strict=True)}
+        out[cid] = (beta, alpha)
+    return out
+
+
+def _replay_unit(stage: ClientStage, beta: np.ndarray, terms: tuple[str, ...],
+                 seed: int) -> Replay:
+    return replay_stage(stage, load_architecture(stage.model), load_gpu(stage.gpu), beta, terms,
+                        seed=seed)
+
+
+def replay_all(stages: Sequence[ClientStage], coefs: Mapping[str, tuple[np.ndarray, Any]],
+               terms: Sequence[str], seed: int = 0, scheduler: Any = "inline",
+               bump: float = BUMP) -> tuple[dict[str, Replay], pd.DataFrame, pd.DataFrame]:
+    """Replay every stage at its configuration's coefficients, and again with beta scaled by
+    ``1 + bump``; the replays, their tangent rows and the elasticities.
+
+    Returns
+    -------
+    (replays, rows, elasticity)
+        Replays by experiment id, the client rows (:func:`~bayes_latency.data.replay.
+        workload_rows` with the elasticities; ``bump=0``: fixed-schedule rows) and one row per
+        stage with the elasticity of each kind.
+    """
+    from bayes_latency.parallel import run_units
+
+    terms = tuple(term_names(terms))
+    units = []
+    for s in stages:
+        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        if cid not in coefs:
+            raise ConfigError(f"client stage {s.experiment_id}: no coefficients for {cid}")
+        b = np.asarray(coefs[cid][0], dtype=float)
+        units.append((s, b, terms, seed))
+        if bump > 0:
+            units.append((s, b * (1.0 + bump), terms, seed))
+    out = run_units(_replay_unit, units, scheduler=scheduler, cost_s=1.5 * len(units),
+                    desc="replay", unit="stage")
+    step = 2 if bump > 0 else 1
+    reps = out[::step]
+    rows, el = [], []
+    for i, (s, r) in enumerate(zip(stages, reps, strict=True)):
+        e = elasticities(r, out[step * i + 1], bump) if bump > 0 else None
+        rows.append(workload_rows(s, r, load_architecture(s.model), load_gpu(s.gpu), terms,
+                                  elasticity=e))
+        el.append({"experiment_id": s.experiment_id, **{f"e_{k}": (e or {}).get(k, 1.0)
+                                                        for k in WORKLOAD_KINDS}})
+    return ({s.experiment_id: r for s, r in zip(stages, reps, strict=True)},
+            pd.concat(rows, ignore_index=True), pd.DataFrame(el))
+
+
+def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
+                 ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    from bayes_latency.priors import load_priors
+
+    pri = load_priors()
+    out = {}
+    for s in stages:
+        gpu = load_gpu(s.gpu)
+        cid = config_id(load_architecture(s.model).name, gpu.name, s.tp)
+        beta = np.array([float(pri.term(t, gpu=gpu.name)["median"]) for t in term_names(terms)])
+        alpha = {a: float(pri.term(a, gpu=gpu.name)["median"]) for a in ALPHA_TERMS}
+        out[cid] = (beta, alpha)
+    return out
+
+
+def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
+             old_el: pd.DataFrame, new: Mapping[str, Replay],
+             coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]]) -> tuple[float, str]:
+    """Largest relative gap, at the new coefficients, between the old rows' prediction of a
+    client mean (tangent at the old schedule) and a new replay's."""
+    worst, where = 0.0, ""
+    el = old_el.set_index("experiment_id")
+    for s in stages:
+        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        b, a = coefs[cid]
+        r0, r1 = old[s.experiment_id], new[s.experiment_id]
+        p0 = predicted_means(r0, b, a)
+        p1 = predicted_means(r1, b, a)
+        for k in ("workload_ttft", "workload_e2e"):
+            e = float(el.loc[s.experiment_id, f"e_{k}"])
+            # tangent: e * f0 . b - (e - 1) * f0 . b0 (+ alpha), f0 . b0 = the old engine mean
+            p0k = p0[k] + (e - 1.0) * (float(r0.features[k] @ b) - r0.engine_us[k])
+            c = abs(p1[k] / p0k - 1.0) if p0k > 0 else math.inf
+            if c > worst:
+                worst, where = c, f"{s.experiment_id}/{k}"
+    return worst, where
+
+
+def _blend(old: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+           new: Mapping[str, tuple[np.ndarray, Mapping[str, float]]], lam: float
+           ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Coefficients ``lam`` of the way from ``old`` to ``new`` (geometric where both > 0)."""
+    if lam >= 1.0:
+        return {k: (np.asarray(v[0]), dict(v[1])) for k, v in new.items()}
+    out = {}
+    for k, (bn, an) in new.items():
+        bo, ao = old.get(k, (bn, an))
+        bo, bn = np.asarray(bo, dtype=float), np.asarray(bn, dtype=float)
+        pos = (bo > 0) & (bn > 0)
+        b = np.where(pos, np.exp((1 - lam) * np.log(np.where(pos, bo, 1.0))
+                                 + lam * np.log(np.where(pos, bn, 1.0))),
+                     (1 - lam) * bo + lam * bn)
+        a = {t: float((ao.get(t, v) ** (1 - lam)) * (v ** lam)) if v > 0 and ao.get(t, v) > 0
+             else float(v) for t, v in an.items()}
+        out[k] = (b, a)
+    return out
+
+
+def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
+              fit: Callable[[pd.DataFrame], Any], terms: Sequence[str] = DEFAULT_TERMS,
+              start: Mapping[str, tuple[np.ndarray, Mapping[str, float]]] | None = None,
+              tol: float = DEFAULT_TOL, max_iter: int = DEFAULT_MAX_ITER, seed: int = 0,
+              scheduler: Any = "inline", log: Callable[[str], None] | None = print
+              ) -> Calibration:
+    """Fit ``base`` rows plus the client rows of ``stages`` at a self-consistent schedule.
+
+    Parameters
+    ----------
+    base
+        Observation rows of traces and benchmarks (may be empty: client results only).
+    stages
+        The client stages (their measured means are the rows' values).
+    fit
+        ``fit(observations) -> fitted LatencyModel`` (sampler settings are the caller's).
+    terms
+        Terms of the replayed features (every term the fit may use; the fit's own terms are
+        whatever ``fit`` builds). Default: BLIS's 11.
+    start
+        ``{config_id: (beta over terms, {alpha_term: value})}`` of the first replay; missing
+        configurations start at the prior medians.
+    tol, max_iter
+        Stop when the largest relative change of a predicted client mean is below ``tol``, or
+        after ``max_iter`` fits.
+    seed
+        Seed of the drawn requests (the same in every replay).
+    scheduler
+        Where the replays run (:func:`bayes_latency.parallel.run_units`).
+    log
+        Progress lines (None: quiet).
+
+    Returns
+    -------
+    Calibration
+    """
+    if not stages:
+        raise ConfigError("calibrate: no client stage to replay")
+    if not (tol > 0) or max_iter < 1:
+        raise ConfigError("calibrate: tol must be > 0 and max_iter >= 1")
+    terms = tuple(term_names(terms))
+    say = log or (lambda _m: None)
+    coefs = dict(_prior_start(stages, terms))
+    if start:
+        coefs.update({k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in start.items()})
+    replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
+    hist: list[dict[str, Any]] = []
+    model, obs = None, base
+    converged = False
+    lam, last_change = 1.0, math.inf
+    for it in range(1, max_iter + 1):
+        obs = pd.concat([base, rows], ignore_index=True) if len(base) else rows
+        xcols = [c for c in obs.columns if c.startswith("x_")]
+        obs[xcols] = obs[xcols].fillna(0.0)
+        t = time.perf_counter()
+        model = fit(obs)
+        fit_s = time.perf_counter() - t
+        post = config_means(model, stages, terms, seed=seed)
+        t = time.perf_counter()
+        new_replays, _, _ = replay_all(stages, post, terms, seed=seed, scheduler=scheduler,
+                                       bump=0.0)
+        change, where = _changes(stages, replays, el, new_replays, post)
+        max_e = float(el[[f"e_{k}" for k in ("workload_ttft", "workload_e2e")]].to_numpy().max())
+        hist.append({"iteration": it, "fit_s": fit_s, "max_change": change, "worst_row": where,
+                     "damping": lam, "max_elasticity": max_e, "n_rows": len(obs),
+                     "n_client_rows": len(rows)})
+        say(f"[calibrate] iteration {it}: fit {fit_s:.0f} s, largest change of a client mean "
+            f"{change:.2%} ({where}), largest elasticity {max_e:.2f}, damping {lam:g}")
+        if change < tol:
+            converged = True
+            hist[-1]["replay_s"] = time.perf_counter() - t
+            break
+        if it == max_iter:
+            hist[-1]["replay_s"] = time.perf_counter() - t
+            break
+        if change > last_change:
+            lam = max(lam / 2.0, 0.125)      # oscillating: take shorter steps
+        last_change = change
+        coefs = _blend(coefs, post, lam)
+        replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
+        hist[-1]["replay_s"] = time.perf_counter() - t
+    return Calibration(model=model, observations=obs, rows=rows, history=pd.DataFrame(hist),
+                       converged=converged, replays=replays, elasticity=el)
+
+
+def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mapping[str, Replay],
+                       terms: Sequence[str], n_draws: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Predicted client means (µs) per stage and kind at the posterior draws: mean, median, 5%
+    and 95% of ``features . theta`` over draws (coefficient uncertainty, no run noise), with the
+    measured value."""
+    names = list(term_names(terms))
+    out = []
+    for s in stages:
+        rep = replays[s.experiment_id]
+        ds = model.coefficients(s.model, s.gpu, s.tp, n_draws=n_draws, seed=seed)
+        fitted = [str(t) for t in ds["term"].values]
+        B = np.zeros((ds.sizes["sample"], len(names)))
+        for j, t in enumerate(names):
+            if t in fitted:
+                B[:, j] = ds["beta"].sel(term=t).values
+        A = {str(a): ds["alpha"].sel(alpha_term=a).values for a in ds["alpha_term"].values}
+        obs = {"workload_ttft": s.observed.get("ttft_mean_us", math.nan),
+               "workload_e2e": s.observed.get("e2e_mean_us", math.nan)}
+        L = float(s.observed.get("output_len_mean", math.nan))
+        obs["workload_decode"] = (obs["workload_e2e"] - obs["workload_ttft"]) / (L - 1.0) \
+            if L > 1 else math.nan
+        for k in WORKLOAD_KINDS:
+            v = B @ rep.features[k] + sum(w * A.get(a, 0.0) for a, w in rep.alpha[k].items())
+            out.append({"experiment_id": s.experiment_id, "run_id": s.run_id, "stage": s.stage,
+                        "model": s.model, "tp": s.tp, "kind": k, "observed_us": obs[k],
+                        "mean_us": float(np.mean(v)), "median_us": float(np.median(v)),
+                        "q05_us": float(np.quantile(v, 0.05)),
+                        "q95_us": float(np.quantile(v, 0.95))})
+    df = pd.DataFrame(out)
+    df["error"] = df["mean_us"] / df["observed_us"] - 1.0
+    return df
+
+
+def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: int | None = None,
+                           seed: int = 0) -> Any:
+    """Coefficient draws for simulating a **new run** of a configuration (an ``xr.Dataset`` like
+    :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`).
+
+    A posterior draw of the coefficients gives the mean a run would have if runs never varied;
+    a real run's mean TTFT and E2E also scatter around that by the client rows' residual (run
+    to run, and what the replay misses). Each draw here multiplies beta by ``exp(s_e2e * z1)``
+    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the configuration's fitted
+    noise scale of ``workload_e2e`` and ``workload_ttft`` (the fleet median for a configuration
+    without client rows): E2E is mostly steps (beta), TTFT mostly ``alpha_arrival``. The band of
+    the simulated means of these draws is a predictive band for a run's mean.
+    """
+    import xarray as xr
+
+    ds = model.coefficients(name, gpu, tp, n_draws=n_draws, seed=seed)
+    cid = config_id(load_architecture(name).name, load_gpu(gpu).name, int(tp))
+    s_e2e = float(model.noise(cid, "workload_e2e").sigma)
+    s_ttft = float(model.noise(cid, "workload_ttft").sigma)
+    rng = np.random.default_rng([seed, 7])
+    n = ds.sizes["sample"]
+    fb = xr.DataArray(np.exp(s_e2e * rng.standard_normal(n)), dims=("sample",))
+    fa = xr.DataArray(np.exp(s_ttft * rng.standard_normal(n)), dims=("sample",))
+    out = ds.copy()
+    out["beta"] = ds["beta"] * fb
+    out["alpha"] = ds["alpha"] * fa
+    out.attrs.update(ds.attrs)
+    out.attrs["run_level_sigma"] = {"workload_e2e": s_e2e, "workload_ttft": s_ttft}
+    return out
+
+
+__all__ += ["run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

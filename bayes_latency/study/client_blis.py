@@ -1,0 +1,263 @@
+"""Issue #14 through BLIS: the real runs' client metrics in the fit, measured where it counts.
+
+``bayes-latency study client --blis PATH --out results/real`` (see :func:`main`):
+
+1. **Calibrate** (:func:`bayes_latency.study.client.calibrated_fit`): the real H100 step rows,
+   the Splitwise benchmark rows and the client rows of the 12 normal runs (mean TTFT and E2E
+   of each of their 20 load stages) in one hierarchical fit, replayed until the rows stop moving.
+2. **In-sample**: every real run simulated in BLIS with the fit's exports (posterior mean and
+   ``n_draws`` run-level draws, :func:`bayes_latency.calibrate.run_level_coefficients`).
+3. **Leave-one-run-out** over the 12 normal runs: the run's client rows out of the fit (rows of
+   the others at the calibrated schedule), its configuration exported, the run simulated.
+4. **Leave-one-model-out**: every row of one model out (steps, benchmarks, client rows), the
+   model's configuration exported from the population, its runs simulated.
+
+Outputs in ``OUT/client/``: ``README.md`` (tables and the numbers the issue asks for),
+``insample.csv``, ``loro.csv``, ``lomo.csv`` (one row per run x source, as
+:mod:`~bayes_latency.study.blis_e2e` writes them), ``calibration.csv`` (iterations),
+``package_replay.csv`` (the package's own replayed means at the posterior), ``fits.csv``
+(convergence of every fit), ``exports/`` (the in-sample BLIS exports) and ``posterior.nc``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bayes_latency.calibrate import client_predictions, run_level_coefficients
+from bayes_latency.io import atomic_write_text
+from bayes_latency.physics.basis import DEFAULT_TERMS
+from bayes_latency.study.blis_spec import Coefficients
+from bayes_latency.study.settings import REAL_TERMS, FitSettings
+
+__all__ = ["main", "sources_for"]
+
+#: Sampler settings of every fit of this study (2 x 1000 draws after 500 tuning steps).
+CLIENT_FIT = FitSettings(draws=1000, tune=500)
+#: The fit that gives the first replay's coefficients.
+START_FIT = FitSettings(draws=200, tune=200)
+QUICK_FIT = FitSettings(draws=200, tune=200)
+N_DRAWS = 20
+GPU = "H100"
+
+
+def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N_DRAWS,
+                seed: int = 0, run_level: bool = True
+                ) -> dict[tuple[str, int], tuple[Coefficients, list[Coefficients]]]:
+    """BLIS coefficient sets of ``configs`` from a fit: the posterior mean and ``n_draws`` draws
+    (run-level draws by default, see :func:`~bayes_latency.calibrate.run_level_coefficients`)."""
+    from bayes_latency.export import blis_block, blis_draws
+
+    out = {}
+    for name, tp in configs:
+        cfg = {"model": name, "gpu": GPU, "tp": int(tp)}
+        post = model.coefficients(name, GPU, tp, seed=seed)
+        blk = blis_block(post, "mean", cfg)["trained_physics_coefficients"]
+        mean = Coefficients(tuple(blk["alpha_coeffs"]), tuple(blk["beta_coeffs"]),
+                            label="export-mean")
+        draws: list[Coefficients] = []
+        if n_draws:
+            ds = run_level_coefficients(model, name, GPU, tp, seed=seed) if run_level else post
+            for i, d in enumerate(blis_draws(ds, n_draws, seed, cfg)):
+                t = d["trained_physics_coefficients"]
+                draws.append(Coefficients(tuple(t["alpha_coeffs"]), tuple(t["beta_coeffs"]),
+                                          label=f"draw {i}"))
+        out[(name, int(tp))] = (mean, draws)
+    return out
+
+
+def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
+    c = model.convergence()
+    return {"fit": label, "passed": bool(c.get("passed")), "max_rhat": c.get("max_rhat"),
+            "min_ess_bulk": c.get("min_ess_bulk"), "divergences": c.get("divergences"),
+            "fit_s": fit_s}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def _apct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _mine(t: pd.DataFrame) -> pd.DataFrame:
+    return t[t["source"] == "export-mean"].reset_index(drop=True)
+
+
+def summary(t: pd.DataFrame) -> dict[str, float]:
+    """Median |error| over the normal runs, worst run, and band coverage / width."""
+    n = t[~t["stress"].astype(bool)]
+    out: dict[str, float] = {"runs": float(len(n))}
+    for m in ("e2e_mean", "ttft_mean", "decode_interval", "e2e_p90", "ttft_p90"):
+        e = np.abs(n[f"err_{m}"].to_numpy(float))
+        out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
+        out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
+    for m in ("e2e_mean", "ttft_mean"):
+        if f"{m}_in_band" in n:
+            out[f"in_band_{m}"] = float(np.nansum(n[f"{m}_in_band"]))
+            out[f"width_{m}"] = float(np.nanmedian(n[f"band_{m}_width"]))
+    return out
+
+
+def _run_table(t: pd.DataFrame) -> list[str]:
+    cols = ["run", "err_e2e_mean", "err_ttft_mean", "err_decode_interval", "err_e2e_p90",
+            "err_ttft_p90"]
+    lines = ["| run | E2E mean | TTFT mean | decode interval | E2E P90 | TTFT P90 | E2E in band "
+             "(width) | TTFT in band (width) |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in t.iterrows():
+        band = []
+        for m in ("e2e_mean", "ttft_mean"):
+            if f"{m}_in_band" in r and math.isfinite(r.get(f"{m}_in_band", math.nan)):
+                band.append(f"{'yes' if r[f'{m}_in_band'] else 'no'} "
+                            f"({_apct(r[f'band_{m}_width'])})")
+            else:
+                band.append("n/a")
+        stress = " (stress)" if r["stress"] else ""
+        lines.append(f"| {r[cols[0]]}{stress} | " + " | ".join(_pct(r[c]) for c in cols[1:])
+                     + f" | {band[0]} | {band[1]} |")
+    return lines
+
+
+def render(res: dict[str, Any]) -> str:
+    """The study's README."""
+    cal, hist = res["calibration"], res["history"]
+    lines = ["# Client metrics in the fit, measured in BLIS (issue #14)", "",
+             "Generated by `bayes-latency study client` "
+             f"({time.strftime('%Y-%m-%d')}, {res['runtime_s'] / 60:.0f} min on 2 cores).", "",
+             "The fit: real H100 step rows + Splitwise benchmark rows + the **client rows of the "
+             "12 normal runs** (mean TTFT and mean E2E of each of their 20 load stages; the 4 "
+             "overloaded reasoning runs stay out), one hierarchical fit, terms "
+             f"`{', '.join(res['terms'])}`, {res['settings']}. Each stage is replayed through the "
+             "package's scheduler at the posterior mean until the rows stop moving. BLIS "
+             "simulates every run with the exports (posterior mean; bands from "
+             f"{res['n_draws']} run-level draws: posterior draws x the fitted run-to-run "
+             "residual of the client rows), open-loop arrivals as in `study blis`.", "",
+             "## Calibration", "",
+             f"{len(hist)} fits; converged: {cal['converged']}; final largest change of a "
+             f"replayed client mean: {_apct(cal['final_change'])}; largest elasticity of a row "
+             f"{hist['max_elasticity'].iloc[-1]:.2f}. Replaying the 20 stages once takes "
+             f"{res['replay_s']:.0f} s; the calibration {res['calibrate_s']:.0f} s in all.", "",
+             hist.to_markdown(index=False, floatfmt=".4g"), ""]
+    for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
+                       ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
+                       ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
+        t = res.get(key)
+        if t is None or t.empty:
+            continue
+        s = summary(_mine(t))
+        lines += [f"## {title}", "",
+                  f"Over the {int(s['runs'])} normal runs, median |error| (worst run): "
+                  f"E2E mean {_apct(s['median_e2e_mean'])} ({_apct(s['max_e2e_mean'])}), "
+                  f"TTFT mean {_apct(s['median_ttft_mean'])} ({_apct(s['max_ttft_mean'])}), "
+                  f"decode interval {_apct(s['median_decode_interval'])} "
+                  f"({_apct(s['max_decode_interval'])}), E2E P90 {_apct(s['median_e2e_p90'])}, "
+                  f"TTFT P90 {_apct(s['median_ttft_p90'])}."]
+        if "in_band_e2e_mean" in s:
+            lines.append(f"90% bands of the simulated means contain the real mean E2E in "
+                         f"{int(s['in_band_e2e_mean'])} of {int(s['runs'])} runs (median width "
+                         f"{_apct(s['width_e2e_mean'])}) and the real mean TTFT in "
+                         f"{int(s['in_band_ttft_mean'])} (median width "
+                         f"{_apct(s['width_ttft_mean'])}).")
+        pub = t[(t["source"] == "blis-published") & ~t["stress"].astype(bool)]
+        if len(pub) and key == "insample":
+            p = summary(pub.reset_index(drop=True))
+            lines.append(f"BLIS's published coefficients on the same harness: E2E "
+                         f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
+                         f"decode interval {_apct(p['median_decode_interval'])}.")
+        lines += ["", *_run_table(_mine(t)), ""]
+    lines += ["## Fits", "", res["fits"].to_markdown(index=False, floatfmt=".4g"), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
+         loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS,
+         terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print) -> int:
+    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent."""
+    from bayes_latency.study.blis_e2e import check_blis, run_study
+    from bayes_latency.study.blis_spec import find_runs
+    from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
+    from bayes_latency.study.cv import fit_ours
+    from bayes_latency.study.real_exports import write_real_exports
+    from bayes_latency.study.realdata import load_real_data, real_data_dir
+
+    t0 = time.perf_counter()
+    data_dir = real_data_dir()
+    if data_dir is None:
+        log("[client] real data not found: nothing to do")
+        return 0
+    setup = check_blis(blis, data_dir) if blis else None
+    out = Path(out) / "client"
+    out.mkdir(parents=True, exist_ok=True)
+    settings = QUICK_FIT if quick else CLIENT_FIT
+    data = load_real_data(data_dir)
+    runs = find_runs(data_dir)
+    normal = [r for r in runs if not r.stress]
+    stages = client_stages(runs)
+    log(f"[client] {len(stages)} client stages of {len(normal)} normal runs; "
+        f"{len(data.observations)} step and benchmark rows")
+    t = time.perf_counter()
+    cal = calibrated_fit(data.observations, stages, settings, terms,
+                         start_settings=QUICK_FIT if quick else START_FIT, log=log)
+    calibrate_s = time.perf_counter() - t
+    fits = [_conv_row(cal.model, "calibrated (all)", float(cal.history["fit_s"].iloc[-1]))]
+    post_path = out / "posterior.nc"
+    cal.model.save(post_path)
+    write_real_exports(cal.model, out / "exports", posterior_path=post_path)
+    t = time.perf_counter()
+    pred = client_predictions(cal.model, stages, cal.replays, DEFAULT_TERMS)
+    replay_s = float(cal.history["replay_s"].iloc[-1]) / 2.0
+    pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
+    cal.history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
+    res: dict[str, Any] = {"calibration": {"converged": cal.converged,
+                                           "final_change": cal.final_change},
+                           "history": cal.history, "terms": list(terms), "n_draws": n_draws,
+                           "settings": f"{settings.chains} x {settings.draws} draws after "
+                                       f"{settings.tune} tuning steps",
+                           "replay_s": replay_s, "calibrate_s": calibrate_s}
+    configs = sorted({(r.model, r.tp) for r in runs})
+    if setup is not None:
+        log("[client] in-sample: all runs in BLIS")
+        src = sources_for(cal.model, configs, n_draws)
+        res["insample"] = run_study(setup, runs, n_draws=n_draws, sources=src,
+                                    progress=log).table
+        res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
+
+    def fit(obs: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+        return fit_ours(obs, settings, terms=terms)
+
+    if setup is not None and loro:
+        parts = []
+        for r in normal:
+            t = time.perf_counter()
+            m, _ = fit(drop_run(cal.observations, r.short_id))
+            fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
+            src = sources_for(m, [(r.model, r.tp)], n_draws)
+            parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
+            log(f"[client] leave-one-run-out {r.short_id}: done")
+        res["loro"] = pd.concat(parts, ignore_index=True)
+        res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
+    if setup is not None and lomo:
+        parts = []
+        for name in sorted({r.model for r in runs}):
+            t = time.perf_counter()
+            m, _ = fit(drop_model(cal.observations, name))
+            fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
+            mine = [r for r in runs if r.model == name]
+            src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
+            parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
+            log(f"[client] leave-one-model-out {name}: done")
+        res["lomo"] = pd.concat(parts, ignore_index=True)
+        res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
+    res["fits"] = pd.DataFrame(fits)
+    res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
+    res["runtime_s"] = time.perf_counter() - t0
+    atomic_write_text(out / "README.md", render(res))
+    log(f"[client] wrote {out} in {res['runtime_s'] / 60:.1f} min")
+    return 0

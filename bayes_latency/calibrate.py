@@ -177,6 +177,70 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
     return out
 
 
+def scale_start(stages: Sequence[ClientStage],
+                coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+                terms: Sequence[str], seed: int = 0, max_eval: int = 8,
+                log: Callable[[str], None] | None = None
+                ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Start coefficients near the fixed point: per configuration, one factor ``c`` on beta such
+    that the replayed mean E2E of its stages matches the measured one (a secant search on
+    ``log c``, each step a replay), and ``alpha_arrival`` set from the TTFT gap.
+
+    A start far from the data (e.g. the population's prediction for an unseen model, or prior
+    medians) can put a loaded stage past its capacity in the replay, where the rows of the first
+    fit say little; this costs a few replays per configuration instead of a few fits.
+    """
+    terms = tuple(term_names(terms))
+    by: dict[str, list[ClientStage]] = {}
+    for s in stages:
+        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        by.setdefault(cid, []).append(s)
+    out = {k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in coefs.items()}
+    for cid, sts in by.items():
+        beta0, alpha = out[cid]
+        obs = np.array([s.observed.get("e2e_mean_us", math.nan) for s in sts])
+        ok = np.isfinite(obs) & (obs > 0)
+        if not ok.any():
+            continue
+
+        def gap(c: float, sts: list[ClientStage] = sts, beta0: np.ndarray = beta0,
+                alpha: Mapping[str, float] = alpha, ok: np.ndarray = ok,
+                obs: np.ndarray = obs) -> tuple[float, list[Replay]]:
+            reps = [_replay_unit(s, c * beta0, terms, seed) for s in sts]
+            pred = np.array([predicted_means(r, c * beta0, alpha)["workload_e2e"]
+                             for r in reps])
+            return float(np.mean(np.log(pred[ok] / obs[ok]))), reps
+
+        g0, reps = gap(1.0)
+        x0, best = 0.0, (abs(g0), 0.0, reps, g0)
+        x1 = -g0                              # linear guess: log c = -gap
+        n_eval = 1
+        while n_eval < max_eval and best[0] > 1e-3:
+            x1 = float(np.clip(x1, math.log(0.02), math.log(50.0)))
+            g1, reps1 = gap(math.exp(x1))
+            n_eval += 1
+            if abs(g1) < best[0]:
+                best = (abs(g1), x1, reps1, g1)
+            if g1 == g0:
+                break
+            x0, x1, g0 = x1, x1 - g1 * (x1 - x0) / (g1 - g0), g1
+        _, x_best, reps, g_best = best
+        c = math.exp(x_best)
+        # alpha_arrival from the TTFT gap of the replay at the chosen scale
+        tt = [(s.observed.get("ttft_mean_us", math.nan),
+               predicted_means(r, c * beta0, {**alpha, "alpha_arrival": 0.0})["workload_ttft"])
+              for s, r in zip(sts, reps, strict=True)]
+        gaps = [o - p for o, p in tt if math.isfinite(o) and o > p]
+        alpha = dict(alpha)
+        if gaps:
+            alpha["alpha_arrival"] = float(np.median(gaps))
+        out[cid] = (c * beta0, alpha)
+        if log:
+            log(f"[calibrate] start {cid}: beta x {c:.3g} ({n_eval} replays, E2E gap "
+                f"{g_best:+.2%}), alpha_arrival {alpha.get('alpha_arrival', math.nan):.0f} us")
+    return out
+
+
 def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
              old_el: pd.DataFrame, new: Mapping[str, Replay],
              coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]]) -> tuple[float, str]:
@@ -224,8 +288,8 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
               fit: Callable[[pd.DataFrame], Any], terms: Sequence[str] = DEFAULT_TERMS,
               start: Mapping[str, tuple[np.ndarray, Mapping[str, float]]] | None = None,
               tol: float = DEFAULT_TOL, max_iter: int = DEFAULT_MAX_ITER, seed: int = 0,
-              scheduler: Any = "inline", log: Callable[[str], None] | None = print
-              ) -> Calibration:
+              scheduler: Any = "inline", log: Callable[[str], None] | None = print,
+              scale: bool = True) -> Calibration:
     """Fit ``base`` rows plus the client rows of ``stages`` at a self-consistent schedule.
 
     Parameters
@@ -251,6 +315,9 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         Where the replays run (:func:`bayes_latency.parallel.run_units`).
     log
         Progress lines (None: quiet).
+    scale
+        Move the start to match each configuration's measured mean E2E first
+        (:func:`scale_start`).
 
     Returns
     -------
@@ -265,6 +332,8 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     coefs = dict(_prior_start(stages, terms))
     if start:
         coefs.update({k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in start.items()})
+    if scale:
+        coefs = scale_start(stages, coefs, terms, seed=seed, log=say)
     replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
     hist: list[dict[str, Any]] = []
     model, obs = None, base
@@ -295,7 +364,7 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         if it == max_iter:
             hist[-1]["replay_s"] = time.perf_counter() - t
             break
-        if change > last_change:
+        if not math.isfinite(change) or change > last_change:
             lam = max(lam / 2.0, 0.125)      # oscillating: take shorter steps
         last_change = change
         coefs = _blend(coefs, post, lam)
@@ -369,4 +438,4 @@ def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: in
     return out
 
 
-__all__ += ["run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]
+__all__ += ["scale_start", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

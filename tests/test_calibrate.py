@@ -61,14 +61,14 @@ def _truth(rate: float) -> dict:
             "e2e_mean_us": m["workload_e2e"] + 15000 + 800 + 40 * 200, "output_len_mean": 200.0}
 
 
-@pytest.mark.parametrize("rate", [4.0, 30.0])
-def test_fixed_point_recovers_the_scale(rate):
+@pytest.mark.parametrize("rate, scale", [(4.0, True), (30.0, True), (30.0, False)])
+def test_fixed_point_recovers_the_scale(rate, scale):
     """From a start 2x too slow, the loop finds the true scale; at a loaded rate the schedule
     moves with the coefficients and the tangent rows still converge."""
     st = _stage(rate, _truth(rate))
     start = {"llama-2-7b|" + GPU.name + "|tp1": (2.0 * BETA, ALPHA)}
     cal = calibrate(pd.DataFrame(), [st], _fit_scale, start=start, tol=0.002, max_iter=8,
-                    log=None)
+                    log=None, scale=scale)
     assert cal.converged, cal.history
     assert cal.model.c == pytest.approx(1.0, abs=0.01)
     assert cal.final_change < 0.002
@@ -76,8 +76,10 @@ def test_fixed_point_recovers_the_scale(rate):
     pred = client_predictions(cal.model, [st], cal.replays, DEFAULT_TERMS)
     e2e = pred.set_index("kind").loc["workload_e2e"]
     assert e2e["error"] == pytest.approx(0.0, abs=0.01)
-    if rate > 10:   # loaded: the first rows were far from linear
+    if rate > 10:   # loaded: the rows are far from the fixed-schedule form
         assert cal.history["max_elasticity"].iloc[0] > 1.05
+    if not scale:   # the loop itself did the work
+        assert len(cal.history) >= 2
 
 
 def test_run_level_draws_widen_by_the_fitted_residual():

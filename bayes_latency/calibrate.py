@@ -48,6 +48,8 @@ __all__ = ["Calibration", "calibrate", "config_means", "replay_all"]
 #: Largest relative change of any predicted client mean between two replays at the same
 #: coefficients for the loop to stop.
 DEFAULT_TOL = 0.01
+#: ... or below this fraction of the row's fitted noise scale.
+DEFAULT_TOL_NOISE = 0.25
 DEFAULT_MAX_ITER = 6
 #: Relative step of beta for the elasticities of the tangent rows.
 BUMP = 0.05
@@ -243,10 +245,12 @@ def scale_start(stages: Sequence[ClientStage],
 
 def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
              old_el: pd.DataFrame, new: Mapping[str, Replay],
-             coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]]) -> tuple[float, str]:
-    """Largest relative gap, at the new coefficients, between the old rows' prediction of a
-    client mean (tangent at the old schedule) and a new replay's."""
-    worst, where = 0.0, ""
+             coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+             model: Any = None) -> pd.DataFrame:
+    """Per stage and fitted kind, the relative gap at the new coefficients between the old rows'
+    prediction of a client mean (tangent at the old schedule) and a new replay's (``change``),
+    and the same gap in units of the kind's fitted noise scale (``change_sigma``)."""
+    out = []
     el = old_el.set_index("experiment_id")
     for s in stages:
         cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
@@ -259,9 +263,11 @@ def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
             # tangent: e * f0 . b - (e - 1) * f0 . b0 (+ alpha), f0 . b0 = the old engine mean
             p0k = p0[k] + (e - 1.0) * (float(r0.features[k] @ b) - r0.engine_us[k])
             c = abs(p1[k] / p0k - 1.0) if p0k > 0 else math.inf
-            if c > worst:
-                worst, where = c, f"{s.experiment_id}/{k}"
-    return worst, where
+            sig = float(model.noise(cid, k).sigma) if model is not None else math.nan
+            cs = abs(math.log(p1[k] / p0k)) / sig if p0k > 0 and sig > 0 else math.inf
+            out.append({"experiment_id": s.experiment_id, "kind": k, "change": c,
+                        "change_sigma": cs, "elasticity": e})
+    return pd.DataFrame(out)
 
 
 def _blend(old: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
@@ -288,6 +294,7 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
               fit: Callable[[pd.DataFrame], Any], terms: Sequence[str] = DEFAULT_TERMS,
               start: Mapping[str, tuple[np.ndarray, Mapping[str, float]]] | None = None,
               tol: float = DEFAULT_TOL, max_iter: int = DEFAULT_MAX_ITER, seed: int = 0,
+              tol_noise: float = DEFAULT_TOL_NOISE,
               scheduler: Any = "inline", log: Callable[[str], None] | None = print,
               scale: bool = True) -> Calibration:
     """Fit ``base`` rows plus the client rows of ``stages`` at a self-consistent schedule.
@@ -306,9 +313,11 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     start
         ``{config_id: (beta over terms, {alpha_term: value})}`` of the first replay; missing
         configurations start at the prior medians.
-    tol, max_iter
-        Stop when the largest relative change of a predicted client mean is below ``tol``, or
-        after ``max_iter`` fits.
+    tol, tol_noise, max_iter
+        Stop when every predicted client mean moved, between the old rows and a replay at the
+        new posterior mean, by less than ``tol`` (relative) or less than ``tol_noise`` of its
+        kind's fitted noise scale (rows near a stage's capacity, whose elasticity is tens, move
+        by the Monte Carlo error of the posterior mean alone); or after ``max_iter`` fits.
     seed
         Seed of the drawn requests (the same in every replay).
     scheduler
@@ -350,14 +359,22 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         t = time.perf_counter()
         new_replays, _, _ = replay_all(stages, post, terms, seed=seed, scheduler=scheduler,
                                        bump=0.0)
-        change, where = _changes(stages, replays, el, new_replays, post)
+        ch = _changes(stages, replays, el, new_replays, post, model)
+        w = int(np.argmax(ch["change"].to_numpy()))
+        change, where = float(ch["change"].iloc[w]), f"{ch['experiment_id'].iloc[w]}/" \
+            f"{ch['kind'].iloc[w]}"
+        # a row has settled when it moved less than tol, or less than tol_noise of its noise
+        open_rows = ch[(ch["change"] >= tol) & ~(ch["change_sigma"] < tol_noise)]
         max_e = float(el[[f"e_{k}" for k in ("workload_ttft", "workload_e2e")]].to_numpy().max())
         hist.append({"iteration": it, "fit_s": fit_s, "max_change": change, "worst_row": where,
-                     "damping": lam, "max_elasticity": max_e, "n_rows": len(obs),
-                     "n_client_rows": len(rows)})
+                     "max_change_sigma": float(ch["change_sigma"].max()),
+                     "rows_moving": len(open_rows), "damping": lam, "max_elasticity": max_e,
+                     "n_rows": len(obs), "n_client_rows": len(rows)})
         say(f"[calibrate] iteration {it}: fit {fit_s:.0f} s, largest change of a client mean "
-            f"{change:.2%} ({where}), largest elasticity {max_e:.2f}, damping {lam:g}")
-        if change < tol:
+            f"{change:.2%} ({where}; {float(ch['change_sigma'].max()):.2f} noise sd at most), "
+            f"{len(open_rows)} row(s) still moving, largest elasticity {max_e:.2f}, "
+            f"damping {lam:g}")
+        if open_rows.empty:
             converged = True
             hist[-1]["replay_s"] = time.perf_counter() - t
             break

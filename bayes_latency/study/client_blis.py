@@ -192,7 +192,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if data_dir is None:
         log("[client] real data not found: nothing to do")
         return 0
-    setup = check_blis(blis, data_dir) if blis else None
+    setup = check_blis(blis) if blis else None
     out = Path(out) / "client"
     out.mkdir(parents=True, exist_ok=True)
     settings = QUICK_FIT if quick else CLIENT_FIT

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.calibrate import client_predictions, run_level_coefficients
-from bayes_latency.io import atomic_write_text
+from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
 from bayes_latency.study.settings import REAL_TERMS, FitSettings
@@ -177,9 +177,13 @@ def render(res: dict[str, Any]) -> str:
 
 
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
-         loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS,
+         loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print) -> int:
-    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent."""
+    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
+
+    ``resume``: reuse ``posterior.nc``, ``observations.parquet`` and ``calibration.csv`` of an
+    earlier run in ``OUT/client`` instead of calibrating again.
+    """
     from bayes_latency.study.blis_e2e import check_blis, run_study
     from bayes_latency.study.blis_spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
@@ -202,29 +206,44 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     stages = client_stages(runs)
     log(f"[client] {len(stages)} client stages of {len(normal)} normal runs; "
         f"{len(data.observations)} step and benchmark rows")
-    t = time.perf_counter()
-    cal = calibrated_fit(data.observations, stages, settings, terms,
-                         start_settings=QUICK_FIT if quick else START_FIT, log=log)
-    calibrate_s = time.perf_counter() - t
-    fits = [_conv_row(cal.model, "calibrated (all)", float(cal.history["fit_s"].iloc[-1]))]
-    post_path = out / "posterior.nc"
-    cal.model.save(post_path)
-    write_real_exports(cal.model, out / "exports", posterior_path=post_path)
-    t = time.perf_counter()
-    pred = client_predictions(cal.model, stages, cal.replays, DEFAULT_TERMS)
-    replay_s = float(cal.history["replay_s"].iloc[-1]) / 2.0
-    pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
-    cal.history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
-    res: dict[str, Any] = {"calibration": {"converged": cal.converged,
-                                           "final_change": cal.final_change},
-                           "history": cal.history, "terms": list(terms), "n_draws": n_draws,
-                           "settings": f"{settings.chains} x {settings.draws} draws after "
-                                       f"{settings.tune} tuning steps",
-                           "replay_s": replay_s, "calibrate_s": calibrate_s}
+    post_path, obs_path = out / "posterior.nc", out / "observations.parquet"
+    settings_label = (f"{settings.chains} x {settings.draws} draws after {settings.tune} "
+                      "tuning steps")
+    if resume and post_path.is_file() and obs_path.is_file() \
+            and (out / "calibration.csv").is_file():
+        from bayes_latency.model.estimator import LatencyModel
+
+        log(f"[client] resuming from {post_path}")
+        model = LatencyModel.load(post_path)
+        observations = pd.read_parquet(obs_path)
+        history = pd.read_csv(out / "calibration.csv")
+        calibrate_s = float(history["fit_s"].sum() + history["replay_s"].sum())
+        converged = bool(history["rows_moving"].iloc[-1] == 0) \
+            if "rows_moving" in history else False
+    else:
+        t = time.perf_counter()
+        cal = calibrated_fit(data.observations, stages, settings, terms,
+                             start_settings=QUICK_FIT if quick else START_FIT, log=log)
+        calibrate_s = time.perf_counter() - t
+        model, observations, history, converged = (cal.model, cal.observations, cal.history,
+                                                    cal.converged)
+        model.save(post_path)
+        atomic_write(obs_path, lambda tmp: observations.to_parquet(tmp, index=False))
+        pred = client_predictions(model, stages, cal.replays, DEFAULT_TERMS)
+        pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
+        history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
+    fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
+    write_real_exports(model, out / "exports", posterior_path=post_path)
+    res: dict[str, Any] = {"calibration": {"converged": converged,
+                                           "final_change": float(history["max_change"].iloc[-1])},
+                           "history": history, "terms": list(terms), "n_draws": n_draws,
+                           "settings": settings_label,
+                           "replay_s": float(history["replay_s"].iloc[-1]) / 2.0,
+                           "calibrate_s": calibrate_s}
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None:
         log("[client] in-sample: all runs in BLIS")
-        src = sources_for(cal.model, configs, n_draws)
+        src = sources_for(model, configs, n_draws)
         res["insample"] = run_study(setup, runs, n_draws=n_draws, sources=src,
                                     progress=log).table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
@@ -236,10 +255,12 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         parts = []
         for r in normal:
             t = time.perf_counter()
-            m, _ = fit(drop_run(cal.observations, r.short_id))
+            m, _ = fit(drop_run(observations, r.short_id))
             fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
             src = sources_for(m, [(r.model, r.tp)], n_draws)
             parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
+            pd.concat(parts, ignore_index=True).to_csv(out / "loro.csv", index=False,
+                                                       float_format="%.6g")
             log(f"[client] leave-one-run-out {r.short_id}: done")
         res["loro"] = pd.concat(parts, ignore_index=True)
         res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
@@ -247,11 +268,13 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         parts = []
         for name in sorted({r.model for r in runs}):
             t = time.perf_counter()
-            m, _ = fit(drop_model(cal.observations, name))
+            m, _ = fit(drop_model(observations, name))
             fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
             mine = [r for r in runs if r.model == name]
             src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
             parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
+            pd.concat(parts, ignore_index=True).to_csv(out / "lomo.csv", index=False,
+                                                       float_format="%.6g")
             log(f"[client] leave-one-model-out {name}: done")
         res["lomo"] = pd.concat(parts, ignore_index=True)
         res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")

@@ -34,6 +34,7 @@ from bayes_latency.calibrate import client_predictions, run_level_coefficients
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
+from bayes_latency.study.markdown import _md
 from bayes_latency.study.settings import REAL_TERMS, FitSettings
 
 __all__ = ["main", "sources_for"]
@@ -79,6 +80,10 @@ def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
             "fit_s": fit_s}
 
 
+def _round(df: pd.DataFrame) -> pd.DataFrame:
+    return df.apply(lambda c: c.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
+
+
 def _pct(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
 
@@ -100,7 +105,7 @@ def summary(t: pd.DataFrame) -> dict[str, float]:
         out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
         out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
     for m in ("e2e_mean", "ttft_mean"):
-        if f"{m}_in_band" in n:
+        if f"{m}_in_band" in n and n[f"{m}_in_band"].notna().any():
             out[f"in_band_{m}"] = float(np.nansum(n[f"{m}_in_band"]))
             out[f"width_{m}"] = float(np.nanmedian(n[f"band_{m}_width"]))
     return out
@@ -144,7 +149,7 @@ def render(res: dict[str, Any]) -> str:
              f"replayed client mean: {_apct(cal['final_change'])}; largest elasticity of a row "
              f"{hist['max_elasticity'].iloc[-1]:.2f}. Replaying the 20 stages once takes "
              f"{res['replay_s']:.0f} s; the calibration {res['calibrate_s']:.0f} s in all.", "",
-             hist.to_markdown(index=False, floatfmt=".4g"), ""]
+             _md(_round(hist)), ""]
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -172,7 +177,7 @@ def render(res: dict[str, Any]) -> str:
                          f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
                          f"decode interval {_apct(p['median_decode_interval'])}.")
         lines += ["", *_run_table(_mine(t)), ""]
-    lines += ["## Fits", "", res["fits"].to_markdown(index=False, floatfmt=".4g"), ""]
+    lines += ["## Fits", "", _md(_round(res["fits"])), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -424,25 +424,49 @@ def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mappi
     return df
 
 
+def run_level_sigma(model: Any, cid: str, kind: str, min_rows: int = 3) -> tuple[float, str]:
+    """Run-to-run scale of a client kind for configuration ``cid`` and where it comes from.
+
+    The configuration's fitted noise scale when it has at least ``min_rows`` rows of the kind;
+    else the median over configurations that do ("fleet"); else the prior mean of the kind's
+    noise scale ("prior": a half-normal's ``sigma * sqrt(2 / pi)``). With one or two rows the
+    stage-1 mode of a noise scale collapses towards 0, which would give bands of +-0.5%.
+    """
+    rows = getattr(model, "_rows", None)
+    counts: dict[str, int] = {}
+    if rows is not None and len(rows):
+        r = rows[rows["kind"] == kind]
+        counts = {str(c): int(n) for c, n in r.groupby("config_id").size().items()}
+    if counts.get(cid, 0) >= min_rows:
+        return float(model.noise(cid, kind).sigma), "fitted"
+    ok = [c for c, n in counts.items() if n >= min_rows]
+    if ok:
+        return float(np.median([model.noise(c, kind).sigma for c in ok])), "fleet"
+    pri = model.priors.noise_prior(kind)["sigma"] if kind in model.priors.noise else \
+        {"dist": "halfnormal", "sigma": 0.1}
+    return float(pri.get("sigma", 0.1)) * math.sqrt(2.0 / math.pi), "prior"
+
+
 def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: int | None = None,
-                           seed: int = 0) -> Any:
+                           seed: int = 0, min_rows: int = 3) -> Any:
     """Coefficient draws for simulating a **new run** of a configuration (an ``xr.Dataset`` like
     :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`).
 
     A posterior draw of the coefficients gives the mean a run would have if runs never varied;
     a real run's mean TTFT and E2E also scatter around that by the client rows' residual (run
     to run, and what the replay misses). Each draw here multiplies beta by ``exp(s_e2e * z1)``
-    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the configuration's fitted
-    noise scale of ``workload_e2e`` and ``workload_ttft`` (the fleet median for a configuration
-    without client rows): E2E is mostly steps (beta), TTFT mostly ``alpha_arrival``. The band of
-    the simulated means of these draws is a predictive band for a run's mean.
+    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the run-level scales of
+    ``workload_e2e`` and ``workload_ttft`` (:func:`run_level_sigma`): E2E is mostly steps
+    (beta), TTFT mostly ``alpha_arrival``. The band of the simulated means of these draws is a
+    predictive band for a run's mean. ``attrs``: ``run_level_sigma`` and
+    ``run_level_sigma_source`` (fitted / fleet / prior per kind).
     """
     import xarray as xr
 
     ds = model.coefficients(name, gpu, tp, n_draws=n_draws, seed=seed)
     cid = config_id(load_architecture(name).name, load_gpu(gpu).name, int(tp))
-    s_e2e = float(model.noise(cid, "workload_e2e").sigma)
-    s_ttft = float(model.noise(cid, "workload_ttft").sigma)
+    s_e2e, src_e2e = run_level_sigma(model, cid, "workload_e2e", min_rows)
+    s_ttft, src_ttft = run_level_sigma(model, cid, "workload_ttft", min_rows)
     rng = np.random.default_rng([seed, 7])
     n = ds.sizes["sample"]
     fb = xr.DataArray(np.exp(s_e2e * rng.standard_normal(n)), dims=("sample",))
@@ -452,7 +476,8 @@ def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: in
     out["alpha"] = ds["alpha"] * fa
     out.attrs.update(ds.attrs)
     out.attrs["run_level_sigma"] = {"workload_e2e": s_e2e, "workload_ttft": s_ttft}
+    out.attrs["run_level_sigma_source"] = {"workload_e2e": src_e2e, "workload_ttft": src_ttft}
     return out
 
 
-__all__ += ["scale_start", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]
+__all__ += ["scale_start", "run_level_sigma", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

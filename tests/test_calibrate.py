@@ -23,8 +23,14 @@ ALPHA = {"alpha_arrival": 15000.0, "alpha_post_decode": 800.0, "alpha_per_token"
 class _Scaled:
     """A stand-in fitted model: beta = c * BETA, the true alphas."""
 
-    def __init__(self, c: float) -> None:
+    def __init__(self, c: float, n_rows: int = 3) -> None:
+        from bayes_latency.priors import load_priors
+
         self.c = c
+        self.priors = load_priors()
+        cid = f"llama-2-7b|{GPU.name}|tp1"
+        self._rows = pd.DataFrame({"config_id": [cid] * (2 * n_rows),
+                                   "kind": ["workload_e2e", "workload_ttft"] * n_rows})
 
     def coefficients(self, name, gpu, tp, n_draws=None, seed=0):
         n = n_draws or 8
@@ -88,6 +94,12 @@ def test_run_level_draws_widen_by_the_fitted_residual():
     ratio = ds["beta"].sel(term="per_step").values / 120.0
     assert np.std(np.log(ratio)) == pytest.approx(0.05, rel=0.1)
     assert ds.attrs["run_level_sigma"] == {"workload_e2e": 0.05, "workload_ttft": 0.05}
+    assert ds.attrs["run_level_sigma_source"]["workload_e2e"] == "fitted"
+    # one run's rows cannot estimate run-to-run scatter: the prior's mean scale instead
+    few = run_level_coefficients(_Scaled(1.0, n_rows=1), "llama-2-7b", "H100", 1, n_draws=10)
+    assert few.attrs["run_level_sigma_source"] == {"workload_e2e": "prior",
+                                                   "workload_ttft": "prior"}
+    assert few.attrs["run_level_sigma"]["workload_e2e"] == pytest.approx(0.08 * 0.7979, rel=1e-3)
 
 
 def test_bad_arguments():

@@ -48,6 +48,8 @@ __all__ = ["Calibration", "calibrate", "config_means", "replay_all"]
 #: Largest relative change of any predicted client mean between two replays at the same
 #: coefficients for the loop to stop.
 DEFAULT_TOL = 0.01
+#: ... or below this fraction of the row's fitted noise scale.
+DEFAULT_TOL_NOISE = 0.25
 DEFAULT_MAX_ITER = 6
 #: Relative step of beta for the elasticities of the tangent rows.
 BUMP = 0.05
@@ -177,12 +179,78 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
     return out
 
 
+def scale_start(stages: Sequence[ClientStage],
+                coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+                terms: Sequence[str], seed: int = 0, max_eval: int = 8,
+                log: Callable[[str], None] | None = None
+                ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Start coefficients near the fixed point: per configuration, one factor ``c`` on beta such
+    that the replayed mean E2E of its stages matches the measured one (a secant search on
+    ``log c``, each step a replay), and ``alpha_arrival`` set from the TTFT gap.
+
+    A start far from the data (e.g. the population's prediction for an unseen model, or prior
+    medians) can put a loaded stage past its capacity in the replay, where the rows of the first
+    fit say little; this costs a few replays per configuration instead of a few fits.
+    """
+    terms = tuple(term_names(terms))
+    by: dict[str, list[ClientStage]] = {}
+    for s in stages:
+        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        by.setdefault(cid, []).append(s)
+    out = {k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in coefs.items()}
+    for cid, sts in by.items():
+        beta0, alpha = out[cid]
+        obs = np.array([s.observed.get("e2e_mean_us", math.nan) for s in sts])
+        ok = np.isfinite(obs) & (obs > 0)
+        if not ok.any():
+            continue
+
+        def gap(c: float, sts: list[ClientStage] = sts, beta0: np.ndarray = beta0,
+                alpha: Mapping[str, float] = alpha, ok: np.ndarray = ok,
+                obs: np.ndarray = obs) -> tuple[float, list[Replay]]:
+            reps = [_replay_unit(s, c * beta0, terms, seed) for s in sts]
+            pred = np.array([predicted_means(r, c * beta0, alpha)["workload_e2e"]
+                             for r in reps])
+            return float(np.mean(np.log(pred[ok] / obs[ok]))), reps
+
+        g0, reps = gap(1.0)
+        x0, best = 0.0, (abs(g0), 0.0, reps, g0)
+        x1 = -g0                              # linear guess: log c = -gap
+        n_eval = 1
+        while n_eval < max_eval and best[0] > 1e-3:
+            x1 = float(np.clip(x1, math.log(0.02), math.log(50.0)))
+            g1, reps1 = gap(math.exp(x1))
+            n_eval += 1
+            if abs(g1) < best[0]:
+                best = (abs(g1), x1, reps1, g1)
+            if g1 == g0:
+                break
+            x0, x1, g0 = x1, x1 - g1 * (x1 - x0) / (g1 - g0), g1
+        _, x_best, reps, g_best = best
+        c = math.exp(x_best)
+        # alpha_arrival from the TTFT gap of the replay at the chosen scale
+        tt = [(s.observed.get("ttft_mean_us", math.nan),
+               predicted_means(r, c * beta0, {**alpha, "alpha_arrival": 0.0})["workload_ttft"])
+              for s, r in zip(sts, reps, strict=True)]
+        gaps = [o - p for o, p in tt if math.isfinite(o) and o > p]
+        alpha = dict(alpha)
+        if gaps:
+            alpha["alpha_arrival"] = float(np.median(gaps))
+        out[cid] = (c * beta0, alpha)
+        if log:
+            log(f"[calibrate] start {cid}: beta x {c:.3g} ({n_eval} replays, E2E gap "
+                f"{g_best:+.2%}), alpha_arrival {alpha.get('alpha_arrival', math.nan):.0f} us")
+    return out
+
+
 def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
              old_el: pd.DataFrame, new: Mapping[str, Replay],
-             coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]]) -> tuple[float, str]:
-    """Largest relative gap, at the new coefficients, between the old rows' prediction of a
-    client mean (tangent at the old schedule) and a new replay's."""
-    worst, where = 0.0, ""
+             coefs: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
+             model: Any = None) -> pd.DataFrame:
+    """Per stage and fitted kind, the relative gap at the new coefficients between the old rows'
+    prediction of a client mean (tangent at the old schedule) and a new replay's (``change``),
+    and the same gap in units of the kind's fitted noise scale (``change_sigma``)."""
+    out = []
     el = old_el.set_index("experiment_id")
     for s in stages:
         cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
@@ -195,9 +263,11 @@ def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
             # tangent: e * f0 . b - (e - 1) * f0 . b0 (+ alpha), f0 . b0 = the old engine mean
             p0k = p0[k] + (e - 1.0) * (float(r0.features[k] @ b) - r0.engine_us[k])
             c = abs(p1[k] / p0k - 1.0) if p0k > 0 else math.inf
-            if c > worst:
-                worst, where = c, f"{s.experiment_id}/{k}"
-    return worst, where
+            sig = float(model.noise(cid, k).sigma) if model is not None else math.nan
+            cs = abs(math.log(p1[k] / p0k)) / sig if p0k > 0 and sig > 0 else math.inf
+            out.append({"experiment_id": s.experiment_id, "kind": k, "change": c,
+                        "change_sigma": cs, "elasticity": e})
+    return pd.DataFrame(out)
 
 
 def _blend(old: Mapping[str, tuple[np.ndarray, Mapping[str, float]]],
@@ -224,8 +294,9 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
               fit: Callable[[pd.DataFrame], Any], terms: Sequence[str] = DEFAULT_TERMS,
               start: Mapping[str, tuple[np.ndarray, Mapping[str, float]]] | None = None,
               tol: float = DEFAULT_TOL, max_iter: int = DEFAULT_MAX_ITER, seed: int = 0,
-              scheduler: Any = "inline", log: Callable[[str], None] | None = print
-              ) -> Calibration:
+              tol_noise: float = DEFAULT_TOL_NOISE,
+              scheduler: Any = "inline", log: Callable[[str], None] | None = print,
+              scale: bool = True) -> Calibration:
     """Fit ``base`` rows plus the client rows of ``stages`` at a self-consistent schedule.
 
     Parameters
@@ -242,15 +313,20 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     start
         ``{config_id: (beta over terms, {alpha_term: value})}`` of the first replay; missing
         configurations start at the prior medians.
-    tol, max_iter
-        Stop when the largest relative change of a predicted client mean is below ``tol``, or
-        after ``max_iter`` fits.
+    tol, tol_noise, max_iter
+        Stop when every predicted client mean moved, between the old rows and a replay at the
+        new posterior mean, by less than ``tol`` (relative) or less than ``tol_noise`` of its
+        kind's fitted noise scale (rows near a stage's capacity, whose elasticity is tens, move
+        by the Monte Carlo error of the posterior mean alone); or after ``max_iter`` fits.
     seed
         Seed of the drawn requests (the same in every replay).
     scheduler
         Where the replays run (:func:`bayes_latency.parallel.run_units`).
     log
         Progress lines (None: quiet).
+    scale
+        Move the start to match each configuration's measured mean E2E first
+        (:func:`scale_start`).
 
     Returns
     -------
@@ -265,6 +341,8 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     coefs = dict(_prior_start(stages, terms))
     if start:
         coefs.update({k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in start.items()})
+    if scale:
+        coefs = scale_start(stages, coefs, terms, seed=seed, log=say)
     replays, rows, el = replay_all(stages, coefs, terms, seed=seed, scheduler=scheduler)
     hist: list[dict[str, Any]] = []
     model, obs = None, base
@@ -281,21 +359,29 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         t = time.perf_counter()
         new_replays, _, _ = replay_all(stages, post, terms, seed=seed, scheduler=scheduler,
                                        bump=0.0)
-        change, where = _changes(stages, replays, el, new_replays, post)
+        ch = _changes(stages, replays, el, new_replays, post, model)
+        w = int(np.argmax(ch["change"].to_numpy()))
+        change, where = float(ch["change"].iloc[w]), f"{ch['experiment_id'].iloc[w]}/" \
+            f"{ch['kind'].iloc[w]}"
+        # a row has settled when it moved less than tol, or less than tol_noise of its noise
+        open_rows = ch[(ch["change"] >= tol) & ~(ch["change_sigma"] < tol_noise)]
         max_e = float(el[[f"e_{k}" for k in ("workload_ttft", "workload_e2e")]].to_numpy().max())
         hist.append({"iteration": it, "fit_s": fit_s, "max_change": change, "worst_row": where,
-                     "damping": lam, "max_elasticity": max_e, "n_rows": len(obs),
-                     "n_client_rows": len(rows)})
+                     "max_change_sigma": float(ch["change_sigma"].max()),
+                     "rows_moving": len(open_rows), "damping": lam, "max_elasticity": max_e,
+                     "n_rows": len(obs), "n_client_rows": len(rows)})
         say(f"[calibrate] iteration {it}: fit {fit_s:.0f} s, largest change of a client mean "
-            f"{change:.2%} ({where}), largest elasticity {max_e:.2f}, damping {lam:g}")
-        if change < tol:
+            f"{change:.2%} ({where}; {float(ch['change_sigma'].max()):.2f} noise sd at most), "
+            f"{len(open_rows)} row(s) still moving, largest elasticity {max_e:.2f}, "
+            f"damping {lam:g}")
+        if open_rows.empty:
             converged = True
             hist[-1]["replay_s"] = time.perf_counter() - t
             break
         if it == max_iter:
             hist[-1]["replay_s"] = time.perf_counter() - t
             break
-        if change > last_change:
+        if not math.isfinite(change) or change > last_change:
             lam = max(lam / 2.0, 0.125)      # oscillating: take shorter steps
         last_change = change
         coefs = _blend(coefs, post, lam)
@@ -338,25 +424,49 @@ def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mappi
     return df
 
 
+def run_level_sigma(model: Any, cid: str, kind: str, min_rows: int = 3) -> tuple[float, str]:
+    """Run-to-run scale of a client kind for configuration ``cid`` and where it comes from.
+
+    The configuration's fitted noise scale when it has at least ``min_rows`` rows of the kind;
+    else the median over configurations that do ("fleet"); else the prior mean of the kind's
+    noise scale ("prior": a half-normal's ``sigma * sqrt(2 / pi)``). With one or two rows the
+    stage-1 mode of a noise scale collapses towards 0, which would give bands of +-0.5%.
+    """
+    rows = getattr(model, "_rows", None)
+    counts: dict[str, int] = {}
+    if rows is not None and len(rows):
+        r = rows[rows["kind"] == kind]
+        counts = {str(c): int(n) for c, n in r.groupby("config_id").size().items()}
+    if counts.get(cid, 0) >= min_rows:
+        return float(model.noise(cid, kind).sigma), "fitted"
+    ok = [c for c, n in counts.items() if n >= min_rows]
+    if ok:
+        return float(np.median([model.noise(c, kind).sigma for c in ok])), "fleet"
+    pri = model.priors.noise_prior(kind)["sigma"] if kind in model.priors.noise else \
+        {"dist": "halfnormal", "sigma": 0.1}
+    return float(pri.get("sigma", 0.1)) * math.sqrt(2.0 / math.pi), "prior"
+
+
 def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: int | None = None,
-                           seed: int = 0) -> Any:
+                           seed: int = 0, min_rows: int = 3) -> Any:
     """Coefficient draws for simulating a **new run** of a configuration (an ``xr.Dataset`` like
     :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`).
 
     A posterior draw of the coefficients gives the mean a run would have if runs never varied;
     a real run's mean TTFT and E2E also scatter around that by the client rows' residual (run
     to run, and what the replay misses). Each draw here multiplies beta by ``exp(s_e2e * z1)``
-    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the configuration's fitted
-    noise scale of ``workload_e2e`` and ``workload_ttft`` (the fleet median for a configuration
-    without client rows): E2E is mostly steps (beta), TTFT mostly ``alpha_arrival``. The band of
-    the simulated means of these draws is a predictive band for a run's mean.
+    and alpha by ``exp(s_ttft * z2)``, ``z`` standard normal, ``s`` the run-level scales of
+    ``workload_e2e`` and ``workload_ttft`` (:func:`run_level_sigma`): E2E is mostly steps
+    (beta), TTFT mostly ``alpha_arrival``. The band of the simulated means of these draws is a
+    predictive band for a run's mean. ``attrs``: ``run_level_sigma`` and
+    ``run_level_sigma_source`` (fitted / fleet / prior per kind).
     """
     import xarray as xr
 
     ds = model.coefficients(name, gpu, tp, n_draws=n_draws, seed=seed)
     cid = config_id(load_architecture(name).name, load_gpu(gpu).name, int(tp))
-    s_e2e = float(model.noise(cid, "workload_e2e").sigma)
-    s_ttft = float(model.noise(cid, "workload_ttft").sigma)
+    s_e2e, src_e2e = run_level_sigma(model, cid, "workload_e2e", min_rows)
+    s_ttft, src_ttft = run_level_sigma(model, cid, "workload_ttft", min_rows)
     rng = np.random.default_rng([seed, 7])
     n = ds.sizes["sample"]
     fb = xr.DataArray(np.exp(s_e2e * rng.standard_normal(n)), dims=("sample",))
@@ -366,7 +476,8 @@ def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: in
     out["alpha"] = ds["alpha"] * fa
     out.attrs.update(ds.attrs)
     out.attrs["run_level_sigma"] = {"workload_e2e": s_e2e, "workload_ttft": s_ttft}
+    out.attrs["run_level_sigma_source"] = {"workload_e2e": src_e2e, "workload_ttft": src_ttft}
     return out
 
 
-__all__ += ["run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]
+__all__ += ["scale_start", "run_level_sigma", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

@@ -74,7 +74,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         from bayes_latency.study.client_blis import main as study_client
 
         return study_client(Path(args.out), blis=args.blis, quick=args.quick,
-                            n_draws=args.draws)
+                            n_draws=args.draws, resume=args.resume)
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
@@ -456,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", default=None, help="(blis) only runs whose name contains this")
     s.add_argument("--data", default=None, help="(blis) real-data folder")
     s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")
+    s.add_argument("--resume", action="store_true",
+                   help="(client) reuse the calibrated posterior of an earlier run in OUT/client")
     s.set_defaults(func=_cmd_study)
     return p
 

@@ -31,9 +31,10 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.calibrate import client_predictions, run_level_coefficients
-from bayes_latency.io import atomic_write_text
+from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
+from bayes_latency.study.markdown import _md
 from bayes_latency.study.settings import REAL_TERMS, FitSettings
 
 __all__ = ["main", "sources_for"]
@@ -43,6 +44,9 @@ CLIENT_FIT = FitSettings(draws=1000, tune=500)
 #: The fit that gives the first replay's coefficients.
 START_FIT = FitSettings(draws=200, tune=200)
 QUICK_FIT = FitSettings(draws=200, tune=200)
+#: Every leave-out refit (2 x 500 draws after 500 tuning steps: 16 refits must fit in ~30 min on a
+#: shared 2-core machine; the held-out predictions use the posterior mean and 20 draws).
+CV_FIT = FitSettings(draws=500, tune=500)
 N_DRAWS = 20
 GPU = "H100"
 
@@ -79,6 +83,10 @@ def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
             "fit_s": fit_s}
 
 
+def _round(df: pd.DataFrame) -> pd.DataFrame:
+    return df.apply(lambda c: c.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
+
+
 def _pct(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
 
@@ -100,7 +108,7 @@ def summary(t: pd.DataFrame) -> dict[str, float]:
         out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
         out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
     for m in ("e2e_mean", "ttft_mean"):
-        if f"{m}_in_band" in n:
+        if f"{m}_in_band" in n and n[f"{m}_in_band"].notna().any():
             out[f"in_band_{m}"] = float(np.nansum(n[f"{m}_in_band"]))
             out[f"width_{m}"] = float(np.nanmedian(n[f"band_{m}_width"]))
     return out
@@ -134,7 +142,8 @@ def render(res: dict[str, Any]) -> str:
              "The fit: real H100 step rows + Splitwise benchmark rows + the **client rows of the "
              "12 normal runs** (mean TTFT and mean E2E of each of their 20 load stages; the 4 "
              "overloaded reasoning runs stay out), one hierarchical fit, terms "
-             f"`{', '.join(res['terms'])}`, {res['settings']}. Each stage is replayed through the "
+             f"`{', '.join(res['terms'])}`, {res['settings']} (leave-out refits: "
+             f"{res['cv_settings']}). Each stage is replayed through the "
              "package's scheduler at the posterior mean until the rows stop moving. BLIS "
              "simulates every run with the exports (posterior mean; bands from "
              f"{res['n_draws']} run-level draws: posterior draws x the fitted run-to-run "
@@ -144,7 +153,7 @@ def render(res: dict[str, Any]) -> str:
              f"replayed client mean: {_apct(cal['final_change'])}; largest elasticity of a row "
              f"{hist['max_elasticity'].iloc[-1]:.2f}. Replaying the 20 stages once takes "
              f"{res['replay_s']:.0f} s; the calibration {res['calibrate_s']:.0f} s in all.", "",
-             hist.to_markdown(index=False, floatfmt=".4g"), ""]
+             _md(_round(hist)), ""]
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -172,14 +181,18 @@ def render(res: dict[str, Any]) -> str:
                          f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
                          f"decode interval {_apct(p['median_decode_interval'])}.")
         lines += ["", *_run_table(_mine(t)), ""]
-    lines += ["## Fits", "", res["fits"].to_markdown(index=False, floatfmt=".4g"), ""]
+    lines += ["## Fits", "", _md(_round(res["fits"])), ""]
     return "\n".join(lines) + "\n"
 
 
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
-         loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS,
+         loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print) -> int:
-    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent."""
+    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
+
+    ``resume``: reuse ``posterior.nc``, ``observations.parquet`` and ``calibration.csv`` of an
+    earlier run in ``OUT/client`` instead of calibrating again.
+    """
     from bayes_latency.study.blis_e2e import check_blis, run_study
     from bayes_latency.study.blis_spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
@@ -192,7 +205,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if data_dir is None:
         log("[client] real data not found: nothing to do")
         return 0
-    setup = check_blis(blis, data_dir) if blis else None
+    setup = check_blis(blis) if blis else None
     out = Path(out) / "client"
     out.mkdir(parents=True, exist_ok=True)
     settings = QUICK_FIT if quick else CLIENT_FIT
@@ -202,62 +215,88 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     stages = client_stages(runs)
     log(f"[client] {len(stages)} client stages of {len(normal)} normal runs; "
         f"{len(data.observations)} step and benchmark rows")
-    t = time.perf_counter()
-    cal = calibrated_fit(data.observations, stages, settings, terms,
-                         start_settings=QUICK_FIT if quick else START_FIT, log=log)
-    calibrate_s = time.perf_counter() - t
-    fits = [_conv_row(cal.model, "calibrated (all)", float(cal.history["fit_s"].iloc[-1]))]
-    post_path = out / "posterior.nc"
-    cal.model.save(post_path)
-    write_real_exports(cal.model, out / "exports", posterior_path=post_path)
-    t = time.perf_counter()
-    pred = client_predictions(cal.model, stages, cal.replays, DEFAULT_TERMS)
-    replay_s = float(cal.history["replay_s"].iloc[-1]) / 2.0
-    pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
-    cal.history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
-    res: dict[str, Any] = {"calibration": {"converged": cal.converged,
-                                           "final_change": cal.final_change},
-                           "history": cal.history, "terms": list(terms), "n_draws": n_draws,
-                           "settings": f"{settings.chains} x {settings.draws} draws after "
-                                       f"{settings.tune} tuning steps",
-                           "replay_s": replay_s, "calibrate_s": calibrate_s}
+    post_path, obs_path = out / "posterior.nc", out / "observations.parquet"
+    settings_label = (f"{settings.chains} x {settings.draws} draws after {settings.tune} "
+                      "tuning steps")
+    if resume and post_path.is_file() and obs_path.is_file() \
+            and (out / "calibration.csv").is_file():
+        from bayes_latency.model.estimator import LatencyModel
+
+        log(f"[client] resuming from {post_path}")
+        model = LatencyModel.load(post_path)
+        observations = pd.read_parquet(obs_path)
+        history = pd.read_csv(out / "calibration.csv")
+        calibrate_s = float(history["fit_s"].sum() + history["replay_s"].sum())
+        converged = bool(history["rows_moving"].iloc[-1] == 0) \
+            if "rows_moving" in history else False
+    else:
+        t = time.perf_counter()
+        cal = calibrated_fit(data.observations, stages, settings, terms,
+                             start_settings=QUICK_FIT if quick else START_FIT, log=log)
+        calibrate_s = time.perf_counter() - t
+        model, observations, history, converged = (cal.model, cal.observations, cal.history,
+                                                    cal.converged)
+        model.save(post_path)
+        atomic_write(obs_path, lambda tmp: observations.to_parquet(tmp, index=False))
+        pred = client_predictions(model, stages, cal.replays, DEFAULT_TERMS)
+        pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
+        history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
+    fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
+    write_real_exports(model, out / "exports", posterior_path=post_path)
+    res: dict[str, Any] = {"calibration": {"converged": converged,
+                                           "final_change": float(history["max_change"].iloc[-1])},
+                           "history": history, "terms": list(terms), "n_draws": n_draws,
+                           "settings": settings_label,
+                           "cv_settings": (f"{(QUICK_FIT if quick else CV_FIT).chains} x "
+                                           f"{(QUICK_FIT if quick else CV_FIT).draws} draws after "
+                                           f"{(QUICK_FIT if quick else CV_FIT).tune} tuning steps"),
+                           "replay_s": float(history["replay_s"].iloc[-1]) / 2.0,
+                           "calibrate_s": calibrate_s}
+    cv_settings = QUICK_FIT if quick else CV_FIT
+
+    def fit(obs: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+        return fit_ours(obs, cv_settings, terms=terms)
+
+    def write_readme() -> None:
+        res["fits"] = pd.DataFrame(fits)
+        res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
+        res["runtime_s"] = time.perf_counter() - t0
+        atomic_write_text(out / "README.md", render(res))
+
+    write_readme()
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None:
         log("[client] in-sample: all runs in BLIS")
-        src = sources_for(cal.model, configs, n_draws)
+        src = sources_for(model, configs, n_draws)
         res["insample"] = run_study(setup, runs, n_draws=n_draws, sources=src,
                                     progress=log).table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
-
-    def fit(obs: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
-        return fit_ours(obs, settings, terms=terms)
-
-    if setup is not None and loro:
-        parts = []
-        for r in normal:
-            t = time.perf_counter()
-            m, _ = fit(drop_run(cal.observations, r.short_id))
-            fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
-            src = sources_for(m, [(r.model, r.tp)], n_draws)
-            parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
-            log(f"[client] leave-one-run-out {r.short_id}: done")
-        res["loro"] = pd.concat(parts, ignore_index=True)
-        res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
+        write_readme()
     if setup is not None and lomo:
         parts = []
         for name in sorted({r.model for r in runs}):
             t = time.perf_counter()
-            m, _ = fit(drop_model(cal.observations, name))
+            m, _ = fit(drop_model(observations, name))
             fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
             mine = [r for r in runs if r.model == name]
             src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
             parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
+            res["lomo"] = pd.concat(parts, ignore_index=True)
+            res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
+            write_readme()
             log(f"[client] leave-one-model-out {name}: done")
-        res["lomo"] = pd.concat(parts, ignore_index=True)
-        res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
-    res["fits"] = pd.DataFrame(fits)
-    res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
-    res["runtime_s"] = time.perf_counter() - t0
-    atomic_write_text(out / "README.md", render(res))
+    if setup is not None and loro:
+        parts = []
+        for r in normal:
+            t = time.perf_counter()
+            m, _ = fit(drop_run(observations, r.short_id))
+            fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
+            src = sources_for(m, [(r.model, r.tp)], n_draws)
+            parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
+            res["loro"] = pd.concat(parts, ignore_index=True)
+            res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
+            write_readme()
+            log(f"[client] leave-one-run-out {r.short_id}: done")
+    write_readme()
     log(f"[client] wrote {out} in {res['runtime_s'] / 60:.1f} min")
     return 0

@@ -1,0 +1,109 @@
+"""The replay / fit fixed point (calibrate.py) with a stand-in fit: mechanics, not sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from bayes_latency.calibrate import calibrate, client_predictions, run_level_coefficients
+from bayes_latency.data.replay import ClientStage, replay_stage
+from bayes_latency.errors import ConfigError
+from bayes_latency.model.likelihood import NoiseParams
+from bayes_latency.physics.architecture import load_architecture
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
+from bayes_latency.physics.hardware import load_gpu
+
+ARCH, GPU = load_architecture("llama-2-7b"), load_gpu("H100")
+BETA = np.array([0.5, 1.0, 0.5, 1.4, 1.5, 15.0, 30.0, 4.0, 120.0, 0.0, 0.0])
+ALPHA = {"alpha_arrival": 15000.0, "alpha_post_decode": 800.0, "alpha_per_token": 40.0}
+
+
+class _Scaled:
+    """A stand-in fitted model: beta = c * BETA, the true alphas."""
+
+    def __init__(self, c: float, n_rows: int = 3) -> None:
+        from bayes_latency.priors import load_priors
+
+        self.c = c
+        self.priors = load_priors()
+        cid = f"llama-2-7b|{GPU.name}|tp1"
+        self._rows = pd.DataFrame({"config_id": [cid] * (2 * n_rows),
+                                   "kind": ["workload_e2e", "workload_ttft"] * n_rows})
+
+    def coefficients(self, name, gpu, tp, n_draws=None, seed=0):
+        n = n_draws or 8
+        b = np.tile(self.c * BETA, (n, 1))
+        a = np.tile([ALPHA[t] for t in ALPHA_TERMS], (n, 1))
+        return xr.Dataset({"beta": (("sample", "term"), b),
+                           "alpha": (("sample", "alpha_term"), a)},
+                          coords={"term": list(DEFAULT_TERMS), "alpha_term": list(ALPHA_TERMS)})
+
+    def noise(self, cfg, kind):
+        return NoiseParams(sigma=0.05, tau=0.0, nu=10.0)
+
+
+def _fit_scale(obs: pd.DataFrame) -> _Scaled:
+    """Least squares for one multiplier of BETA from the E2E rows (alphas known)."""
+    r = obs[obs["kind"] == "workload_e2e"]
+    X = r[[f"x_{t}" for t in DEFAULT_TERMS]].to_numpy() @ BETA
+    A = r[[f"x_{a}" for a in ALPHA_TERMS]].to_numpy() @ np.array([ALPHA[a] for a in ALPHA_TERMS])
+    y = r["value_us"].to_numpy()
+    return _Scaled(float(np.sum(X * (y - A)) / np.sum(X * X)))
+
+
+def _stage(rate: float, observed: dict) -> ClientStage:
+    return ClientStage(run_id="r", stage=0, model="llama-2-7b", gpu="H100", tp=1,
+                       observed=observed, kv_blocks=8000, rate=rate, count=600, prompt_len=590,
+                       output_pdf={200: 1.0}, system_prompt_len=100, num_groups=11,
+                       users_per_group=4)
+
+
+def _truth(rate: float) -> dict:
+    rep = replay_stage(_stage(rate, {}), ARCH, GPU, BETA)
+    m = rep.engine_us
+    return {"ttft_mean_us": m["workload_ttft"] + ALPHA["alpha_arrival"] + ALPHA["alpha_per_token"],
+            "e2e_mean_us": m["workload_e2e"] + 15000 + 800 + 40 * 200, "output_len_mean": 200.0}
+
+
+@pytest.mark.parametrize("rate, scale", [(4.0, True), (30.0, True), (30.0, False)])
+def test_fixed_point_recovers_the_scale(rate, scale):
+    """From a start 2x too slow, the loop finds the true scale; at a loaded rate the schedule
+    moves with the coefficients and the tangent rows still converge."""
+    st = _stage(rate, _truth(rate))
+    start = {"llama-2-7b|" + GPU.name + "|tp1": (2.0 * BETA, ALPHA)}
+    cal = calibrate(pd.DataFrame(), [st], _fit_scale, start=start, tol=0.002, max_iter=8,
+                    log=None, scale=scale, tol_noise=1e-9)
+    assert cal.converged, cal.history
+    assert cal.model.c == pytest.approx(1.0, abs=0.01)
+    assert cal.final_change < 0.002
+    assert set(cal.rows["kind"]) == {"workload_ttft", "workload_e2e", "workload_decode"}
+    pred = client_predictions(cal.model, [st], cal.replays, DEFAULT_TERMS)
+    e2e = pred.set_index("kind").loc["workload_e2e"]
+    assert e2e["error"] == pytest.approx(0.0, abs=0.01)
+    if rate > 10:   # loaded: the rows are far from the fixed-schedule form
+        assert cal.history["max_elasticity"].iloc[0] > 1.05
+    if not scale:   # the loop itself did the work
+        assert len(cal.history) >= 2
+
+
+def test_run_level_draws_widen_by_the_fitted_residual():
+    m = _Scaled(1.0)
+    ds = run_level_coefficients(m, "llama-2-7b", "H100", 1, n_draws=4000)
+    ratio = ds["beta"].sel(term="per_step").values / 120.0
+    assert np.std(np.log(ratio)) == pytest.approx(0.05, rel=0.1)
+    assert ds.attrs["run_level_sigma"] == {"workload_e2e": 0.05, "workload_ttft": 0.05}
+    assert ds.attrs["run_level_sigma_source"]["workload_e2e"] == "fitted"
+    # one run's rows cannot estimate run-to-run scatter: the prior's mean scale instead
+    few = run_level_coefficients(_Scaled(1.0, n_rows=1), "llama-2-7b", "H100", 1, n_draws=10)
+    assert few.attrs["run_level_sigma_source"] == {"workload_e2e": "prior",
+                                                   "workload_ttft": "prior"}
+    assert few.attrs["run_level_sigma"]["workload_e2e"] == pytest.approx(0.08 * 0.7979, rel=1e-3)
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="no client stage"):
+        calibrate(pd.DataFrame(), [], _fit_scale)
+    with pytest.raises(ConfigError, match="tol"):
+        calibrate(pd.DataFrame(), [_stage(4.0, _truth(4.0))], _fit_scale, tol=0)

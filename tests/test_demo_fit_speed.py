@@ -30,6 +30,9 @@ def test_report_has_cpu_load_groups_and_ess_per_second():
                                   _run(1, 65.0)]}  # an older run without CPU time still renders
     text = bench.report({"cold": sec})
     assert "## Cold caches" in text and "## Warm caches" not in text
-    assert "| 0 | 50.0 | 70.0 | 1.0-2.5 | 0.5 | 10.0 | 20.0 | 3.0 | 1.0040 | 700 | 35 | 0 |" in text
-    assert "| 1 | 65.0 | n/a | n/a |" in text
-    assert "2 of 2 runs pass the gates; 1 pass within 60 s." in text
+    # idle estimate: 70 CPU s less half of the 40 CPU s of the two sampling threads
+    assert ("| 0 | 50.0 | 70.0 | 50.0 | 1.0-2.5 | 0.5 | 10.0 (9.0) | 20.0 (40.0) | 3.0 | 1.0040 "
+            "| 700 | 35 | 0 |") in text
+    assert "| 1 | 65.0 | n/a | n/a | n/a | 0.5 | 10.0 | 20.0 | 3.0 |" in text
+    assert "idle-machine estimate: median 50.0 s, max 50.0 s" in text
+    assert "2 of 2 runs pass the gates; 1 pass within 60 s of wall time." in text

@@ -26,8 +26,12 @@ def test_report_has_cpu_load_groups_and_ess_per_second():
     bench = _bench()
     args = {"cold": True, "tune": 500, "draws": 4000, "target_accept": 0.99}
     sec = {"command": "python benchmarks/demo_fit_speed.py --cold", "cpus": 2, "python": "3.12",
-           "args": args, "runs": [_run(0, 50.0, cpu_s=70.0, load_before=1.0, load_after=2.5),
-                                  _run(1, 65.0)]}  # an older run without CPU time still renders
+           "args": args,
+           "runs": [_run(0, 50.0, cpu_s=70.0, load_before=1.0, load_after=2.5,
+                         timings={"summaries_s": 0.5, "compile_s": 10.0, "sampling_s": 30.0,
+                                  "arviz_groups_s": 3.0, "compile_cpu_s": 9.0,
+                                  "sampling_cpu_s": 49.0}),
+                    _run(1, 65.0)]}  # an older run without CPU time still renders
     text = bench.report({"cold": sec})
     assert "## Cold caches" in text and "## Warm caches" not in text
     # idle estimate: 70 CPU s less half of the 40 CPU s of the two sampling threads

@@ -153,7 +153,14 @@ def report(doc: dict) -> str:
     parts = ["# Demo fit wall time\n",
              "Warm: PyTensor's and Numba's caches filled by earlier runs (a user's second and later "
              "fits); cold: empty caches (the first fit on a fresh machine). Each section is "
-             "rewritten by its own run (`--cold` for the cold one).\n"]
+             "rewritten by its own run (`--cold` for the cold one).\n",
+             "CPU s counts every thread of the fit (the two chains sample on two threads); "
+             "'idle estimate' is the wall time the run would take on an idle 2-core machine "
+             "(CPU time less half the sampling threads' CPU time): the number to hold against "
+             "the goal (cold <= 60 s, warm <= 30 s) when the load column shows a busy machine. "
+             "Compile and sampling columns give wall time with CPU time in parentheses. Where "
+             "the time goes and what was tried: the note above `NOISE_PROXY` in "
+             "`bayes_latency/model/estimator.py`.\n"]
     parts += [report_section(doc[k]) for k in SECTIONS if k in doc]
     return "\n".join(parts)
 

@@ -123,7 +123,7 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int = 4000) -
     held = config_id(*HELD_OUT)
     train = obs[obs["config_id"] != held]
     model = LatencyModel()
-    model.fit(train, draws=draws, seed=seed, **DEMO_FIT)
+    model.fit(train, draws=draws, seed=seed, progress=sys.stderr.isatty(), **DEMO_FIT)
     posterior = model.save(out / "posterior.nc")
     conv = model.convergence()
     pr.step("fit", f"{len(model.design.configs)} configurations, {len(model._rows):,} rows; "

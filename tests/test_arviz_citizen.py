@@ -245,3 +245,24 @@ def test_non_default_priors_load_check_and_export_from_the_file_alone(saved, tmp
     dt.to_netcdf(tmp_path / "bad.nc", engine="h5netcdf")
     with pytest.raises(ModelMismatchError, match="altered"):
         LatencyModel.load(tmp_path / "bad.nc")
+
+
+def test_log_prior_is_pymcs_compute_log_prior(saved, data):
+    """The vectorized log prior (one call over all draws, no Numba compile) gives PyMC's numbers."""
+    import pymc as pm
+    import xarray as xr
+
+    from bayes_latency.model.groups import log_prior
+
+    obs, _ = data
+    pm_model = LatencyModel().build(obs)
+    post = saved.result["posterior"].to_dataset().isel(draw=slice(0, 15))
+    free = [v.name for v in pm_model.free_RVs]
+    ref = pm.stats.compute_log_prior(xr.DataTree.from_dict({"posterior": post[free]}),
+                                     model=pm_model, extend_inferencedata=False, progressbar=False)
+    ref = ref.to_dataset() if isinstance(ref, xr.DataTree) else ref
+    mine = log_prior(pm_model, post)
+    assert sorted(mine.data_vars) == sorted(ref.data_vars) == sorted(free)
+    for v in free:
+        assert mine[v].dims == ref[v].dims
+        np.testing.assert_allclose(mine[v].values, ref[v].values, rtol=1e-10, atol=1e-10)

@@ -79,6 +79,16 @@ ADAPTATIONS = ("low_rank", "diag")
 #: -0.5095 with only the PyTensor cache cold). Off, fresh and cached runs agree bit for bit, and
 #: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
 NUMBA_FASTMATH = False
+#: Where a fit's time goes (demo fit, 12 configurations, 2 x (500 + 4000) iterations, measured
+#: for issue 15 on a 2-core machine shared with other jobs, so in CPU seconds): nutpie's
+#: compilation is ~36 CPU s on empty caches and ~9 CPU s on warm ones (PyTensor caches each Op's
+#: Numba code on disk, but nutpie's C callbacks around the logp+gradient and the expand function
+#: cannot be cached and recompile Numba internals every run); sampling ~46 CPU s over the two
+#: chains (~23 s of wall time on an idle machine, 140-150 leapfrog steps per draw at
+#: target_accept 0.99). Tried and not kept: ``var_names`` restricted to the free variables (a
+#: smaller expand function; 36.2 vs 36.1 CPU s of cold compilation), ``freeze_model=True`` (45
+#: CPU s), ``NUMBA_OPT=0`` (compiles faster, samples more than 10x slower), numpyro (no Numba
+#: compile, but 345 s of sampling for the same draws).
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
@@ -237,7 +247,7 @@ class LatencyModel:
         t_start = time.perf_counter()
         model = self.build(observations)
         self.timings["build_s"] = time.perf_counter() - t_start
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()  # CPU time: all threads (chains)
         with model:
             if self.sampler == "laplace":
                 post = _laplace_draws(model, draws * chains, chains, seed)
@@ -248,6 +258,7 @@ class LatencyModel:
                 with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH):
                     compiled = nutpie.compile_pymc_model(model)
                 self.timings["compile_s"] = time.perf_counter() - t0
+                self.timings["compile_cpu_s"] = time.process_time() - c0
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
                                    cores=min(chains, 2), seed=seed, progress_bar=progress,
                                    adaptation=adaptation, target_accept=target_accept)
@@ -262,6 +273,7 @@ class LatencyModel:
                 dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
                                random_seed=seed, progressbar=progress, **kw)
         self.timings["sampling_s"] = time.perf_counter() - t0
+        self.timings["sampling_cpu_s"] = time.process_time() - c0
         self._settings = {"draws": draws, "tune": tune, "chains": chains, "seed": seed,
                           "target_accept": target_accept, "adaptation": adaptation,
                           "numba_fastmath": NUMBA_FASTMATH, "prior_draws": prior_draws}

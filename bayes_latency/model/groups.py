@@ -57,11 +57,13 @@ OBS_VAR = "log_duration"
 OBS_DIM = "obs"
 #: Prior draws stored in ``prior`` and ``prior_predictive``.
 PRIOR_DRAWS = 500
-#: PyTensor mode of the prior-sampling and log-prior functions (None: PyTensor's default, Numba,
-#: whose compiled code is cached on disk). Measured on the test fleet (600 posterior draws, warm
-#: caches): prior 1.6 s and log-prior 1.3 s with Numba, 3.6 s and 4.5 s with "FAST_COMPILE",
-#: 2.4 s and 14.5 s with "FAST_RUN" (C).
-PRIOR_MODE: str | None = None
+#: PyTensor mode of the prior-sampling and log-prior functions (None: PyTensor's default, Numba).
+#: "FAST_COMPILE" (Python linker, no Numba compilation): measured on the demo fit (issue 15),
+#: prior 1.0 s with it against 0.9 s with Numba on warm caches but 8.5 s on empty ones (a first
+#: fit compiles every Op of the prior graph); the log prior is evaluated once on all posterior
+#: draws (a vectorized graph, :func:`log_prior`), 1.5 s for 2000 draws, where PyMC's per-draw
+#: loop with Numba took 1.8 s warm and 4.5 s cold.
+PRIOR_MODE: str | None = "FAST_COMPILE"
 #: Largest ``rows x posterior samples`` of one observation-level group (float32: 4 bytes each,
 #: so 40 MB for each of ``log_likelihood`` and ``posterior_predictive``). Above it the groups hold
 #: a labelled random subsample of rows. The tiny fleet at the CLI's defaults (2,284 rows x 2 x 1000
@@ -321,13 +323,38 @@ def _compile_kwargs() -> dict[str, str] | None:
 
 
 def log_prior(pm_model: pm.Model, post: xr.Dataset) -> xr.Dataset:
-    """``log_prior``: elementwise log density of every free variable at each posterior draw."""
-    import pymc as pm
+    """``log_prior``: elementwise log density of every free variable at each posterior draw.
 
-    free = [v.name for v in pm_model.free_RVs]
-    dt = xr.DataTree.from_dict({"posterior": post[free]})
-    ds = pm.stats.compute_log_prior(dt, model=pm_model, extend_inferencedata=False,
-                                    progressbar=False, compile_kwargs=_compile_kwargs())
+    The same numbers as ``pm.stats.compute_log_prior`` (log densities of the untransformed free
+    variables, same names and dims), computed by one call of a graph vectorized over the
+    posterior draws instead of one call per draw, in :data:`PRIOR_MODE`.
+    """
+    import pymc
+    import pytensor
+    from pymc.backends.arviz import coords_and_dims_for_inferencedata, dict_to_dataset
+    from pymc.model.transform.conditioning import remove_value_transforms
+    from pytensor.graph.replace import vectorize_graph
+
+    umodel = remove_value_transforms(pm_model)
+    free = list(umodel.free_RVs)
+    names = [rv.name for rv in free]
+    values = [umodel.rvs_to_values[rv] for rv in free]
+    batched = [v.type.clone(shape=(None, *v.type.shape))(name=v.name) for v in values]
+    outs = vectorize_graph(umodel.logp(vars=free, sum=False), replace=dict(zip(values, batched,
+                                                                                strict=True)))
+    fn = pytensor.function(batched, outs, mode=PRIOR_MODE, on_unused_input="ignore")
+    C, D = post.sizes["chain"], post.sizes["draw"]
+    args = [np.ascontiguousarray(post[n].transpose("chain", "draw", ...).values
+                                 .reshape(C * D, *post[n].shape[2:]), dtype=v.type.dtype)
+            for n, v in zip(names, values, strict=True)]
+    res = fn(*args)
+    coords, dims = coords_and_dims_for_inferencedata(umodel)
+    ds = dict_to_dataset({n: np.asarray(r).reshape(C, D, *np.shape(r)[1:])
+                          for n, r in zip(names, res, strict=True)},
+                         inference_library=pymc, dims=dims,
+                         coords={**coords, "chain": post["chain"].values,
+                                 "draw": post["draw"].values},
+                         sample_dims=["chain", "draw"], skip_event_dims=True)
     ds = ds.to_dataset() if isinstance(ds, xr.DataTree) else ds
     ds.attrs["meaning"] = ("log prior density of the free variables of the PyMC model (the "
                            "top-level priors); beta/alpha are integrated out on the fast path")

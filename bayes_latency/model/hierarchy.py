@@ -16,6 +16,12 @@ and a configuration's coefficients scatter around it by what the crossed effects
 unseen configuration gets this extra spread). ``prior_offset`` carries the per-GPU prior
 overrides of ``priors/``.
 
+The serving stack (a level only when the data mix stacks, e.g. vLLM traces and Splitwise
+microbenchmarks) adds ``c[stack] + sigma_stack[k] * z_stack[k, stack]``: a shift common to every
+coefficient plus per-term departures (:func:`_common`), both at scales fixed by the prior file
+(two levels cannot teach a scale: :data:`MIN_LEVELS_FOR_SCALE`). ``sigma_config`` is bounded
+(:data:`SIGMA_CONFIG_MAX`).
+
 ARD: ``mu[k] = m0[k] + s0[k] * z[k] + log relevance[k]`` with
 ``relevance[k] = sigmoid(sharpness * (z[k] - loc))`` (see :func:`_population`): one parameter per
 term, so the relevance cannot trade off against the mean.
@@ -267,10 +273,14 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays
     return total
 
 
-#: A factor with fewer levels than this has its effect scales fixed at the prior's scale instead
-#: of sampled: two levels give one difference per term, from which a scale cannot be learned,
-#: and the non-centred ``sigma * z`` of an effect the data fix is a hyperbolic ridge (a funnel
-#: towards small ``sigma``). Fixed, the effects' prior is Gaussian with the prior's variance.
+#: A factor of :data:`FIXED_SCALE_FACTORS` with fewer levels than this has its effect scales
+#: fixed at the prior's scale instead of sampled: two levels give one difference per term, from
+#: which a scale cannot be learned, and the non-centred ``sigma * z`` of an effect the data fix is
+#: a hyperbolic ridge (a funnel towards small ``sigma``). Fixed, the effects' prior is Gaussian
+#: with the prior's variance. Measured on the real data (all of it, 11 default terms, with the
+#: common stack shift): stack scales sampled, 247 divergences in one chain, R-hat 1.13, ESS 11;
+#: fixed, 0 divergences, R-hat 1.037, ESS 95. Fixing the two-level GPU / model / TP scales too
+#: made the tiny fleet worse (seeds 0-5: R-hat up to 1.040, ESS 127-282), so only the stack.
 MIN_LEVELS_FOR_SCALE = 3
 FIXED_SCALE_FACTORS = ("stack",)
 
@@ -402,7 +412,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         sig_c = pm.Truncated("sigma_config",
                              pm.LogNormal.dist(mu=np.log(pa.sigma_config["median"]),
                                                sigma=pa.sigma_config["sigma"]),
-                             upper=SIGMA_CONFIG_MAX, dims="coef")
+                             lower=0.0, upper=SIGMA_CONFIG_MAX, dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:
             pm.Potential("loglik_marginal",

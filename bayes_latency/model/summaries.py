@@ -312,36 +312,6 @@ class _ConfigProblem:
             H[i2, i1] = sums[has]
         return f, g, H
 
-    def row_scores(self, u: np.ndarray, eta: np.ndarray) -> np.ndarray:
-        """Per-row gradients of the log-likelihood in ``(u, eta)``, ``(n_rows, K + len(eta))``.
-
-        Their sum is minus the gradient of :meth:`derivatives`; their outer products give the
-        "meat" of a sandwich estimate of the information (:func:`sandwich_info`).
-        """
-        ki = self.kind_idx
-        mu = np.maximum(self.Xs @ u, 1e-300)
-        r = self.log_y - np.log(mu)
-        sig, tau, nu_k = self._kind_noise(eta)
-        vs = (sig**2)[ki] * self.inv_n
-        vt = (tau**2)[ki] * self.inv_n2
-        s2 = vs + vt
-        nu = nu_k[ki]
-        r2 = r * r
-        q = nu * s2 + r2
-        l_r = -(nu + 1.0) * r / q
-        l_a = nu * (r2 - s2) / q
-        psi_k = 0.5 * special.digamma((nu_k + 1) / 2) - 0.5 * special.digamma(nu_k / 2) - 0.5 / nu_k
-        l_nu = psi_k[ki] - 0.5 * np.log1p(r2 / (nu * s2)) + 0.5 * (nu + 1.0) * r2 / (nu * q)
-        S = np.zeros((len(r), self.K + len(self.layout)))
-        S[:, :self.K] = -l_r[:, None] * (self.Xs / mu[:, None])
-        at = np.arange(len(r))
-        S[at, self.K + self.j_sigma[ki]] = l_a * vs / s2
-        if self.has_tau.any():
-            m = self.has_tau[ki]
-            S[at[m], self.K + self.j_tau[ki][m]] = (l_a * vt / s2)[m]
-        S[at, self.K + self.j_nu[ki]] = l_nu * nu
-        return S
-
     def negloglik(self, u: np.ndarray, eta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """Negative log-likelihood and its gradients in ``u`` (scaled theta) and ``eta``."""
         f, g, _ = self.derivatives(u, eta, 1)

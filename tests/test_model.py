@@ -249,7 +249,10 @@ def test_stack_level_only_when_stacks_mix(data):
     bench["config_id"] = bench["config_id"] + "|splitwise"
     mixed = pd.concat([two.assign(stack="vllm"), bench], ignore_index=True)
     model = m.build(mixed)
-    assert {"z_stack", "sigma_stack"} <= {v.name for v in model.free_RVs}
+    free = {v.name for v in model.free_RVs}
+    # two stacks: per-term departures and a shift common to every term, at fixed scales
+    assert {"z_stack", "z_stack_common"} <= free and "sigma_stack" not in free
+    assert {"sigma_stack", "sigma_stack_common", "eff_stack"} <= {v.name for v in model.deterministics}
     assert m.design.stacks == ["splitwise", "vllm"] and len(m.design.configs) == 3
 
 

@@ -535,6 +535,9 @@ class LatencyModel:
                         inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
                         sig = post[f"sigma_{level}"].values.T * inflate  # (S, K)
                         logt = logt + sig * rng.standard_normal((S, K))
+                        if f"sigma_{level}_common" in post:  # plus the shift common to all terms
+                            sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
+                            logt = logt + (sc_c * rng.standard_normal(S))[:, None]
             unseen.append("config")
             sc = post["sigma_config"].values.T
             theta = np.maximum(np.exp(logt) * (1.0 + sc * rng.standard_normal((S, K))), 0.0)
@@ -651,6 +654,8 @@ class LatencyModel:
         post = self._post()
         var_names = [v for v in ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu",
                                  "sigma_tp") if v in post]
+        # constants (effect scales fixed for factors with two levels) have no diagnostics
+        var_names = [v for v in var_names if float(post[v].std()) > 0]
         rhat = azs.rhat(post[var_names])
         ess = azs.ess(post[var_names], method="bulk")
         max_rhat = float(max(float(rhat[v].max()) for v in var_names))

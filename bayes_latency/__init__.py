@@ -11,7 +11,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+local"
 
-MODEL_VERSION = "5"  # 5: ArviZ groups + priors embedded (#18), factors that split configurations alike share z (#15); 3: full-path dof
+MODEL_VERSION = "6"  # 6: common stack shift at fixed scales, sigma_config truncated at 0.25, no ARD gate on alpha (#15), client rows (#14); 5: ArviZ groups + priors embedded (#18), factors that split configurations alike share z (#15); 3: full-path dof
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""
 
 #: Names importable from the package without importing the modules that define them up front

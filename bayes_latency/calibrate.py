@@ -391,22 +391,30 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
                        converged=converged, replays=replays, elasticity=el)
 
 
+def draw_matrices(ds: Any, terms: Sequence[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(sample, term)`` beta over ``terms`` (0 for terms not in ``ds``) and ``{alpha_term:
+    (sample,)}`` from a coefficient Dataset (``LatencyModel.coefficients`` or
+    :func:`run_level_coefficients`), for evaluating replayed rows at every draw."""
+    names = list(term_names(terms))
+    fitted = [str(t) for t in ds["term"].values]
+    B = np.zeros((ds.sizes["sample"], len(names)))
+    for j, t in enumerate(names):
+        if t in fitted:
+            B[:, j] = ds["beta"].sel(term=t).values
+    A = {str(a): ds["alpha"].sel(alpha_term=a).values for a in ds["alpha_term"].values}
+    return B, A
+
+
 def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mapping[str, Replay],
                        terms: Sequence[str], n_draws: int = 200, seed: int = 0) -> pd.DataFrame:
     """Predicted client means (µs) per stage and kind at the posterior draws: mean, median, 5%
     and 95% of ``features . theta`` over draws (coefficient uncertainty, no run noise), with the
     measured value."""
-    names = list(term_names(terms))
     out = []
     for s in stages:
         rep = replays[s.experiment_id]
         ds = model.coefficients(s.model, s.gpu, s.tp, n_draws=n_draws, seed=seed)
-        fitted = [str(t) for t in ds["term"].values]
-        B = np.zeros((ds.sizes["sample"], len(names)))
-        for j, t in enumerate(names):
-            if t in fitted:
-                B[:, j] = ds["beta"].sel(term=t).values
-        A = {str(a): ds["alpha"].sel(alpha_term=a).values for a in ds["alpha_term"].values}
+        B, A = draw_matrices(ds, terms)
         obs = {"workload_ttft": s.observed.get("ttft_mean_us", math.nan),
                "workload_e2e": s.observed.get("e2e_mean_us", math.nan)}
         L = float(s.observed.get("output_len_mean", math.nan))
@@ -480,4 +488,4 @@ def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: in
     return out
 
 
-__all__ += ["scale_start", "run_level_sigma", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]
+__all__ += ["draw_matrices", "scale_start", "run_level_sigma", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

@@ -313,15 +313,11 @@ def _bands(run: object, stages: list, replays: dict) -> object:
     import numpy as np
     import pandas as pd
 
+    from bayes_latency.calibrate import draw_matrices
     from bayes_latency.data.replay import WORKLOAD_KINDS
     from bayes_latency.physics.basis import DEFAULT_TERMS
 
-    fitted = [str(t) for t in run["term"].values]
-    B = np.zeros((run.sizes["sample"], len(DEFAULT_TERMS)))
-    for j, t in enumerate(DEFAULT_TERMS):
-        if t in fitted:
-            B[:, j] = run["beta"].sel(term=t).values
-    A = {str(a): run["alpha"].sel(alpha_term=a).values for a in run["alpha_term"].values}
+    B, A = draw_matrices(run, DEFAULT_TERMS)
     rows = []
     for s in stages:
         rep = replays[s.experiment_id]

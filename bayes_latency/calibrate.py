@@ -9,8 +9,9 @@ solves that fixed point:
 2. fit the step, journey and benchmark rows together with the client rows (one hierarchical fit,
    the client rows with their own noise kinds), and take the new posterior means;
 3. replay again at the new means and compare the rows' predicted means at those same
-   coefficients under the old and the new schedule; stop when the largest relative change is
-   below ``tol`` (or after ``max_iter`` fits).
+   coefficients under the old and the new schedule; stop when every mean moved less than
+   ``tol`` (relative) or less than ``tol_noise`` of its kind's fitted noise scale (or after
+   ``max_iter`` fits).
 
 The fit of the last iteration is returned with the history (iterations, final change). A
 configuration with only client rows gets its posterior from them plus the hierarchy; one with
@@ -28,12 +29,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.observations import DEFAULT_STACK, config_id
+from bayes_latency.data.observations import config_id
 from bayes_latency.data.replay import (
     WORKLOAD_KINDS,
     ClientStage,
     Replay,
     elasticities,
+    observed_means,
     predicted_means,
     replay_stage,
     workload_rows,
@@ -43,7 +45,9 @@ from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 from bayes_latency.physics.hardware import load_gpu
 
-__all__ = ["Calibration", "calibrate", "config_means", "replay_all"]
+__all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "DEFAULT_TOL_NOISE", "Calibration", "calibrate",
+           "client_predictions", "config_means", "draw_matrices", "replay_all",
+           "run_level_coefficients", "run_level_sigma", "scale_start"]
 
 #: Largest relative change of any predicted client mean between two replays at the same
 #: coefficients for the loop to stop.
@@ -68,11 +72,12 @@ class Calibration:
     rows
         The last client rows (kinds :data:`~bayes_latency.data.replay.WORKLOAD_KINDS`).
     history
-        One row per iteration: ``iteration, fit_s, replay_s, max_change, worst_row``
+        One row per iteration: ``iteration, fit_s, replay_s, max_change, worst_row,
+        max_change_sigma, rows_moving, damping, max_elasticity, n_rows, n_client_rows``
         (``max_change``: largest relative change of a predicted client mean when the schedule is
-        replayed again at the fit's posterior mean; NaN for the last when not re-replayed).
+        replayed again at the fit's posterior mean).
     converged
-        Whether the last change is below the tolerance.
+        Whether no row was still moving at the last iteration (see :func:`calibrate`).
     replays
         The last replays, by experiment id.
     """
@@ -105,7 +110,7 @@ def config_means(model: Any, stages: Sequence[ClientStage], terms: Sequence[str]
     out: dict[str, tuple[np.ndarray, dict[str, float]]] = {}
     names = list(term_names(terms))
     for s in stages:
-        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        cid = s.config_id
         if cid in out:
             continue
         ds = model.coefficients(s.model, s.gpu, s.tp, seed=seed)
@@ -142,7 +147,7 @@ def replay_all(stages: Sequence[ClientStage], coefs: Mapping[str, tuple[np.ndarr
     terms = tuple(term_names(terms))
     units = []
     for s in stages:
-        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        cid = s.config_id
         if cid not in coefs:
             raise ConfigError(f"client stage {s.experiment_id}: no coefficients for {cid}")
         b = np.asarray(coefs[cid][0], dtype=float)
@@ -171,11 +176,10 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
     pri = load_priors()
     out = {}
     for s in stages:
-        gpu = load_gpu(s.gpu)
-        cid = config_id(load_architecture(s.model).name, gpu.name, s.tp)
-        beta = np.array([float(pri.term(t, gpu=gpu.name)["median"]) for t in term_names(terms)])
-        alpha = {a: float(pri.term(a, gpu=gpu.name)["median"]) for a in ALPHA_TERMS}
-        out[cid] = (beta, alpha)
+        gpu = load_gpu(s.gpu).name
+        beta = np.array([float(pri.term(t, gpu=gpu)["median"]) for t in term_names(terms)])
+        alpha = {a: float(pri.term(a, gpu=gpu)["median"]) for a in ALPHA_TERMS}
+        out[s.config_id] = (beta, alpha)
     return out
 
 
@@ -195,7 +199,7 @@ def scale_start(stages: Sequence[ClientStage],
     terms = tuple(term_names(terms))
     by: dict[str, list[ClientStage]] = {}
     for s in stages:
-        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        cid = s.config_id
         by.setdefault(cid, []).append(s)
     out = {k: (np.asarray(v[0], dtype=float), dict(v[1])) for k, v in coefs.items()}
     for cid, sts in by.items():
@@ -253,7 +257,7 @@ def _changes(stages: Sequence[ClientStage], old: Mapping[str, Replay],
     out = []
     el = old_el.set_index("experiment_id")
     for s in stages:
-        cid = config_id(load_architecture(s.model).name, load_gpu(s.gpu).name, s.tp)
+        cid = s.config_id
         b, a = coefs[cid]
         r0, r1 = old[s.experiment_id], new[s.experiment_id]
         p0 = predicted_means(r0, b, a)
@@ -415,11 +419,7 @@ def client_predictions(model: Any, stages: Sequence[ClientStage], replays: Mappi
         rep = replays[s.experiment_id]
         ds = model.coefficients(s.model, s.gpu, s.tp, n_draws=n_draws, seed=seed)
         B, A = draw_matrices(ds, terms)
-        obs = {"workload_ttft": s.observed.get("ttft_mean_us", math.nan),
-               "workload_e2e": s.observed.get("e2e_mean_us", math.nan)}
-        L = float(s.observed.get("output_len_mean", math.nan))
-        obs["workload_decode"] = (obs["workload_e2e"] - obs["workload_ttft"]) / (L - 1.0) \
-            if L > 1 else math.nan
+        obs = observed_means(s)
         for k in WORKLOAD_KINDS:
             v = B @ rep.features[k] + sum(w * A.get(a, 0.0) for a, w in rep.alpha[k].items())
             out.append({"experiment_id": s.experiment_id, "run_id": s.run_id, "stage": s.stage,
@@ -487,5 +487,3 @@ def run_level_coefficients(model: Any, name: str, gpu: str, tp: int, n_draws: in
     out.attrs["run_level_sigma_source"] = {"workload_e2e": src_e2e, "workload_ttft": src_ttft}
     return out
 
-
-__all__ += ["draw_matrices", "scale_start", "run_level_sigma", "run_level_coefficients", "client_predictions", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "DEFAULT_STACK"]

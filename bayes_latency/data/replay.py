@@ -50,7 +50,8 @@ from bayes_latency.physics.hardware import GPU
 from bayes_latency.physics.serving import ServingConfig
 
 __all__ = ["MAX_ELASTICITY", "WORKLOAD_KINDS", "ClientStage", "Replay", "elasticities",
-           "replay_stage", "stage_requests", "workload_rows"]
+           "observed_means", "predicted_means", "replay_stage", "stage_requests",
+           "workload_rows"]
 
 #: Observation kinds of client-side means (see the module docstring).
 WORKLOAD_KINDS: tuple[str, ...] = ("workload_ttft", "workload_e2e", "workload_decode")
@@ -116,6 +117,14 @@ class ClientStage:
     def experiment_id(self) -> str:
         """``run_id/stage<N>``: the rows' experiment id."""
         return f"{self.run_id}/stage{self.stage}"
+
+    @property
+    def config_id(self) -> str:
+        """The configuration key of the rows (canonical model and GPU names)."""
+        from bayes_latency.physics.architecture import load_architecture
+        from bayes_latency.physics.hardware import load_gpu
+
+        return config_id(load_architecture(self.model).name, load_gpu(self.gpu).name, self.tp)
 
     def validate(self) -> None:
         """Raise :class:`~bayes_latency.errors.ConfigError` naming the field that cannot work."""
@@ -320,7 +329,9 @@ def replay_stage(stage: ClientStage, arch: Architecture, gpu: GPU, beta: Sequenc
                   n_preemptions=int(res.requests["num_preemptions"].sum()), terms=terms)
 
 
-def _observed(stage: ClientStage) -> dict[str, float]:
+def observed_means(stage: ClientStage) -> dict[str, float]:
+    """The stage's measured means by kind (µs; NaN when not measured): mean TTFT, mean E2E and
+    the decode interval ``(E2E - TTFT) / (output_len_mean - 1)``."""
     o = stage.observed
     ttft, e2e = float(o.get("ttft_mean_us", math.nan)), float(o.get("e2e_mean_us", math.nan))
     L = float(o.get("output_len_mean", math.nan))
@@ -367,7 +378,7 @@ def workload_rows(stage: ClientStage, replay: Replay, arch: Architecture, gpu: G
     if tuple(replay.terms) != terms:
         raise ConfigError(f"client stage {stage.experiment_id}: replay terms {replay.terms} "
                           f"differ from the rows' terms {terms}")
-    obs = _observed(stage)
+    obs = observed_means(stage)
     frames = []
     for kind in WORKLOAD_KINDS:
         v = obs[kind]
@@ -400,5 +411,3 @@ def predicted_means(replay: Replay, beta: Sequence[float], alpha: Mapping[str, f
                      + sum(v * float(alpha.get(a, 0.0)) for a, v in replay.alpha[k].items()))
             for k in WORKLOAD_KINDS}
 
-
-__all__ += ["predicted_means"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -96,7 +95,3 @@ def drop_model(obs: pd.DataFrame, model: str) -> pd.DataFrame:
     """``obs`` without any row of ``model`` (steps, benchmarks and client rows)."""
     return obs[obs["model"].astype(str) != model].reset_index(drop=True)
 
-
-def stage_path(out: Path) -> Path:  # pragma: no cover - convenience for notebooks
-    """Where the study writes its client tables."""
-    return Path(out) / "client"

@@ -250,7 +250,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "cv_settings": (f"{(QUICK_FIT if quick else CV_FIT).chains} x "
                                            f"{(QUICK_FIT if quick else CV_FIT).draws} draws after "
                                            f"{(QUICK_FIT if quick else CV_FIT).tune} tuning steps"),
-                           "replay_s": float(history["replay_s"].iloc[-1]) / 2.0,
+                           "replay_s": float(history["replay_s"].iloc[-1]),
                            "calibrate_s": calibrate_s}
     cv_settings = QUICK_FIT if quick else CV_FIT
 

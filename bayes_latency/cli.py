@@ -182,8 +182,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     print(h[["iteration", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
           .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
-    n_cfg_stages = len(stages)
-    run = _run_level_draws(m, args, n_cfg_stages, n_draws=200)
+    run = _run_level_draws(m, args, n_draws=200)
     pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
     show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
                  "run_q05_us", "run_q95_us", "error"]]
@@ -215,7 +214,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
                 "calibration_final_change": float(cal.final_change)}
         text = blis_yaml(coefs, config, prov)
         if args.export_draws:
-            run = _run_level_draws(m, args, n_cfg_stages)
+            run = _run_level_draws(m, args)
             sig = run.attrs.get("run_level_sigma", {})
             text += yaml.safe_dump(
                 {"draws_kind": "run-level: posterior draws x the run-to-run scatter of the client "
@@ -270,42 +269,22 @@ def calibrate_command(args: argparse.Namespace) -> int:
 _MIN_STAGES_FOR_SCATTER = 3
 
 
-def _run_level_draws(m: object, args: argparse.Namespace, n_stages: int,
-                     n_draws: int | None = None) -> object:
-    """Run-level coefficient draws (:func:`~bayes_latency.calibrate.run_level_coefficients`);
-    with fewer than :data:`_MIN_STAGES_FOR_SCATTER` client stages the fitted scatter (one or two
-    means cannot estimate it) is replaced by the prior's mean half-normal scale."""
-    import math
-
-    import numpy as np
-    import xarray as xr
-
+def _run_level_draws(m: object, args: argparse.Namespace, n_draws: int | None = None) -> object:
+    """Run-level coefficient draws (:func:`~bayes_latency.calibrate.run_level_coefficients`),
+    with ``run_level_sigma_source`` as one readable line: with fewer than
+    :data:`_MIN_STAGES_FOR_SCATTER` client means of a kind the fitted scatter (one or two means
+    cannot estimate it) is replaced by the prior's mean half-normal scale."""
     from bayes_latency.calibrate import run_level_coefficients
-    from bayes_latency.priors import load_priors
 
     run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), n_draws=n_draws,
-                                 seed=args.seed)
-    if n_stages >= _MIN_STAGES_FOR_SCATTER:
-        run.attrs["run_level_sigma_source"] = "fitted"
-        return run
-    pri = load_priors(args.priors)
-    sig = {}
-    for k in ("workload_e2e", "workload_ttft"):
-        s = pri.noise_prior(k)["sigma"]
-        sig[k] = float(s.get("sigma", 0.1)) * math.sqrt(2.0 / math.pi)
-    ds = m.coefficients(args.model, args.gpu, int(args.tp), n_draws=n_draws, seed=args.seed)
-    rng = np.random.default_rng([args.seed, 7])
-    n = ds.sizes["sample"]
-    out = ds.copy()
-    out["beta"] = ds["beta"] * xr.DataArray(np.exp(sig["workload_e2e"] * rng.standard_normal(n)),
-                                            dims=("sample",))
-    out["alpha"] = ds["alpha"] * xr.DataArray(
-        np.exp(sig["workload_ttft"] * rng.standard_normal(n)), dims=("sample",))
-    out.attrs.update(ds.attrs)
-    out.attrs["run_level_sigma"] = sig
-    out.attrs["run_level_sigma_source"] = (f"prior mean (fewer than {_MIN_STAGES_FOR_SCATTER} "
-                                           f"client stages cannot estimate the scatter)")
-    return out
+                                 seed=args.seed, min_rows=_MIN_STAGES_FOR_SCATTER)
+    src = run.attrs.get("run_level_sigma_source", {})
+    text = ", ".join(f"{k}: {v}" for k, v in src.items())
+    if any(v != "fitted" for v in src.values()):
+        text += (f" (prior mean: fewer than {_MIN_STAGES_FOR_SCATTER} client stages cannot "
+                 "estimate the scatter)")
+    run.attrs["run_level_sigma_source"] = text
+    return run
 
 
 def _bands(run: object, stages: list, replays: dict) -> object:

@@ -161,7 +161,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
 
     # ---- calibrate
-    from bayes_latency.calibrate import calibrate, client_predictions
+    from bayes_latency.calibrate import calibrate, client_predictions, ttft_alpha_share
     from bayes_latency.model.estimator import LatencyModel
     from bayes_latency.physics.basis import DEFAULT_TERMS
 
@@ -182,7 +182,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     print(h[["iteration", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
           .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
-    run = _run_level_draws(m, args, n_draws=200)
+    share = ttft_alpha_share(m, args.model, args.gpu, int(args.tp),
+                             pred.loc[pred["kind"] == "workload_ttft", "mean_us"].to_numpy())
+    run = _run_level_draws(m, args, share, n_draws=200)
     pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
     show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
                  "run_q05_us", "run_q95_us", "error"]]
@@ -214,13 +216,14 @@ def calibrate_command(args: argparse.Namespace) -> int:
                 "calibration_final_change": float(cal.final_change)}
         text = blis_yaml(coefs, config, prov)
         if args.export_draws:
-            run = _run_level_draws(m, args)
+            run = _run_level_draws(m, args, share)
             sig = run.attrs.get("run_level_sigma", {})
             text += yaml.safe_dump(
                 {"draws_kind": "run-level: posterior draws x the run-to-run scatter of the client "
                                "means (predictive band of a new run's mean)",
                  "run_level_sigma": {k: float(v) for k, v in sig.items()},
                  "run_level_sigma_source": str(run.attrs.get("run_level_sigma_source")),
+                 "ttft_alpha_share": float(share),
                  "draws": blis_draws(run, int(args.export_draws), args.seed, config)},
                 sort_keys=False, default_flow_style=None, width=120)
         _check_finite(yaml.safe_load(text))
@@ -264,26 +267,20 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-#: A configuration with fewer client stages than this cannot estimate its run-to-run scatter:
-#: the bands of ``calibrate`` then use the prior's mean scale of the client-mean noise.
-_MIN_STAGES_FOR_SCATTER = 3
-
-
-def _run_level_draws(m: object, args: argparse.Namespace, n_draws: int | None = None) -> object:
+def _run_level_draws(m: object, args: argparse.Namespace, share: float,
+                     n_draws: int | None = None) -> object:
     """Run-level coefficient draws (:func:`~bayes_latency.calibrate.run_level_coefficients`),
-    with ``run_level_sigma_source`` as one readable line: with fewer than
-    :data:`_MIN_STAGES_FOR_SCATTER` client means of a kind the fitted scatter (one or two means
-    cannot estimate it) is replaced by the prior's mean half-normal scale."""
+    with ``run_level_sigma_source`` as one readable line (the scatter of each client kind is
+    pooled over the fit's configurations and the prior, see
+    :func:`~bayes_latency.calibrate.run_level_sigma`: one or two client means of a
+    configuration cannot estimate it on their own); ``share``: the alphas' share of the mean
+    TTFT (:func:`~bayes_latency.calibrate.ttft_alpha_share`)."""
     from bayes_latency.calibrate import run_level_coefficients
 
     run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), n_draws=n_draws,
-                                 seed=args.seed, min_rows=_MIN_STAGES_FOR_SCATTER)
+                                 seed=args.seed, ttft_alpha_share=share)
     src = run.attrs.get("run_level_sigma_source", {})
-    text = ", ".join(f"{k}: {v}" for k, v in src.items())
-    if any(v != "fitted" for v in src.values()):
-        text += (f" (prior mean: fewer than {_MIN_STAGES_FOR_SCATTER} client stages cannot "
-                 "estimate the scatter)")
-    run.attrs["run_level_sigma_source"] = text
+    run.attrs["run_level_sigma_source"] = ", ".join(f"{k}: {v}" for k, v in src.items())
     return run
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.calibrate import client_predictions, run_level_coefficients
+from bayes_latency.calibrate import client_predictions, run_level_coefficients, ttft_alpha_share
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
@@ -52,10 +52,15 @@ GPU = "H100"
 
 
 def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N_DRAWS,
-                seed: int = 0, run_level: bool = True
+                seed: int = 0, run_level: bool = True, replayed: pd.DataFrame | None = None
                 ) -> dict[tuple[str, int], tuple[Coefficients, list[Coefficients]]]:
     """BLIS coefficient sets of ``configs`` from a fit: the posterior mean and ``n_draws`` draws
-    (run-level draws by default, see :func:`~bayes_latency.calibrate.run_level_coefficients`)."""
+    (run-level draws by default, see :func:`~bayes_latency.calibrate.run_level_coefficients`).
+
+    ``replayed``: the package's replayed client means of the calibrated fit
+    (``package_replay.csv``); its TTFT means give each configuration's alpha share of TTFT
+    (:func:`~bayes_latency.calibrate.ttft_alpha_share`), so the run-level draws scatter the
+    TTFT by its own fitted scale. Without it the alphas alone carry the TTFT scale."""
     from bayes_latency.export import blis_block, blis_draws
 
     out = {}
@@ -67,7 +72,13 @@ def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N
                             label="export-mean")
         draws: list[Coefficients] = []
         if n_draws:
-            ds = run_level_coefficients(model, name, GPU, tp, seed=seed) if run_level else post
+            share = 1.0
+            if replayed is not None:
+                t = replayed[(replayed["model"] == name) & (replayed["tp"] == int(tp))
+                             & (replayed["kind"] == "workload_ttft")]
+                share = ttft_alpha_share(model, name, GPU, tp, t["mean_us"].to_numpy())
+            ds = run_level_coefficients(model, name, GPU, tp, seed=seed,
+                                        ttft_alpha_share=share) if run_level else post
             for i, d in enumerate(blis_draws(ds, n_draws, seed, cfg)):
                 t = d["trained_physics_coefficients"]
                 draws.append(Coefficients(tuple(t["alpha_coeffs"]), tuple(t["beta_coeffs"]),
@@ -146,8 +157,10 @@ def render(res: dict[str, Any]) -> str:
              f"{res['cv_settings']}). Each stage is replayed through the "
              "package's scheduler at the posterior mean until the rows stop moving. BLIS "
              "simulates every run with the exports (posterior mean; bands from "
-             f"{res['n_draws']} run-level draws: posterior draws x the fitted run-to-run "
-             "residual of the client rows), open-loop arrivals as in `study blis`.", "",
+             f"{res['n_draws']} run-level draws: posterior draws x the run-to-run scatter of "
+             "the client rows, pooled over configurations (`calibrate.run_level_sigma`), with "
+             "the TTFT scattered by its own scale whatever share of it the alphas make "
+             "(`calibrate.ttft_alpha_share`)), open-loop arrivals as in `study blis`.", "",
              "## Calibration", "",
              f"{len(hist)} fits; converged: {cal['converged']}; final largest change of a "
              f"replayed client mean: {_apct(cal['final_change'])}; largest elasticity of a row "
@@ -227,6 +240,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         observations = pd.read_parquet(obs_path)
         history = pd.read_csv(out / "calibration.csv")
         calibrate_s = float(history["fit_s"].sum() + history["replay_s"].sum())
+        pred = pd.read_csv(out / "package_replay.csv") \
+            if (out / "package_replay.csv").is_file() else None
         converged = bool(history["rows_moving"].iloc[-1] == 0) \
             if "rows_moving" in history else False
     else:
@@ -267,7 +282,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None:
         log("[client] in-sample: all runs in BLIS")
-        src = sources_for(model, configs, n_draws)
+        src = sources_for(model, configs, n_draws, replayed=pred)
         res["insample"] = run_study(setup, runs, n_draws=n_draws, sources=src,
                                     progress=log).table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
@@ -291,7 +306,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             t = time.perf_counter()
             m, _ = fit(drop_run(observations, r.short_id))
             fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
-            src = sources_for(m, [(r.model, r.tp)], n_draws)
+            src = sources_for(m, [(r.model, r.tp)], n_draws, replayed=pred)
             parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
             res["loro"] = pd.concat(parts, ignore_index=True)
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")

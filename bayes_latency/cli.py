@@ -110,7 +110,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     _check_sampler_args(args)
     for opt, name, lo in (("--tp", "tp", 1), ("--max-num-seqs", "max_num_seqs", 1),
                           ("--max-num-batched-tokens", "max_num_batched_tokens", 1),
-                          ("--max-iter", "max_iter", 1), ("--export-draws", "export_draws", 0)):
+                          ("--max-iter", "max_iter", 1), ("--export-draws", "export_draws", 0),
+                          ("--fast-iter", "fast_iter", 0)):
         v = getattr(args, name)
         if v is not None and v < lo:
             raise BayesLatencyError(f"{opt} {v}: must be >= {lo}")
@@ -171,7 +172,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
         return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
                      progress=sys.stderr.isatty(), target_accept=args.target_accept)
 
-    cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed)
+    def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
+        m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
+                         sampler=args.sampler)
+        return m.fit(obs, draws=max(args.draws // 4, 100), tune=max(args.tune // 4, 100),
+                     chains=args.chains, seed=args.seed, progress=sys.stderr.isatty(),
+                     target_accept=args.target_accept)
+
+    cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed,
+                    fast_fit=fast_fit if args.fast_iter else None,
+                    max_fast_iter=max(args.fast_iter, 1))
     m = cal.model
     with atomic_path(out_path) as tmp:
         m.save(tmp)
@@ -179,7 +189,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     print(f"calibration: {cal.iterations} iteration(s), final change of a client mean "
           f"{cal.final_change:.2%} (tolerance {args.tol:.2%}), "
           + ("converged" if cal.converged else "NOT converged"))
-    print(h[["iteration", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
+    print(h[["iteration", "fit", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
           .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
     share = ttft_alpha_share(m, args.model, args.gpu, int(args.tp),
@@ -384,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tol", type=float, default=0.01,
                    help="stop when no replayed client mean moves more than this (relative)")
     s.add_argument("--max-iter", type=int, default=6, help="most replay/fit iterations")
+    s.add_argument("--fast-iter", type=int, default=4,
+                   help="most replay/fit iterations with a short fit (a quarter of --draws "
+                        "and --tune) before full ones (0: none); convergence is judged on a "
+                        "full fit")
     s.set_defaults(func=_cmd_calibrate)
 
     s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")

@@ -156,3 +156,53 @@ def test_run_level_ttft_scatters_by_its_own_scale():
             assert sd < 0.8 * 0.2
     with pytest.raises(ConfigError, match="ttft_alpha_share"):
         run_level_coefficients(m, "llama-2-7b", "H100", 1, n_draws=4, ttft_alpha_share=0.0)
+
+
+def test_fast_fits_first_then_the_full_fit_decides():
+    """Cheap fits move the rows to their fixed point; convergence is declared on a full fit."""
+    st = _stage(30.0, _truth(30.0))
+    start = {"llama-2-7b|" + GPU.name + "|tp1": (2.0 * BETA, ALPHA)}
+    calls = []
+
+    def fast(obs):   # a slightly biased cheap fit, as a Laplace mean is to a NUTS mean
+        calls.append("fast")
+        m = _fit_scale(obs)
+        return _Scaled(m.c * 1.003)
+
+    def full(obs):
+        calls.append("full")
+        return _fit_scale(obs)
+
+    cal = calibrate(pd.DataFrame(), [st], full, start=start, tol=0.002, max_iter=4, log=None,
+                    scale=False, tol_noise=1e-9, fast_fit=fast)
+    assert cal.converged, cal.history
+    assert calls[0] == "fast" and calls[-1] == "full"
+    assert list(cal.history["fit"]) == calls
+    assert cal.model.c == pytest.approx(1.0, abs=0.01)
+    assert calls.count("full") <= 2
+
+
+def test_replay_all_reuses_given_replays():
+    from bayes_latency.calibrate import replay_all
+
+    st = [_stage(30.0, _truth(30.0))]
+    coefs = {"llama-2-7b|" + GPU.name + "|tp1": (BETA, ALPHA)}
+    reps, rows, el = replay_all(st, coefs, DEFAULT_TERMS)
+    reps2, rows2, el2 = replay_all(st, coefs, DEFAULT_TERMS, done=reps)
+    pd.testing.assert_frame_equal(rows, rows2)
+    pd.testing.assert_frame_equal(el, el2)
+
+
+def test_rows_past_capacity_are_replayed_not_fitted():
+    """A TTFT mean 7x as elastic as beta (limit 5 here) leaves the fit for good; the E2E row
+    alone carries the stage, and the stop rule ignores the unfitted row."""
+    st = _stage(30.0, _truth(30.0))
+    start = {"llama-2-7b|" + GPU.name + "|tp1": (2.0 * BETA, ALPHA)}
+    cal = calibrate(pd.DataFrame(), [st], _fit_scale, start=start, tol=0.002, max_iter=8,
+                    log=None, tol_noise=1e-9, max_fit_elasticity=5.0)
+    assert cal.converged, cal.history
+    assert cal.unfitted == ("r/stage0/workload_ttft",)
+    role = cal.rows.set_index("kind")["role"]
+    assert role["workload_ttft"] == "ppc" and role["workload_e2e"] == "workload"
+    assert (cal.history["n_unfitted"] == 1).all()
+    assert cal.model.c == pytest.approx(1.0, abs=0.01)

@@ -28,7 +28,11 @@ from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import RealRun, kv_blocks_per_gpu
 from bayes_latency.study.settings import FitSettings
 
-__all__ = ["calibrated_fit", "client_stages", "drop_model", "drop_run"]
+__all__ = ["FAST_FIT", "calibrated_fit", "client_stages", "drop_model", "drop_run"]
+
+#: The calibration's first iterations: 2 x 250 draws after 250 tuning steps (the loop needs only
+#: posterior means while the rows move; the last fits use the caller's settings).
+FAST_FIT = FitSettings(draws=250, tune=250)
 
 
 def client_stages(runs: Sequence[RealRun], include_stress: bool = False) -> list[ClientStage]:
@@ -70,8 +74,12 @@ def _fitter(settings: FitSettings, terms: Sequence[str]) -> Callable[[pd.DataFra
 def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: FitSettings,
                    terms: Sequence[str], start_settings: FitSettings | None = None,
                    start_model: Any = None, max_iter: int = 4, tol: float = 0.01,
-                   log: Callable[[str], None] | None = print) -> Calibration:
+                   log: Callable[[str], None] | None = print, fast_iter: int = 4
+                   ) -> Calibration:
     """Calibrate on ``base`` rows plus the client rows of ``stages``.
+
+    ``fast_iter``: most iterations with the short fit :data:`FAST_FIT` before the ones with
+    ``settings`` (0: none; see :func:`~bayes_latency.calibrate.calibrate`).
 
     The first replay runs at the posterior means of ``start_model`` (or of a fit of ``base``
     alone with ``start_settings``; unseen configurations at the population's prediction).
@@ -81,8 +89,10 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
         start_model = _fitter(start_settings, terms)(base)
     if start_model is not None:
         start = config_means(start_model, stages, DEFAULT_TERMS)
+    fast = _fitter(FAST_FIT, terms) if fast_iter else None
     return calibrate(base, stages, _fitter(settings, terms), terms=DEFAULT_TERMS, start=start,
-                     tol=tol, max_iter=max_iter, log=log)
+                     tol=tol, max_iter=max_iter, log=log, fast_fit=fast,
+                     max_fast_iter=max(fast_iter, 1))
 
 
 def drop_run(obs: pd.DataFrame, run_id: str) -> pd.DataFrame:

@@ -21,6 +21,7 @@ Outputs in ``OUT/client/``: ``README.md`` (tables and the numbers the issue asks
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.calibrate import client_predictions, run_level_coefficients, ttft_alpha_share
+from bayes_latency.calibrate import (
+    MAX_FIT_ELASTICITY,
+    client_predictions,
+    run_level_coefficients,
+    ttft_alpha_share,
+)
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
@@ -167,6 +173,11 @@ def render(res: dict[str, Any]) -> str:
              f"{hist['max_elasticity'].iloc[-1]:.2f}. Replaying the 20 stages once takes "
              f"{res['replay_s']:.0f} s; the calibration {res['calibrate_s']:.0f} s in all.", "",
              _md(_round(hist)), ""]
+    if res.get("unfitted"):
+        lines += ["Client means replayed but not fitted (elasticity above "
+                  f"{MAX_FIT_ELASTICITY:g}: the stage runs near its capacity, see "
+                  "`calibrate.MAX_FIT_ELASTICITY`); their in-sample numbers below are "
+                  "predictions: " + ", ".join(f"`{u}`" for u in res["unfitted"]) + ".", ""]
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -242,6 +253,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         calibrate_s = float(history["fit_s"].sum() + history["replay_s"].sum())
         pred = pd.read_csv(out / "package_replay.csv") \
             if (out / "package_replay.csv").is_file() else None
+        unfitted = json.loads((out / "unfitted.json").read_text()) \
+            if (out / "unfitted.json").is_file() else []
         converged = bool(history["rows_moving"].iloc[-1] == 0) \
             if "rows_moving" in history else False
     else:
@@ -256,11 +269,14 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         pred = client_predictions(model, stages, cal.replays, DEFAULT_TERMS)
         pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
         history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
+        unfitted = list(cal.unfitted)
+        atomic_write_text(out / "unfitted.json", json.dumps(unfitted) + "\n")
     fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
     write_real_exports(model, out / "exports", posterior_path=post_path)
     res: dict[str, Any] = {"calibration": {"converged": converged,
                                            "final_change": float(history["max_change"].iloc[-1])},
                            "history": history, "terms": list(terms), "n_draws": n_draws,
+                           "unfitted": unfitted,
                            "settings": settings_label,
                            "cv_settings": (f"{(QUICK_FIT if quick else CV_FIT).chains} x "
                                            f"{(QUICK_FIT if quick else CV_FIT).draws} draws after "

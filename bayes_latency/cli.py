@@ -383,7 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"])
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
     s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
-    s.add_argument("--draws", type=int, default=1000)
+    s.add_argument("--draws", type=int, default=2000,
+                   help="draws per chain of the full fits (2000: on the synthetic test result "
+                        "1000 gave R-hat 1.0136 on alpha_arrival + prefill_compute, which one "
+                        "result identifies only as a sum; 2000 gave 1.0022, ESS 1015)")
     s.add_argument("--tune", type=int, default=1000)
     s.add_argument("--chains", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)

@@ -927,6 +927,11 @@ class _Acc:
 
     def _steps_table(self, experiment_id: str) -> pd.DataFrame:
         cols = dict(self.steps)
+        order = _key_order([cols["step.id"]])
+        if order is not None:  # no repeated step id: the sort by step.id alone decides
+            df = pd.DataFrame({c: v[order] for c, v in cols.items()})
+            df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
+            return df
         df = pd.DataFrame(cols)
         df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
         if len(df):
@@ -947,6 +952,10 @@ class _Acc:
         for c in _SNAPSHOT_ATTRS:
             cols[c] = (pd.Series(s[c], dtype="object") if c == "request.phase"
                        else pd.array(s[c], dtype="Int64"))
+        order = _key_order([s["step_id"], s["request_id"]])
+        if order is not None:  # no repeated (step, request): sorted by them alone
+            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
+                drop=True)
         df = pd.DataFrame(cols)
         if len(df):
             df = _sort_all(df, first=["step_id", "request_id"])
@@ -1038,6 +1047,10 @@ class _Acc:
             else:
                 cols[c] = pd.Series(v, dtype="object")
         cols["request_id"] = pd.Series([None] * n, dtype="object")
+        order = _key_order([a["trace_id"], a["span_id"]])
+        if order is not None:  # (trace, span) are unique: their order is the sort
+            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
+                drop=True)
         df = pd.DataFrame(cols)
         if n:
             df = df.sort_values(["trace_id", "span_id"], kind="stable").reset_index(drop=True)
@@ -1220,6 +1233,33 @@ class _Acc:
             if cnt:
                 rep.kept[name] += cnt
         return out[list(REQUEST_COLUMNS)]
+
+
+def _key_order(keys: list[Any]) -> np.ndarray | None:
+    """Ascending order of rows by ``keys`` (Int64 arrays, or object arrays of str), or None when
+    a key has a null or two rows tie on all keys (callers then sort with pandas by every
+    column). Strings compare by code point, as pandas sorts them."""
+    codes = []
+    for k in keys:
+        if isinstance(k, pd.arrays.IntegerArray):
+            if k._mask.any():
+                return None
+            codes.append(k._data)
+        else:
+            try:
+                codes.append(np.unique(np.asarray(k, dtype=object), return_inverse=True)[1])
+            except TypeError:  # None among the strings
+                return None
+    n = len(codes[0])
+    order = np.lexsort(codes[::-1])
+    if n > 1:
+        same = np.ones(n - 1, dtype=bool)
+        for c in codes:
+            cs = c[order]
+            same &= cs[1:] == cs[:-1]
+        if same.any():
+            return None
+    return order
 
 
 def _sort_all(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:

@@ -146,18 +146,20 @@ class _Attrs:
         if not len(idx):
             return
         c, p = code[idx].astype(np.int16), parent[idx]
-        value = _fields(f["value"])
         order = np.argsort(c, kind="stable")  # radix sort of small ints
-        bounds = np.searchsorted(c[order], np.arange(len(keys) + 1))
-        for k, key in enumerate(keys):
-            take = order[bounds[k]:bounds[k + 1]]
-            if not len(take):
+        c, p, idx = c[order], p[order], idx[order]
+        bounds = np.searchsorted(c, np.arange(len(keys) + 1))
+        # parents are in increasing order within a key: a key twice in one list is a repeat
+        if ((c[1:] == c[:-1]) & (p[1:] == p[:-1])).any():
+            raise _Fallback
+        # one take (and one parse) per value type over all keys of that type
+        value = _fields(f["value"])
+        kind_of = np.array([kinds[k] for k in keys], dtype=np.int64)
+        for kind in (_o._INT, _o._FLOAT, _o._STR):
+            of_kind = kind_of[c] == kind
+            if not of_kind.any():
                 continue
-            ii, pp = idx[take], p[take]
-            # parents are in increasing order: a key twice in one list shows as a repeat
-            if len(pp) > 1 and not (pp[1:] != pp[:-1]).all():
-                raise _Fallback
-            kind = kinds[key]
+            ii = idx[of_kind]
             if kind == _o._INT:
                 raw = _no_nulls(value["intValue"].take(ii))
                 try:
@@ -170,7 +172,11 @@ class _Attrs:
                     raise _Fallback  # non-finite, or -0 (Python reads JSON -0 as int 0)
             else:
                 v = _no_nulls(value["stringValue"].take(ii)).to_numpy(zero_copy_only=False)
-            self.values[key] = (pp, v)
+            pos = np.flatnonzero(of_kind)
+            for k in np.flatnonzero(kind_of == kind):
+                a, b = np.searchsorted(pos, (bounds[k], bounds[k + 1]))
+                if b > a:
+                    self.values[keys[k]] = (p[bounds[k]:bounds[k + 1]], v[a:b])
 
     def get(self, key: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of ``key`` for every parent (or ``rows``); absent = 0 / None."""

@@ -11,12 +11,16 @@ scopes matter:
 ``vllm.scheduler.step`` (``scheduler_steps_<N>`` spans)
     ``step.BATCH_SUMMARY`` events of sampled steps and ``step.REQUEST_SNAPSHOT`` events of rich steps.
 
-The reader streams the file line by line and accumulates plain Python column lists, so memory
-grows only with the number of output rows. Tables are built once at the end, with numpy (the
-journey order by ``np.lexsort``, per-request facts by scatter), falling back on a pandas sort by
-every column only for journey rows that tie on (request, step, time, event).
+The reader streams the file in chunks of whole lines (:data:`CHUNK_BYTES`) and accumulates
+typed column segments, so memory grows only with the number of output rows. Each chunk is first
+tried on the columnar path (:func:`bayes_latency.data.otlp_arrow.read_chunk`: ``pyarrow.json``
+with an explicit schema, columns built with ``pyarrow.compute`` / numpy), which takes only chunks
+that the line-by-line path below reads without any drop, flag or special case and then gives the
+same rows and counts; any other chunk is read line by line. Tables are built once at the end,
+with numpy (the journey, step, snapshot and API orders by ``np.lexsort``, per-request facts by
+scatter), falling back on a pandas sort by every column only for rows that tie on their keys.
 
-Each line is first decoded straight into msgspec Structs of the OTLP schema (``_Export``: no
+On the line-by-line path each line is first decoded straight into msgspec Structs of the OTLP schema (``_Export``: no
 dicts, no garbage-collector tracking; on the demo fleet's traces 330 MB per CPU-second against 130
 for msgspec to dicts). The schema accepts only shapes that the generic walk handles without a
 special case of its own; any other line (a wrong type anywhere, an attribute value with an unknown
@@ -968,21 +972,8 @@ class _Acc:
     def _journey_table(self, experiment_id: str) -> pd.DataFrame:
         j = self.je
         n = len(j["event"])
-        cols: dict[str, Any] = {
-            "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
-            "request_id": pd.Series(j["request_id"], dtype="str"),
-            "event": pd.Series(j["event"], dtype="str"),
-            "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
-        }
-        for c in _JOURNEY_INT:
-            cols[c] = pd.array(j[c], dtype="Int64")
-        for c in _JOURNEY_STR:
-            cols[c] = pd.Series(j[c], dtype="object")
-        df = pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
         self._je_row = self._je_rank = None
-        if n == 0:
-            return df
-        fast = self._journey_order(j)
+        fast = self._journey_order(j) if n else None
         if fast is not None:
             order, row, rank = fast
             # the once-per-request events: only the first of each request is kept (with no
@@ -998,7 +989,12 @@ class _Acc:
                 self.report.drop("duplicate_event", int(bad.sum()))
                 order, row, rank = order[~bad], row[~bad], rank[~bad]
             self._je_row, self._je_rank = row, rank
-            return df.take(order).reset_index(drop=True)
+            # the columns taken in that order before the frame is built (same frame as
+            # building it and taking its rows)
+            return _journey_frame({c: v[order] for c, v in j.items()}, experiment_id)
+        df = _journey_frame(j, experiment_id)
+        if n == 0:
+            return df
         df["_rank"] = df["event"].map(_EVENT_RANK).astype(np.int64)
         df = _sort_all(df, first=["request_id", "step", "ts_monotonic_ns", "_rank"])
         dup = df.duplicated(subset=["request_id", "event", "step", "ts_monotonic_ns"])
@@ -1233,6 +1229,22 @@ class _Acc:
             if cnt:
                 rep.kept[name] += cnt
         return out[list(REQUEST_COLUMNS)]
+
+
+def _journey_frame(j: dict[str, Any], experiment_id: str) -> pd.DataFrame:
+    """The journey_events frame of typed journey columns, in their order."""
+    n = len(j["event"])
+    cols: dict[str, Any] = {
+        "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
+        "request_id": pd.Series(j["request_id"], dtype="str"),
+        "event": pd.Series(j["event"], dtype="str"),
+        "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
+    }
+    for c in _JOURNEY_INT:
+        cols[c] = pd.array(j[c], dtype="Int64")
+    for c in _JOURNEY_STR:
+        cols[c] = pd.Series(j[c], dtype="object")
+    return pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
 
 
 def _key_order(keys: list[Any]) -> np.ndarray | None:

@@ -67,7 +67,7 @@ def _write(path: Path, docs: list[Any]) -> Path:
     return path
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_columnar_path_reads_like_the_line_path(example_docs: list[dict], tmp_path_factory,
                                                 data: st.DataObject) -> None:

@@ -3,10 +3,12 @@
 Three parts, one run:
 
 1. **Where ingest time goes** on the demo fleet's traces: MB per CPU-second of decoding the lines
-   with ``json.loads``, msgspec (to dicts) and msgspec into the typed OTLP Structs of
-   :mod:`bayes_latency.data.otlp`; of :func:`~bayes_latency.data.otlp.read_otlp` on its generic
-   path and on its typed path (the tables of both must be identical); and CPU seconds per ingest
-   stage (read, rebuild, observations, iterations, lifecycle, Parquet) of an inline ingest.
+   with ``json.loads``, msgspec (to dicts), msgspec into the typed OTLP Structs of
+   :mod:`bayes_latency.data.otlp` and ``pyarrow.json`` with the OTLP schema of
+   :mod:`bayes_latency.data.otlp_arrow`; of :func:`~bayes_latency.data.otlp.read_otlp` on its
+   generic, typed and columnar paths (the tables of all three must be identical); and CPU
+   seconds per ingest stage (read, rebuild, observations, iterations, lifecycle, Parquet) of an
+   inline ingest, with the columnar path and with the line-by-line path.
 2. **Same results** on the demo fleet: ingest inline (one process) and on a
    ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``: every table identical;
    stage-1 summaries of both equal to 1e-12; the demo fit (its training rows, ``DEMO_FIT``
@@ -166,8 +168,14 @@ BEFORE_9AB4453 = {"total": 12.4, "read_otlp": 24.2, "observations": 59.9, "write
 BEFORE_SCALE_9AB4453 = {"mb_s_per_core": (4.2, 2.1), "mb_per_cpu_s": (9.1, 7.8)}
 
 
-def _stage_cpu(demo: list[Path], out: Path) -> dict:
-    """CPU seconds per ingest stage of an inline ingest of ``demo`` (best of 2 by total)."""
+#: Part 3 on main before the columnar path (33b82e4, 2026-11-24 07:43 UTC, load average
+#: 5.0-9.8): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
+BEFORE_SCALE_33B82E4 = {"mb_s_per_core": (10.0, 6.6), "mb_per_cpu_s": (15.7, 15.0)}
+
+
+def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
+    """CPU seconds per ingest stage of an inline ingest of ``demo`` (best of 2 by total);
+    ``chunk_bytes`` 0 reads every trace line by line (no columnar path)."""
     import functools
     from collections import defaultdict
 
@@ -200,6 +208,9 @@ def _stage_cpu(demo: list[Path], out: Path) -> dict:
                              (lcm, "read_lifecycle_dir", "lifecycle")):
         wrap(mod, name, label)
     best: dict = {}
+    default_chunk = otlp.CHUNK_BYTES
+    if chunk_bytes is not None:
+        otlp.CHUNK_BYTES = chunk_bytes
     try:
         ex.ingest(demo[:1], out / "warm", scheduler="inline")
         for k in range(2):
@@ -210,6 +221,7 @@ def _stage_cpu(demo: list[Path], out: Path) -> dict:
             if not best or total < best["total"]:
                 best = {"total": total, **acc, "other": total - sum(acc.values())}
     finally:
+        otlp.CHUNK_BYTES = default_chunk
         for mod, name, f in patched:
             setattr(mod, name, f)
     return {k: round(v, 3) for k, v in best.items()}
@@ -240,6 +252,23 @@ def json_path(demo: list[Path], work: Path) -> dict:
         res[f"decode_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
         res[f"decode_mb_s[{name}]"] = round(mb / best_w, 1)
     del lines
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from bayes_latency.data.otlp_arrow import _PARSE
+
+    blobs = [f.read_bytes() for f in files]
+    best_c = best_w = float("inf")
+    for _ in range(3):
+        c0, w0 = time.process_time(), time.perf_counter()
+        for b in blobs:
+            pj.read_json(pa.BufferReader(b), parse_options=_PARSE, read_options=pj.ReadOptions(
+                use_threads=False, block_size=len(b) + 1))
+        best_c = min(best_c, time.process_time() - c0)
+        best_w = min(best_w, time.perf_counter() - w0)
+    res["decode_mb_per_cpu_s[pyarrow.json]"] = round(mb / best_c, 1)
+    res["decode_mb_s[pyarrow.json]"] = round(mb / best_w, 1)
+    del blobs
 
     def refuse(raw: bytes) -> None:
         raise ValueError("generic path")
@@ -247,25 +276,28 @@ def json_path(demo: list[Path], work: Path) -> dict:
     tabs = {}
     typed = otlp._decode_typed
     try:
-        for name, fn in (("generic", refuse), ("typed", typed)):
+        for name, fn, chunk in (("generic", refuse, 0), ("typed", typed, 0),
+                                ("columnar", typed, None)):
             otlp._decode_typed = fn
             best_c = best_w = float("inf")
             for _ in range(2):
                 c0, w0 = time.process_time(), time.perf_counter()
-                tabs[name] = [otlp.read_otlp(f) for f in files]
+                tabs[name] = [otlp.read_otlp(f, chunk_bytes=chunk) for f in files]
                 best_c = min(best_c, time.process_time() - c0)
                 best_w = min(best_w, time.perf_counter() - w0)
             res[f"read_otlp_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
             res[f"read_otlp_mb_s[{name}]"] = round(mb / best_w, 1)
     finally:
         otlp._decode_typed = typed
-    for a, b in zip(tabs["generic"], tabs["typed"], strict=True):
-        for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
-            pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
-        assert a.report.to_dict() == b.report.to_dict()
+    for other in ("typed", "columnar"):
+        for a, b in zip(tabs["generic"], tabs[other], strict=True):
+            for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
+                pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
+            assert a.report.to_dict() == b.report.to_dict()
     res["tables_identical"] = True
     del tabs
     res["stage_cpu_s"] = _stage_cpu(demo, work / "stages")
+    res["stage_cpu_s_line_path"] = _stage_cpu(demo, work / "stages_lines", chunk_bytes=0)
     res["load_average"] = round(os.getloadavg()[0], 2)
     return res
 
@@ -425,23 +457,34 @@ def _markdown(r: dict) -> str:
         "|---|---|",
         *[f"| {name} | {j[f'decode_mb_per_cpu_s[{name}]']} ({j[f'decode_mb_s[{name}]']}) |"
           for name in ("json.loads", "msgspec", "msgspec typed")],
+        f"| pyarrow.json, OTLP schema (whole files) | "
+        f"{j['decode_mb_per_cpu_s[pyarrow.json]']} ({j['decode_mb_s[pyarrow.json]']}) |",
         f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "
         f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
         f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
         f"{j['read_otlp_mb_per_cpu_s[typed]']} ({j['read_otlp_mb_s[typed]']}) |",
+        f"| `read_otlp` end to end, columnar path (pyarrow.json chunks, the default) | "
+        f"{j['read_otlp_mb_per_cpu_s[columnar]']} ({j['read_otlp_mb_s[columnar]']}) |",
         "",
-        f"Tables and reports of the two paths identical: {j['tables_identical']}. "
+        f"Tables and reports of the three paths identical: {j['tables_identical']}. "
         "\"msgspec typed\" decodes each line straight into Structs of the OTLP schema; a line "
-        "the schema refuses takes the generic path.",
+        "the schema refuses takes the generic path. The columnar path parses 4 MB chunks of "
+        "lines with pyarrow.json and builds the columns with pyarrow.compute / numpy; a chunk "
+        "it refuses is read line by line.",
         "",
-        "Ingest of the demo fleet inline, CPU per stage (best of 2), against the same "
-        "measurement on the commit before these changes (9ab4453):",
+        "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path (the "
+        "default), with every line read line by line (the path main used; this pass's table and "
+        "Parquet changes included), and the same measurement on the commit before issue #17's "
+        "fast paths (9ab4453, MB per CPU-s):",
         "",
-        "| stage | CPU s | share | MB per CPU-s | before (9ab4453) |",
-        "|---|---|---|---|---|",
+        "| stage | CPU s | share | MB per CPU-s | line by line: CPU s (MB per CPU-s) | "
+        "9ab4453 |",
+        "|---|---|---|---|---|---|",
         *[f"| {k} | {v:.2f} | {100 * v / j['stage_cpu_s']['total']:.0f}% | "
-          f"{j['trace_mb'] / v:.1f} | {BEFORE_9AB4453.get(k, '')} |"
-          for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1]) if v > 0],
+          f"{j['trace_mb'] / v:.1f} | "
+          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
+          for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1]) if v > 0
+          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]],
         "",
         "## 2. Same results (demo fleet)",
         "",
@@ -491,16 +534,21 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
-        f"- Before the typed decoding and numpy tables (9ab4453, load average 11-13): "
+        f"- Before the columnar path (main 33b82e4, load average 5-10): "
+        f"{BEFORE_SCALE_33B82E4['mb_s_per_core'][0]} / {BEFORE_SCALE_33B82E4['mb_s_per_core'][1]}"
+        f" MB/s per core and {BEFORE_SCALE_33B82E4['mb_per_cpu_s'][0]} / "
+        f"{BEFORE_SCALE_33B82E4['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
+        f"before the typed decoding and numpy tables (9ab4453, load average 11-13): "
         f"{BEFORE_SCALE_9AB4453['mb_s_per_core'][0]} / {BEFORE_SCALE_9AB4453['mb_s_per_core'][1]}"
-        f" MB/s per core and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
-        f"- Where the rest goes (section 1): decoding the JSON into Structs is now "
-        f"{100 * j['read_otlp_mb_per_cpu_s[typed]'] / j['decode_mb_per_cpu_s[msgspec typed]']:.0f}%"
-        " of `read_otlp`; the rest of it is the Python walk over spans, events and attributes "
-        "(a loop step per attribute: type checks, int parsing of OTLP's string-encoded ints) and "
-        "the table building; then observations, Parquet encoding (pyarrow) and the sequential "
-        "batch replay. 50 MB/s per core would need all of these in compiled code.",
+        f" and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
+        f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]}.",
+        f"- Where the rest goes (section 1): `read_otlp` is now "
+        f"{100 * j['stage_cpu_s']['read_otlp'] / j['stage_cpu_s']['total']:.0f}% of ingest; "
+        f"pyarrow.json's parse alone runs at {j['decode_mb_per_cpu_s[pyarrow.json]']} MB per "
+        "CPU-s, so reading cannot beat that; the rest of ingest is observations, Parquet "
+        "encoding, the batch replay and per-experiment pandas overhead (a few hundred pandas "
+        "calls per experiment), each a fraction of a second on the demo fleet: 50 MB/s per core "
+        "needs every stage about twice as fast again.",
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",

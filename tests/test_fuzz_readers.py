@@ -180,7 +180,7 @@ def test_most_light_mutations_do_not_raise(example_docs: list[dict], fuzz_dir: P
 
 def _read_or_error(path: Path) -> Any:
     try:
-        return read_otlp(path, experiment_id="fuzz")
+        return read_otlp(path, experiment_id="fuzz", chunk_bytes=0)  # the line path
     except TraceFormatError as exc:
         return str(exc)
 

@@ -426,10 +426,10 @@ def _size(path: Path) -> int:
 
 #: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
 #: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured
-#: (``results/benchmarks/ingest_scale.md``): the demo fleet's 86 MB take 4.4 CPU-seconds inline
-#: (19.5 MB per CPU-second); the 20x fleet 15.0-15.7 MB per worker CPU-second. The demo fleet
-#: (about 5.7 s estimated) stays inline.
-INGEST_BYTES_PER_S = 15e6
+#: (``results/benchmarks/ingest_scale.md``, columnar OTLP reader): the demo fleet's 86 MB take
+#: 3.6 CPU-seconds inline (23.7 MB per CPU-second); the 20x fleet 18.5-20.5 MB per worker
+#: CPU-second. The demo fleet (about 4.8 s estimated) stays inline.
+INGEST_BYTES_PER_S = 18e6
 
 
 def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,

@@ -73,42 +73,79 @@ def iter_json_lines(path: Path, report: IngestReport,
     TraceFormatError
         When the file cannot be opened or read (missing, a folder, a broken gzip stream).
     """
+    for first, _buf, lines in iter_line_chunks(path, 1 << 16):
+        for lineno, raw in enumerate(lines, start=first):
+            value = decode_line(raw, lineno, path, report, typed)
+            if value is not SKIP:
+                yield lineno, value
+
+
+def iter_line_chunks(path: Path, size: int) -> Iterator[tuple[int, bytes, list[bytes]]]:
+    """Yield ``(number of the first line, chunk, its lines)`` of a JSON Lines file (plain or
+    ``.gz``): chunks of about ``size`` bytes of whole lines, and the lines without their
+    ``\\n``; nothing is counted.
+
+    Raises
+    ------
+    TraceFormatError
+        When the file cannot be opened or read (missing, a folder, a broken gzip stream).
+    """
     path = Path(path)
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    report.read["blank_lines"] += 1
-                    continue
-                report.read["lines"] += 1
-                if typed is not None and b"\\u" not in raw:
-                    try:
-                        value = typed(raw)
-                    except Exception:  # noqa: BLE001 - the generic path below decides
-                        value = _REFUSED
-                    if value is not _REFUSED:
-                        yield lineno, value
-                        continue
-                try:
-                    doc = _decode(raw)
-                except Exception:  # noqa: BLE001 - json.loads decides (same values, same errors)
-                    try:
-                        doc = json.loads(raw)
-                    except (ValueError, RecursionError):
-                        report.drop_at("malformed_json", f"{path}:{lineno}")
-                        continue
-                if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
-                    try:
-                        doc, n = _replace_lone_surrogates(doc)
-                    except RecursionError:
-                        report.drop_at("malformed_json", f"{path}:{lineno}")
-                        continue
-                    if n:
-                        report.kept["lone_surrogate_repaired"] += n
-                        if report.kept["lone_surrogate_repaired"] == n:
-                            report.notes.append(f"lone UTF-16 surrogates replaced by U+FFFD "
-                                                f"(first at {path}:{lineno})")
-                yield lineno, doc
+            first = 1
+            while True:
+                buf = fh.read(size)
+                if not buf:
+                    return
+                if not buf.endswith(b"\n"):
+                    buf += fh.readline()
+                lines = buf.split(b"\n")
+                if buf.endswith(b"\n"):
+                    lines.pop()
+                yield first, buf, lines
+                first += len(lines)
     except (OSError, EOFError) as exc:
         raise TraceFormatError(f"cannot read file: {exc}", file=str(path)) from exc
+
+
+#: Returned by :func:`decode_line` for a blank or malformed line (counted).
+SKIP = object()
+
+
+def decode_line(raw: bytes, lineno: int, path: Path, report: IngestReport,
+                typed: Callable[[bytes], Any] | None = None) -> Any:
+    """One line of :func:`iter_json_lines`: its value (typed when ``typed`` accepts it), or
+    :data:`SKIP` for a blank line or a malformed one (both counted in ``report``)."""
+    if not raw.strip():
+        report.read["blank_lines"] += 1
+        return SKIP
+    report.read["lines"] += 1
+    if typed is not None and b"\\u" not in raw:
+        try:
+            value = typed(raw)
+        except Exception:  # noqa: BLE001 - the generic path below decides
+            value = _REFUSED
+        if value is not _REFUSED:
+            return value
+    try:
+        doc = _decode(raw)
+    except Exception:  # noqa: BLE001 - json.loads decides (same values, same errors)
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            report.drop_at("malformed_json", f"{path}:{lineno}")
+            return SKIP
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+        try:
+            doc, n = _replace_lone_surrogates(doc)
+        except RecursionError:
+            report.drop_at("malformed_json", f"{path}:{lineno}")
+            return SKIP
+        if n:
+            report.kept["lone_surrogate_repaired"] += n
+            if report.kept["lone_surrogate_repaired"] == n:
+                report.notes.append(f"lone UTF-16 surrogates replaced by U+FFFD "
+                                    f"(first at {path}:{lineno})")
+    return doc

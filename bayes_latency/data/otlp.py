@@ -11,12 +11,16 @@ scopes matter:
 ``vllm.scheduler.step`` (``scheduler_steps_<N>`` spans)
     ``step.BATCH_SUMMARY`` events of sampled steps and ``step.REQUEST_SNAPSHOT`` events of rich steps.
 
-The reader streams the file line by line and accumulates plain Python column lists, so memory
-grows only with the number of output rows. Tables are built once at the end, with numpy (the
-journey order by ``np.lexsort``, per-request facts by scatter), falling back on a pandas sort by
-every column only for journey rows that tie on (request, step, time, event).
+The reader streams the file in chunks of whole lines (:data:`CHUNK_BYTES`) and accumulates
+typed column segments, so memory grows only with the number of output rows. Each chunk is first
+tried on the columnar path (:func:`bayes_latency.data.otlp_arrow.read_chunk`: ``pyarrow.json``
+with an explicit schema, columns built with ``pyarrow.compute`` / numpy), which takes only chunks
+that the line-by-line path below reads without any drop, flag or special case and then gives the
+same rows and counts; any other chunk is read line by line. Tables are built once at the end,
+with numpy (the journey, step, snapshot and API orders by ``np.lexsort``, per-request facts by
+scatter), falling back on a pandas sort by every column only for rows that tie on their keys.
 
-Each line is first decoded straight into msgspec Structs of the OTLP schema (``_Export``: no
+On the line-by-line path each line is first decoded straight into msgspec Structs of the OTLP schema (``_Export``: no
 dicts, no garbage-collector tracking; on the demo fleet's traces 330 MB per CPU-second against 130
 for msgspec to dicts). The schema accepts only shapes that the generic walk handles without a
 special case of its own; any other line (a wrong type anywhere, an attribute value with an unknown
@@ -89,7 +93,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.jsonl import iter_json_lines
+from bayes_latency.data.jsonl import SKIP, decode_line, iter_json_lines, iter_line_chunks
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 
@@ -556,6 +560,55 @@ def _event_attrs(attrs: Any, spec: Any, required: tuple[str, ...],
     return ea
 
 
+#: Tables the accumulator fills (attribute names of :class:`_Acc`).
+_LIST_TABLES = ("steps", "snaps", "je", "api")
+_I, _F, _O, _B, _T = "Int64", "float64", "object", "bool", "int64"
+#: Kind of each accumulated column: nullable Int64, float64 (NaN = null), object, bool, int64.
+_COLUMN_KIND: dict[str, str] = {
+    **{c: _I for c in STEP_INT_COLUMNS}, "kv.usage_gpu_ratio": _F,
+    **{c: _I for c in _SNAPSHOT_ATTRS}, "request.phase": _O, "step_id": _I, "request_id": _O,
+    "event": _O, "ts_monotonic_ns": _T, **{c: _I for c in _JOURNEY_INT},
+    **{c: _O for c in _JOURNEY_STR},
+    **{c: _O for c in ("api_request_id", "trace_id", "span_id", "http_route", "model",
+                       "abort_reason")},
+    **{c: _I for c in ("prompt_tokens", "max_tokens", "n", "status_code")},
+    **{c: _F for c in ("temperature", "top_p", "arrival_s", "handoff_s", "first_response_s",
+                       "departed_s", "aborted_s")},
+    "aborted": _B,
+}
+
+
+def _typed_column(kind: str, values: list) -> Any:
+    """A column list (None = null) as the typed array the tables are built from: Int64 ->
+    ``IntegerArray``, float64 -> ndarray with NaN, object / bool / int64 -> ndarray."""
+    if kind == _I:
+        return pd.array(values, dtype="Int64")
+    if kind == _F:
+        return np.asarray([np.nan if x is None else x for x in values], dtype=float)
+    if kind == _O:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+    return np.asarray(values, dtype=bool if kind == _B else np.int64)
+
+
+def _int_column(data: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
+    """``IntegerArray`` of int64 ``data`` where ``present`` (null elsewhere; the hidden value
+    under the mask is 1, as ``pd.array`` sets it)."""
+    data = np.where(present, data, 1).astype(np.int64, copy=False)
+    return pd.arrays.IntegerArray(data, ~present)
+
+
+def _concat_columns(parts: list) -> Any:
+    """Concatenation of typed column segments (one kind)."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], pd.arrays.IntegerArray):
+        return pd.arrays.IntegerArray(np.concatenate([p._data for p in parts]),
+                                      np.concatenate([p._mask for p in parts]))
+    return np.concatenate(parts)
+
+
 class _Acc:
     """Column lists filled while streaming; turned into DataFrames by :meth:`tables`."""
 
@@ -577,6 +630,66 @@ class _Acc:
         # request index and event rank of each sorted journey row (set by _journey_table)
         self._je_row: np.ndarray | None = None
         self._je_rank: np.ndarray | None = None
+        # typed column segments (file order): the lists above flushed by _flush, and the
+        # columns of chunks read by the columnar path (data/otlp_arrow.py); one dict per segment
+        self._segs: dict[str, list[dict[str, Any]]] = {t: [] for t in _LIST_TABLES}
+        self._je_base = 0  # journey rows already in segments (core_rows count from there)
+
+    # -- column segments -----------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Move the column lists filled so far into typed segments (same values as building
+        the tables from the lists)."""
+        for name in _LIST_TABLES:
+            cols = getattr(self, name)
+            n = len(next(iter(cols.values())))
+            if not n:
+                continue
+            self._segs[name].append({c: _typed_column(_COLUMN_KIND[c], v)
+                                     for c, v in cols.items()})
+            setattr(self, name, {c: [] for c in cols})
+            if name == "je":
+                self._je_base += n
+
+    def add_segment(self, name: str, cols: dict[str, Any]) -> None:
+        """Append typed columns (file order) to table ``name`` (``steps``, ``snaps``, ``je``,
+        ``api``); columns as :func:`_typed_column` makes them."""
+        self._flush()
+        n = len(next(iter(cols.values())))
+        if n:
+            self._segs[name].append(cols)
+            if name == "je":
+                self._je_base += n
+
+    def add_chunk(self, cols: Any) -> None:
+        """Add the columns of a chunk read by :func:`bayes_latency.data.otlp_arrow.read_chunk`
+        (its spans are new: the caller checked ``seen_spans``)."""
+        rep = self.report
+        for k, v in cols.read.items():
+            if v:
+                rep.read[k] += v
+        self.seen_spans.update(cols.span_keys)
+        self._flush()
+        base = self._je_base
+        for name in _LIST_TABLES:
+            self.add_segment(name, getattr(cols, name))
+        cores = self.cores
+        for rid, trace_id, span_id, parent, a, b in cols.cores:
+            prev = cores.get(rid)
+            if prev is None or (trace_id, span_id) < (prev[0], prev[1]):
+                cores[rid] = (trace_id, span_id, parent)
+            self.core_rows.append((rid, (trace_id, span_id), base + a, base + b))
+
+    def _concat(self) -> None:
+        """Replace the column lists by the concatenated typed columns of every segment."""
+        self._flush()
+        for name in _LIST_TABLES:
+            segs = self._segs[name]
+            cols = getattr(self, name)
+            if not segs:
+                setattr(self, name, {c: _typed_column(_COLUMN_KIND[c], []) for c in cols})
+                continue
+            setattr(self, name, {c: _concat_columns([s[c] for s in segs]) for c in cols})
+            self._segs[name] = []
 
     # -- dispatch ----------------------------------------------------------------------------
     def span(self, sp: Any, scope: Any) -> None:
@@ -706,7 +819,7 @@ class _Acc:
         if prev is None or (trace_id, span_id) < (prev[0], prev[1]):
             self.cores[rid] = (trace_id, span_id, parent)
         je = self.je
-        start = len(je["event"])
+        start = self._je_base + len(je["event"])
         dkey = (rid, trace_id, span_id)
         for ev_attrs, name in _named_events(events, rep):
             try:
@@ -746,7 +859,8 @@ class _Acc:
             je["ts_monotonic_ns"].append(ts)
             for attr, col in _JOURNEY_MAP:
                 je[col].append(ea.get(attr))
-        self.core_rows.append((rid, (trace_id, span_id), start, len(je["event"])))
+        self.core_rows.append((rid, (trace_id, span_id), start,
+                               self._je_base + len(je["event"])))
 
     # -- vllm.scheduler.step ---------------------------------------------------------------------
     def _step_span(self, events: list) -> None:
@@ -779,6 +893,7 @@ class _Acc:
     # -- final tables --------------------------------------------------------------------------
     def tables(self, experiment_id: str) -> OtlpTables:
         rep = self.report
+        self._concat()
         steps = self._steps_table(experiment_id)
         snaps = self._snapshots_table(experiment_id)
         self._drop_duplicate_request_ids()
@@ -812,12 +927,15 @@ class _Acc:
         if (~keep).any():
             rep.drop("duplicate_request_id:events", int((~keep).sum()))
             idx = np.flatnonzero(keep)
-            self.je = {c: [v[i] for i in idx] for c, v in self.je.items()}
+            self.je = {c: v[idx] for c, v in self.je.items()}
 
     def _steps_table(self, experiment_id: str) -> pd.DataFrame:
-        cols = {c: (pd.array(v, dtype="Float64").astype("float64") if c == "kv.usage_gpu_ratio"
-                    else pd.array(v, dtype="Int64"))
-                for c, v in self.steps.items()}
+        cols = dict(self.steps)
+        order = _key_order([cols["step.id"]])
+        if order is not None:  # no repeated step id: the sort by step.id alone decides
+            df = pd.DataFrame({c: v[order] for c, v in cols.items()})
+            df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
+            return df
         df = pd.DataFrame(cols)
         df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
         if len(df):
@@ -838,6 +956,10 @@ class _Acc:
         for c in _SNAPSHOT_ATTRS:
             cols[c] = (pd.Series(s[c], dtype="object") if c == "request.phase"
                        else pd.array(s[c], dtype="Int64"))
+        order = _key_order([s["step_id"], s["request_id"]])
+        if order is not None:  # no repeated (step, request): sorted by them alone
+            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
+                drop=True)
         df = pd.DataFrame(cols)
         if len(df):
             df = _sort_all(df, first=["step_id", "request_id"])
@@ -850,21 +972,8 @@ class _Acc:
     def _journey_table(self, experiment_id: str) -> pd.DataFrame:
         j = self.je
         n = len(j["event"])
-        cols: dict[str, Any] = {
-            "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
-            "request_id": pd.Series(j["request_id"], dtype="str"),
-            "event": pd.Series(j["event"], dtype="str"),
-            "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
-        }
-        for c in _JOURNEY_INT:
-            cols[c] = pd.array(j[c], dtype="Int64")
-        for c in _JOURNEY_STR:
-            cols[c] = pd.Series(j[c], dtype="object")
-        df = pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
         self._je_row = self._je_rank = None
-        if n == 0:
-            return df
-        fast = self._journey_order(j)
+        fast = self._journey_order(j) if n else None
         if fast is not None:
             order, row, rank = fast
             # the once-per-request events: only the first of each request is kept (with no
@@ -880,7 +989,12 @@ class _Acc:
                 self.report.drop("duplicate_event", int(bad.sum()))
                 order, row, rank = order[~bad], row[~bad], rank[~bad]
             self._je_row, self._je_rank = row, rank
-            return df.take(order).reset_index(drop=True)
+            # the columns taken in that order before the frame is built (same frame as
+            # building it and taking its rows)
+            return _journey_frame({c: v[order] for c, v in j.items()}, experiment_id)
+        df = _journey_frame(j, experiment_id)
+        if n == 0:
+            return df
         df["_rank"] = df["event"].map(_EVENT_RANK).astype(np.int64)
         df = _sort_all(df, first=["request_id", "step", "ts_monotonic_ns", "_rank"])
         dup = df.duplicated(subset=["request_id", "event", "step", "ts_monotonic_ns"])
@@ -895,13 +1009,12 @@ class _Acc:
         """Sort order of the journey rows by (request, step (nulls first), ts, event rank) and
         each sorted row's request index (in ``sorted(self.cores)``) and event rank; None when
         two rows tie on those keys (the pandas sort then orders them by every column)."""
-        pos = {r: k for k, r in enumerate(sorted(self.cores))}
         n = len(j["event"])
-        row = np.fromiter((pos[r] for r in j["request_id"]), dtype=np.int64, count=n)
-        rank = np.fromiter((_EVENT_RANK[e] for e in j["event"]), dtype=np.int64, count=n)
-        steps = j["step"]
-        has_step = np.fromiter((v is not None for v in steps), dtype=bool, count=n)
-        step = np.fromiter((0 if v is None else v for v in steps), dtype=np.int64, count=n)
+        row = pd.Index(sorted(self.cores)).get_indexer(j["request_id"]).astype(np.int64)
+        rank = pd.Index(JOURNEY_EVENTS).get_indexer(j["event"]).astype(np.int64)
+        steps = pd.array(j["step"], dtype="Int64")
+        has_step = ~steps._mask
+        step = np.where(has_step, steps._data, 0)
         ts = np.asarray(j["ts_monotonic_ns"], dtype=np.int64)
         order = np.lexsort((rank, ts, step, has_step, row))
         keys = (row, has_step, step, ts, rank)
@@ -924,12 +1037,16 @@ class _Acc:
                 cols[c] = pd.array(v, dtype="Int64")
             elif c in ("temperature", "top_p", "arrival_s", "handoff_s", "first_response_s",
                        "departed_s", "aborted_s"):
-                cols[c] = np.asarray([np.nan if x is None else x for x in v], dtype=float)
+                cols[c] = np.asarray(v, dtype=float)
             elif c == "aborted":
                 cols[c] = np.asarray(v, dtype=bool)
             else:
                 cols[c] = pd.Series(v, dtype="object")
         cols["request_id"] = pd.Series([None] * n, dtype="object")
+        order = _key_order([a["trace_id"], a["span_id"]])
+        if order is not None:  # (trace, span) are unique: their order is the sort
+            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
+                drop=True)
         df = pd.DataFrame(cols)
         if n:
             df = df.sort_values(["trace_id", "span_id"], kind="stable").reset_index(drop=True)
@@ -991,14 +1108,16 @@ class _Acc:
                 return np.full(n, np.nan)
             return np.where(joined, api[col].to_numpy(dtype=float)[take], np.nan)
 
-        out = pd.DataFrame({
+        # columns collected in a dict, one DataFrame constructor at the end (inserting ~20
+        # columns one by one cost more than all the rest of this function)
+        out: dict[str, Any] = {
             "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
             "request_id": pd.Series(rids, dtype="str"),
             "api_request_id": pd.Series(from_api("api_request_id", None), dtype="object"),
             "trace_id": pd.Series([self.cores[r][0] for r in rids], dtype="str"),
             "arrival_s": float_from_api("arrival_s"),
             "departed_s": float_from_api("departed_s"),
-        })
+        }
         api_aborted = (np.where(joined, api["aborted"].to_numpy(dtype=bool)[take], False)
                        if len(api) else np.zeros(n, dtype=bool))
         api_prompt = int_from_api("prompt_tokens")
@@ -1111,7 +1230,50 @@ class _Acc:
                           ("ts_backwards", int(back.sum()))):
             if cnt:
                 rep.kept[name] += cnt
-        return out[list(REQUEST_COLUMNS)]
+        return pd.DataFrame(out)[list(REQUEST_COLUMNS)]
+
+
+def _journey_frame(j: dict[str, Any], experiment_id: str) -> pd.DataFrame:
+    """The journey_events frame of typed journey columns, in their order."""
+    n = len(j["event"])
+    cols: dict[str, Any] = {
+        "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
+        "request_id": pd.Series(j["request_id"], dtype="str"),
+        "event": pd.Series(j["event"], dtype="str"),
+        "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
+    }
+    for c in _JOURNEY_INT:
+        cols[c] = pd.array(j[c], dtype="Int64")
+    for c in _JOURNEY_STR:
+        cols[c] = pd.Series(j[c], dtype="object")
+    return pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
+
+
+def _key_order(keys: list[Any]) -> np.ndarray | None:
+    """Ascending order of rows by ``keys`` (Int64 arrays, or object arrays of str), or None when
+    a key has a null or two rows tie on all keys (callers then sort with pandas by every
+    column). Strings compare by code point, as pandas sorts them."""
+    codes = []
+    for k in keys:
+        if isinstance(k, pd.arrays.IntegerArray):
+            if k._mask.any():
+                return None
+            codes.append(k._data)
+        else:
+            try:
+                codes.append(np.unique(np.asarray(k, dtype=object), return_inverse=True)[1])
+            except TypeError:  # None among the strings
+                return None
+    n = len(codes[0])
+    order = np.lexsort(codes[::-1])
+    if n > 1:
+        same = np.ones(n - 1, dtype=bool)
+        for c in codes:
+            cs = c[order]
+            same &= cs[1:] == cs[:-1]
+        if same.any():
+            return None
+    return order
 
 
 def _sort_all(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:
@@ -1135,8 +1297,47 @@ def _default_experiment_id(path: Path) -> str:
     return Path(name).stem
 
 
+#: Bytes of whole lines handed to the columnar path (:mod:`bayes_latency.data.otlp_arrow`) at a
+#: time, the default of :func:`read_otlp`; 0 turns it off (every line read line by line).
+CHUNK_BYTES = 4 << 20
+
+
+def _iter_docs(path: Path, acc: _Acc, chunk_bytes: int | None) -> Iterator[tuple[int, Any]]:
+    """``(line number, decoded line)`` of the lines the line-by-line path reads, and ``(number of
+    lines, None)`` for each chunk the columnar path has put into ``acc``."""
+    if not chunk_bytes:
+        yield from iter_json_lines(path, acc.report, typed=_decode_typed)
+        return
+    from bayes_latency.data.otlp_arrow import read_chunk
+
+    rep = acc.report
+    for first, buf, lines in iter_line_chunks(path, chunk_bytes):
+        n_blank, objects = 0, True
+        for raw in lines:
+            if raw[:1] != b"{":
+                stripped = raw.strip()
+                if not stripped:
+                    n_blank += 1
+                elif stripped[:1] != b"{":
+                    objects = False  # e.g. a 'null' line (which pyarrow.json cannot take)
+        n = len(lines) - n_blank
+        cols = read_chunk(buf, n) if n and objects else None
+        if cols is not None and acc.seen_spans.isdisjoint(cols.span_keys):
+            rep.read["lines"] += n
+            if n_blank:
+                rep.read["blank_lines"] += n_blank
+            acc.add_chunk(cols)
+            yield n, None
+            continue
+        for lineno, raw in enumerate(lines, start=first):
+            doc = decode_line(raw, lineno, path, rep, _decode_typed)
+            if doc is not SKIP:
+                yield lineno, doc
+
+
 def read_otlp(path: str | Path, experiment_id: str | None = None,
-              report: IngestReport | None = None) -> OtlpTables:
+              report: IngestReport | None = None,
+              chunk_bytes: int | None = None) -> OtlpTables:
     """Read an OTLP JSON Lines trace file (journey + step tracing) into tables.
 
     Parameters
@@ -1148,6 +1349,10 @@ def read_otlp(path: str | Path, experiment_id: str | None = None,
         ``EXP/traces.*``, else the file stem.
     report
         Report to add counts to (a new one if None); also returned as ``tables.report``.
+    chunk_bytes
+        Size of the chunks of lines tried on the columnar path (:mod:`.otlp_arrow`; default
+        :data:`CHUNK_BYTES`); a chunk it refuses, or every line when 0, is read line by line.
+        Same tables and counts either way.
 
     Returns
     -------
@@ -1166,7 +1371,10 @@ def read_otlp(path: str | Path, experiment_id: str | None = None,
     exp = experiment_id if experiment_id is not None else _default_experiment_id(path)
     acc = _Acc(str(path), report)
     n_valid = 0
-    for lineno, doc in iter_json_lines(path, report, typed=_decode_typed):
+    for lineno, doc in _iter_docs(path, acc, CHUNK_BYTES if chunk_bytes is None else chunk_bytes):
+        if doc is None:  # a chunk read by the columnar path
+            n_valid += lineno
+            continue
         if type(doc) is _Export:  # typed fast path: same walk, no type checks left to do
             n_valid += 1
             for rs in doc.resourceSpans:

@@ -647,11 +647,17 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
         ss = steps.drop_duplicates("step.id").set_index("step.id")
         common = ss.index.intersection(pd.Index(step_ids))
         if len(common):
-            rb = summary_convention(batches.set_index("step_id").loc[common])
+            # positions instead of .loc (batches hold every step s0..s1, ss unique step ids)
+            at_b = common.to_numpy(dtype=np.int64) - s0
+            at_s = ss.index.get_indexer(common)
+            rr, rt = rec_n[at_b], rec_tok[at_b]
+            rb = {"num_prefill_reqs": pre_n[at_b] - rr, "prefill_tokens": pre_tok[at_b] - rt,
+                  "num_decode_reqs": ndec.astype(np.float64)[at_b] + rr,
+                  "decode_tokens": ndec.astype(np.float64)[at_b] + rt}  # summary_convention
             eq = np.ones(len(common), dtype=bool)
             for c in _COMPARED:
-                obs = ss.loc[common, _SUMMARY_COLS[c]].astype("float64").to_numpy()
-                d = np.abs(rb[c].to_numpy() - obs)
+                obs = ss[_SUMMARY_COLS[c]].astype("float64").to_numpy()[at_s]
+                d = np.abs(rb[c] - obs)
                 rep.mae[c] = float(np.nanmean(d)) if len(d) else 0.0
                 eq &= d == 0
             rep.n_compared, rep.n_agree = len(common), int(eq.sum())

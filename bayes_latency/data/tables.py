@@ -82,7 +82,7 @@ def _write_parquet(df: pd.DataFrame, path: str | Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path,
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False, nthreads=1), path,
                    compression="snappy", use_dictionary=False)
 
 

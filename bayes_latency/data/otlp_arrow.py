@@ -1,0 +1,405 @@
+"""Columnar fast path of the OTLP reader: a chunk of lines parsed by ``pyarrow.json`` in C++.
+
+:func:`read_chunk` parses a chunk of OTLP JSON lines with an explicit Arrow schema (only the
+fields the reader uses: resource spans > scope spans > spans > events > attributes, each value a
+struct of ``stringValue`` / ``intValue`` / ``doubleValue``), flattens the nested lists with
+``pyarrow.compute`` and builds the span, event and attribute columns in bulk with numpy (attribute
+keys matched by ``index_in``, OTLP's string integers parsed by ``cast``). No Python code runs per
+event or attribute.
+
+It only takes chunks that :func:`bayes_latency.data.otlp.read_otlp`'s line-by-line path reads
+without a single drop, flag or special case, and then gives the same rows (the same values in
+the same file order) and the same counts. Anything else returns None and the caller reads the
+chunk line by line: a line that is not one JSON object with a ``resourceSpans`` list, a ``\\u``
+escape, bytes that are not UTF-8 or a BOM, a value of another JSON type than the schema's, a
+known attribute without its usual value type (an ``intValue`` string for integers, a finite
+``doubleValue`` for floats, a ``stringValue`` for strings) or given twice, a negative zero, an
+unknown scope or event, a repeated span or event, a missing or out-of-range field,
+``droppedEventsCount`` other than 0, a ``journey.*`` event without ``ts.monotonic_ns``, ... The
+line-by-line path then counts and reports them as it always has.
+
+One difference is deliberate: a line nested deeper than msgspec / ``json`` can decode (about
+1,000 levels) inside a field the reader ignores is read here, where the line-by-line path drops
+it as ``malformed_json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from bayes_latency.data import otlp as _o
+
+__all__ = ["ChunkColumns", "read_chunk"]
+
+_VALUE = pa.struct([("stringValue", pa.string()), ("intValue", pa.string()),
+                    ("doubleValue", pa.float64())])
+_KVS = pa.list_(pa.struct([("key", pa.string()), ("value", _VALUE)]))
+_EVENT = pa.struct([("name", pa.string()), ("attributes", _KVS)])
+_SPAN = pa.struct([
+    ("traceId", pa.string()), ("spanId", pa.string()), ("parentSpanId", pa.string()),
+    ("attributes", _KVS), ("events", pa.list_(_EVENT)), ("droppedEventsCount", pa.int64()),
+    ("status", pa.struct([("code", pa.int64())])),
+])
+_SCOPE_SPANS = pa.struct([("scope", pa.struct([("name", pa.string())])),
+                          ("spans", pa.list_(_SPAN))])
+SCHEMA = pa.schema([("resourceSpans", pa.list_(pa.struct([("scopeSpans",
+                                                            pa.list_(_SCOPE_SPANS))])))])
+_PARSE = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
+
+_SCOPES = (_o._SCOPE_API, _o._SCOPE_CORE, _o._SCOPE_STEP)
+# event names -> (kind, index): API events 0-4, journey events 5-9, step summary 10, snapshot 11
+_EVENT_NAMES = (*_o._API_EVENTS, *(f"journey.{e}" for e in _o.JOURNEY_EVENTS),
+                "step.BATCH_SUMMARY", "step.REQUEST_SNAPSHOT")
+_N_API = len(_o._API_EVENTS)
+_J0, _SUMMARY, _SNAPSHOT = _N_API, _N_API + len(_o.JOURNEY_EVENTS), _N_API + len(
+    _o.JOURNEY_EVENTS) + 1
+# scope of the span each event kind may appear in
+_EVENT_SCOPE = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 2], dtype=np.int64)
+# attribute spec of each event group: 0 API event, 1 journey, 2 step summary, 3 snapshot
+_EVENT_GROUP = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 3], dtype=np.int64)
+_EVENT_SPECS = (_o._API_EVENT_SPEC, _o._JOURNEY_SPEC, _o._STEP_SPEC, _o._SNAPSHOT_SPEC)
+_SPAN_SPECS = (_o._API_SPEC, _o._CORE_SPEC, {})
+
+
+class _Fallback(Exception):
+    """Internal: the chunk needs the line-by-line path."""
+
+
+@dataclass
+class ChunkColumns:
+    """Columns of one chunk, in file order, typed as :func:`otlp._typed_column` makes them.
+
+    ``steps``, ``snaps``, ``je`` and ``api`` are segments for :meth:`otlp._Acc.add_segment`;
+    ``cores`` lists ``(request_id, trace_id, span_id, parent_span_id or None, first journey row,
+    end journey row)`` per core span (rows counted within the chunk); ``span_keys`` the
+    ``(traceId, spanId)`` of every span; ``read`` the counts for ``report.read``.
+    """
+
+    steps: dict[str, Any]
+    snaps: dict[str, Any]
+    je: dict[str, Any]
+    api: dict[str, Any]
+    cores: list[tuple]
+    span_keys: list[tuple[str, str]]
+    read: dict[str, int]
+
+
+def _fields(arr: pa.Array) -> dict[str, pa.Array]:
+    """Children of a struct array, with the struct's nulls merged into them."""
+    return dict(zip([f.name for f in arr.type], arr.flatten(), strict=True))
+
+
+def _flat(lists: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Values of a list array (null lists = empty) and the index of each value's list; a null
+    value refuses the chunk."""
+    values = pc.list_flatten(lists)
+    if values.null_count:
+        raise _Fallback
+    return values, pc.list_parent_indices(lists).to_numpy()
+
+
+def _np(arr: pa.Array, fill: Any) -> np.ndarray:
+    return arr.fill_null(fill).to_numpy(zero_copy_only=False)
+
+
+def _no_nulls(arr: pa.Array) -> pa.Array:
+    if arr.null_count:
+        raise _Fallback
+    return arr
+
+
+class _Attrs:
+    """Known attributes of a set of parents (spans or events), one dense column per key.
+
+    ``specs[g]`` is the spec of parents of group ``g``; a parent's attribute with a key outside
+    its group's spec is ignored (as the line-by-line path does); every known one must hold its
+    usual value type, parse, be finite and appear once, or the chunk is refused.
+    """
+
+    def __init__(self, kvs: pa.Array, parent: np.ndarray, group: np.ndarray, n: int,
+                 specs: tuple[dict[str, int], ...]) -> None:
+        self.n = n
+        keys = sorted({k for spec in specs for k in spec})
+        kinds = {}
+        for spec in specs:
+            for k, t in spec.items():
+                if kinds.setdefault(k, t) != t:  # pragma: no cover - specs agree on types
+                    raise AssertionError(k)
+        self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if not len(kvs) or not keys:
+            return
+        f = _fields(kvs)
+        code = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
+        known = np.zeros((len(specs), len(keys)), dtype=bool)
+        for g, spec in enumerate(specs):
+            for k in spec:
+                known[g, keys.index(k)] = True
+        sel = code >= 0
+        sel[sel] = known[group[parent[sel]], code[sel]]
+        idx = np.flatnonzero(sel)
+        if not len(idx):
+            return
+        c, p = code[idx].astype(np.int16), parent[idx]
+        order = np.argsort(c, kind="stable")  # radix sort of small ints
+        c, p, idx = c[order], p[order], idx[order]
+        bounds = np.searchsorted(c, np.arange(len(keys) + 1))
+        # parents are in increasing order within a key: a key twice in one list is a repeat
+        if ((c[1:] == c[:-1]) & (p[1:] == p[:-1])).any():
+            raise _Fallback
+        # one take (and one parse) per value type over all keys of that type
+        value = _fields(f["value"])
+        kind_of = np.array([kinds[k] for k in keys], dtype=np.int64)
+        for kind in (_o._INT, _o._FLOAT, _o._STR):
+            of_kind = kind_of[c] == kind
+            if not of_kind.any():
+                continue
+            ii = idx[of_kind]
+            if kind == _o._INT:
+                raw = _no_nulls(value["intValue"].take(ii))
+                try:
+                    v = pc.cast(raw, pa.int64()).to_numpy()
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise _Fallback from exc
+            elif kind == _o._FLOAT:
+                v = _no_nulls(value["doubleValue"].take(ii)).to_numpy()
+                if not np.isfinite(v).all() or np.signbit(v[v == 0.0]).any():
+                    raise _Fallback  # non-finite, or -0 (Python reads JSON -0 as int 0)
+            else:
+                v = _no_nulls(value["stringValue"].take(ii)).to_numpy(zero_copy_only=False)
+            pos = np.flatnonzero(of_kind)
+            for k in np.flatnonzero(kind_of == kind):
+                a, b = np.searchsorted(pos, (bounds[k], bounds[k + 1]))
+                if b > a:
+                    self.values[keys[k]] = (p[bounds[k]:bounds[k + 1]], v[a:b])
+
+    def get(self, key: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(values, present) of ``key`` for every parent (or ``rows``); absent = 0 / None."""
+        pp_v = self.values.get(key)
+        n = self.n
+        if pp_v is None:
+            present = np.zeros(n, dtype=bool)
+            data = np.zeros(n, dtype=np.int64)
+        else:
+            pp, v = pp_v
+            present = np.zeros(n, dtype=bool)
+            present[pp] = True
+            if v.dtype == object:
+                data = np.full(n, None, dtype=object)
+            else:
+                data = np.zeros(n, dtype=v.dtype)
+            data[pp] = v
+        if rows is not None:
+            return data[rows], present[rows]
+        return data, present
+
+
+def _int(attrs: _Attrs, key: str, rows: np.ndarray) -> Any:
+    data, present = attrs.get(key, rows)
+    if data.dtype == object:  # pragma: no cover - integer keys only
+        raise _Fallback
+    return _o._int_column(data.astype(np.int64), present)
+
+
+def _obj(attrs: _Attrs, key: str, rows: np.ndarray) -> np.ndarray:
+    data, present = attrs.get(key, rows)
+    out = np.full(len(rows), None, dtype=object)
+    out[present] = data[present]
+    return out
+
+
+def _float(attrs: _Attrs, key: str, rows: np.ndarray) -> np.ndarray:
+    data, present = attrs.get(key, rows)
+    return np.where(present, data.astype(float), np.nan)
+
+
+def _negative(attrs: _Attrs, keys: Any, rows: np.ndarray) -> bool:
+    for key in keys:
+        data, present = attrs.get(key, rows)
+        if data.dtype != object and (present & (data < 0)).any():
+            return True
+    return False
+
+
+def read_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
+    """Columns of a chunk of ``n_lines`` non-blank OTLP JSON lines, or None when the chunk
+    holds anything the line-by-line path would drop, flag or treat specially.
+
+    Parameters
+    ----------
+    buf
+        Whole lines (``\\n``-separated; blank lines allowed).
+    n_lines
+        Number of non-blank lines in ``buf``.
+    """
+    if b"\\u" in buf or not _utf8_no_bom(buf):
+        return None
+    try:
+        table = pj.read_json(pa.BufferReader(buf), parse_options=_PARSE,
+                             read_options=pj.ReadOptions(use_threads=False,
+                                                         block_size=len(buf) + 1))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        return None
+    if table.num_rows != n_lines:  # two JSON values on one line
+        return None
+    try:
+        return _columns(table.column("resourceSpans").combine_chunks())
+    except _Fallback:
+        return None
+
+
+def _utf8_no_bom(buf: bytes) -> bool:
+    if buf.isascii():
+        return True
+    try:
+        buf.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\xef\xbb\xbf" not in buf
+
+
+def _columns(rs_lists: pa.Array) -> ChunkColumns:
+    """The chunk's columns (raises :class:`_Fallback`)."""
+    if rs_lists.null_count:  # a line without a resourceSpans list
+        raise _Fallback
+    rs, _ = _flat(rs_lists)
+    ss, _ = _flat(_no_nulls(_fields(rs)["scopeSpans"]))
+    ssf = _fields(ss)
+    scope = _np(pc.index_in(_fields(ssf["scope"])["name"], value_set=pa.array(_SCOPES)), -1)
+    if (scope < 0).any():
+        raise _Fallback
+    spans, span_ss = _flat(ssf["spans"])
+    n_spans = len(spans)
+    span_scope = scope[span_ss].astype(np.int64)
+    sf = _fields(spans)
+    trace = _no_nulls(sf["traceId"]).to_numpy(zero_copy_only=False)
+    span_id = _no_nulls(sf["spanId"]).to_numpy(zero_copy_only=False)
+    parent = _np(sf["parentSpanId"], "").astype(object)
+    if _np(sf["droppedEventsCount"], 0).any():
+        raise _Fallback
+    status = sf["status"]
+    code = _np(_fields(status)["code"], 0).astype(np.int64)
+    status_valid = _np(status.is_valid(), False).astype(bool)
+
+    span_kv, span_kv_parent = _flat(sf["attributes"])
+    span_attrs = _Attrs(span_kv, span_kv_parent, span_scope, n_spans, _SPAN_SPECS)
+
+    events, ev_span = _flat(sf["events"])
+    n_ev = len(events)
+    ef = _fields(events)
+    ev_code = _np(pc.index_in(_no_nulls(ef["name"]), value_set=pa.array(_EVENT_NAMES)), -1)
+    ev_code = ev_code.astype(np.int64)
+    if (ev_code < 0).any() or (_EVENT_SCOPE[ev_code] != span_scope[ev_span]).any():
+        raise _Fallback  # unknown event, or an event of another scope's span
+    ev_kv, ev_kv_parent = _flat(ef["attributes"])
+    ev_attrs = _Attrs(ev_kv, ev_kv_parent, _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS)
+
+    keys = list(zip(trace.tolist(), span_id.tolist(), strict=True))
+    if len(set(keys)) != len(keys):
+        raise _Fallback  # a repeated span
+    read = {"spans": n_spans, "events": n_ev,
+            "api_spans": int((span_scope == 0).sum()), "core_spans": int((span_scope == 1).sum()),
+            "step_spans": int((span_scope == 2).sum()),
+            "step_summaries": int((ev_code == _SUMMARY).sum())}
+
+    # ---- step summaries ----
+    rows = np.flatnonzero(ev_code == _SUMMARY)
+    if not ev_attrs.get("step.id", rows)[1].all():
+        raise _Fallback  # missing step.id
+    if _negative(ev_attrs, _o.STEP_COLUMNS, rows):
+        raise _Fallback
+    ratio, has_ratio = ev_attrs.get("kv.usage_gpu_ratio", rows)
+    if (has_ratio & (ratio > 1.0)).any():
+        raise _Fallback
+    t0, h0 = ev_attrs.get("step.ts_start_ns", rows)
+    t1, h1 = ev_attrs.get("step.ts_end_ns", rows)
+    if (h0 & h1 & (t1 < t0)).any():
+        raise _Fallback
+    steps = {c: (_float(ev_attrs, c, rows) if c == "kv.usage_gpu_ratio"
+                 else _int(ev_attrs, c, rows)) for c in _o.STEP_COLUMNS}
+
+    # ---- request snapshots ----
+    rows = np.flatnonzero(ev_code == _SNAPSHOT)
+    if not (ev_attrs.get("step.id", rows)[1].all() and ev_attrs.get("request.id", rows)[1].all()):
+        raise _Fallback
+    if _negative(ev_attrs, ("step.id", *_o._SNAPSHOT_ATTRS), rows):
+        raise _Fallback
+    snaps = {"step_id": _int(ev_attrs, "step.id", rows),
+             "request_id": _obj(ev_attrs, "request.id", rows)}
+    for c in _o._SNAPSHOT_ATTRS:
+        snaps[c] = _obj(ev_attrs, c, rows) if c == "request.phase" else _int(ev_attrs, c, rows)
+
+    # ---- core spans and their journey events ----
+    core = np.flatnonzero(span_scope == 1)
+    rid, has_rid = span_attrs.get("gen_ai.request.id", core)
+    if not has_rid.all():
+        raise _Fallback
+    rows = np.flatnonzero((ev_code >= _J0) & (ev_code < _SUMMARY))
+    ts, has_ts = ev_attrs.get("ts.monotonic_ns", rows)
+    if not has_ts.all() or (ts < 0).any() or _negative(ev_attrs, _o._JOURNEY_NONNEG, rows):
+        raise _Fallback
+    rid_of_span = np.full(n_spans, None, dtype=object)
+    rid_of_span[core] = rid
+    je = {"request_id": rid_of_span[ev_span[rows]],
+          "event": np.asarray(_o.JOURNEY_EVENTS, dtype=object)[ev_code[rows] - _J0],
+          "ts_monotonic_ns": ts.astype(np.int64)}
+    for attr, col in _o._JOURNEY_MAP:
+        je[col] = _int(ev_attrs, attr, rows) if col in _o._JOURNEY_INT else _obj(ev_attrs, attr,
+                                                                                rows)
+    je = {c: je[c] for c in _o.JOURNEY_COLUMNS if c != "experiment_id"}
+    # journey rows of each core span: events are in span order, so one range per span
+    per_span = np.bincount(ev_span[rows], minlength=n_spans)
+    ends = np.cumsum(per_span)
+    starts = ends - per_span
+    cores = list(zip(rid.tolist(), trace[core].tolist(), span_id[core].tolist(),
+                     [p or None for p in parent[core].tolist()], starts[core].tolist(),
+                     ends[core].tolist(), strict=True))
+
+    # ---- API spans ----
+    api_sp = np.flatnonzero(span_scope == 0)
+    rows = np.flatnonzero(ev_code < _N_API)
+    pair = ev_span[rows] * _N_API + ev_code[rows]
+    if len(np.unique(pair)) != len(pair):
+        raise _Fallback  # an API event twice in a span
+    t_ev, has_t = ev_attrs.get("event.ts.monotonic", rows)
+    if (has_t & (t_ev < 0)).any():
+        raise _Fallback
+    api: dict[str, Any] = {
+        "api_request_id": _obj(span_attrs, "gen_ai.request.id", api_sp),
+        "trace_id": trace[api_sp], "span_id": span_id[api_sp],
+        "http_route": _obj(span_attrs, "http.route", api_sp),
+        "model": _obj(span_attrs, "gen_ai.response.model", api_sp),
+        "prompt_tokens": _int(span_attrs, "gen_ai.usage.prompt_tokens", api_sp),
+        "max_tokens": _int(span_attrs, "gen_ai.request.max_tokens", api_sp),
+        "n": _int(span_attrs, "gen_ai.request.n", api_sp),
+        "temperature": _float(span_attrs, "gen_ai.request.temperature", api_sp),
+        "top_p": _float(span_attrs, "gen_ai.request.top_p", api_sp),
+    }
+    slot = np.full(n_spans, -1, dtype=np.int64)
+    slot[api_sp] = np.arange(len(api_sp))
+    has_event = {}
+    for k, (name, col) in enumerate(zip(_o._API_EVENTS, ("arrival_s", "handoff_s",
+                                                         "first_response_s", "departed_s",
+                                                         "aborted_s"), strict=True)):
+        sel = ev_code[rows] == k
+        out = np.full(len(api_sp), np.nan)
+        at = slot[ev_span[rows[sel]]]
+        out[at] = np.where(has_t[sel], t_ev[sel], np.nan)
+        api[col] = out
+        has = np.zeros(len(api_sp), dtype=bool)
+        has[at] = True
+        has_event[name] = (has, at, rows[sel])
+    has_ab, at_ab, rows_ab = has_event["api.ABORTED"]
+    reason = np.full(len(api_sp), None, dtype=object)
+    reason[at_ab] = _obj(ev_attrs, "reason", rows_ab)
+    api["abort_reason"] = reason
+    valid = status_valid[api_sp]
+    api["status_code"] = _o._int_column(code[api_sp], valid)
+    api["aborted"] = (valid & (code[api_sp] == 2)) | has_ab
+    return ChunkColumns(steps=steps, snaps=snaps, je=je, api=api, cores=cores, span_keys=keys,
+                        read=read)

@@ -1,0 +1,133 @@
+"""The columnar OTLP path (``data/otlp_arrow.py``) reads exactly like the line-by-line path.
+
+Every comparison reads one file twice: line by line (``chunk_bytes=0``) and with the columnar
+path (the default chunk size, and a tiny one that splits the file into chunks some of which the
+columnar path takes and some it refuses); tables (values, dtypes, column order) and reports must
+be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_fuzz_readers import FUZZ, _assert_same_reading, _mutated_lines
+
+import bayes_latency.data.otlp_arrow as oa
+from bayes_latency.data.otlp import read_otlp
+from bayes_latency.errors import TraceFormatError
+
+
+@pytest.fixture(scope="module")
+def example_docs(specs_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (specs_dir / "vllm-trace-format.example.jsonl")
+            .read_text().splitlines() if ln.strip()]
+
+
+def _read(path: Path, chunk_bytes: int | None) -> Any:
+    try:
+        return read_otlp(path, experiment_id="x", chunk_bytes=chunk_bytes)
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+def _same_all_ways(path: Path) -> Any:
+    ref = _read(path, 0)
+    for cb in (None, 700):
+        _assert_same_reading(_read(path, cb), ref)
+    return ref
+
+
+class _Count:
+    """Counts the chunks the columnar path takes and refuses."""
+
+    def __init__(self, mp: pytest.MonkeyPatch) -> None:
+        self.taken = self.refused = 0
+        orig = oa.read_chunk
+
+        def wrapped(buf: bytes, n: int) -> Any:
+            out = orig(buf, n)
+            if out is None:
+                self.refused += 1
+            else:
+                self.taken += 1
+            return out
+
+        mp.setattr(oa, "read_chunk", wrapped)
+
+
+def _write(path: Path, docs: list[Any]) -> Path:
+    path.write_text("\n".join(d if isinstance(d, str) else json.dumps(d) for d in docs) + "\n")
+    return path
+
+
+@settings(FUZZ, max_examples=100)
+@given(data=st.data())
+def test_columnar_path_reads_like_the_line_path(example_docs: list[dict], tmp_path_factory,
+                                                data: st.DataObject) -> None:
+    lines = data.draw(_mutated_lines(example_docs))
+    p = _write(tmp_path_factory.mktemp("arrow") / "traces.jsonl", lines)
+    _same_all_ways(p)
+
+
+def test_clean_example_takes_the_columnar_path(example_docs: list[dict], tmp_path: Path) -> None:
+    p = _write(tmp_path / "traces.jsonl", example_docs * 2 + [""])  # repeats + a blank line
+    with pytest.MonkeyPatch.context() as mp:
+        count = _Count(mp)
+        t = _same_all_ways(p)
+    assert count.taken >= 1
+    # the repeated spans of the second copy are counted as duplicates, by the line path
+    assert t.report.dropped["duplicate_span"] > 0 and len(t.requests) == 1
+    single = _write(tmp_path / "one.jsonl", example_docs)
+    with pytest.MonkeyPatch.context() as mp:
+        count = _Count(mp)
+        t = read_otlp(single)
+    assert (count.taken, count.refused) == (1, 0) and t.report.n_dropped == 0
+
+
+def _set_values(docs: list[dict], rng: random.Random, how: str) -> None:
+    """Give every double attribute a new value (``how``: random 17-digit, tiny, integers as
+    JSON ints, negative zero) and every int attribute a random decimal string."""
+    for d in docs:
+        for rs in d["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    for holder in [sp, *sp.get("events", [])]:
+                        for kv in holder.get("attributes", []):
+                            v = kv["value"]
+                            if "doubleValue" in v:
+                                v["doubleValue"] = {
+                                    "random": rng.random(), "tiny": rng.random() * 1e-300,
+                                    "int": rng.randrange(0, 2), "negzero": -0.0,
+                                }[how]
+                            elif "intValue" in v and how == "random":
+                                v["intValue"] = str(rng.randrange(0, 2**62))
+
+
+@pytest.mark.parametrize("how", ["random", "tiny", "int", "negzero"])
+def test_numbers_parse_to_the_same_bits(example_docs: list[dict], tmp_path: Path,
+                                        how: str) -> None:
+    rng = random.Random(how)
+    docs = copy.deepcopy(example_docs)
+    _set_values(docs, rng, how)
+    lines = [json.dumps(d) for d in docs]
+    if how == "int":  # JSON integers where OTLP has doubles (and a JSON -0)
+        lines = [ln.replace('"doubleValue": 0}', '"doubleValue": -0}') for ln in lines]
+    _same_all_ways(_write(tmp_path / "traces.jsonl", lines))
+
+
+@pytest.mark.parametrize("bad", ["null", "[]", "7", '"x"', "{}", '{"resourceSpans": null}',
+                                 '{"resourceSpans": [null]}', "\ufeff{}", "{} {}"])
+def test_odd_lines_fall_back(example_docs: list[dict], tmp_path: Path, bad: str) -> None:
+    """Lines the columnar path cannot take (one of them, a leading 'null', crashes
+    pyarrow.json) send their chunk to the line path, which counts them as before."""
+    for pos in (0, len(example_docs)):
+        lines = [json.dumps(d) for d in example_docs]
+        lines.insert(pos, bad)
+        _same_all_ways(_write(tmp_path / f"t{pos}.jsonl", lines))

@@ -55,8 +55,11 @@ def _hess_uu_reference(p: _ConfigProblem, u: np.ndarray, eta: np.ndarray) -> np.
 
 
 def _joint_point(p: _ConfigProblem, s) -> tuple[np.ndarray, np.ndarray]:
-    """``(u, eta)`` of a summary."""
-    return s.theta_hat / p.scale, np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    """``(u, eta)`` of a summary; ``p``'s multi-step offsets are set to that noise, as at the end
+    of :func:`summarize_config`."""
+    eta = np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    p.set_offset(eta)
+    return s.theta_hat / p.scale, eta
 
 
 # ---------------------------------------------------------------- derivatives
@@ -163,6 +166,7 @@ def test_agrees_with_trust_constr_on_the_coefficient_step(rows, scale):
     assert s.converged
     assert s.noise == fixed
     eta = np.log([getattr(fixed[k], w) for k, w in p.layout])
+    p.set_offset(eta)
     obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
     na = int(p.active.sum())
 
@@ -242,6 +246,7 @@ def test_plain_maximum_likelihood_and_fixed_noise(rows, scale):
     p = _ConfigProblem(rows, COEFS, scale)
     u0, _ = _initial(p)
     eta = np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    p.set_offset(eta)
     obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
     sd = np.sqrt(np.diag(np.linalg.inv(obj((s.theta_hat / scale)[p.active], 2)[2])))
     assert np.all(np.abs((fixed.theta_hat - s.theta_hat) / scale)[p.active] / sd < 1e-3)

@@ -26,8 +26,9 @@ steps has mean ``v/2 - v/(2n)``; 0 for a single step, ``v/2 = log E[exp(eps)]`` 
 below its mean, towards the median (simulated sums of 2 / 3 / 10 / 39 steps of the synthetic
 step noise, 0.06 t_4: median 0.27 / 0.42 / 0.71 / 0.91 of ``v/2`` for the variance ``v``, Student-t
 location 0.28 / 0.55 / 0.78 / 0.98). On the tiny fleet (seeds 0-9, stage 1, 159 directions the data
-identify; windows over guessed cached prefixes left out), the constant-per-step direction sat +0.97 sd (mean z) above the truth without the offset,
--0.09 with it, and -0.60 with ``v`` the true step variance (0.0071).
+identify; windows over guessed cached prefixes left out), the constant-per-step direction sat
++0.97 sd (mean z) above the truth without the offset, -0.09 with it, and -0.60 with ``v`` the true
+step variance (0.0071).
 
 This module is numpy-only (no PyMC): it is used by the per-configuration summaries, by the
 posterior predictive draws and by pointwise log-likelihoods for LOO.

@@ -117,7 +117,9 @@ def tiny_fleet(tmp_path_factory):
 
 def test_tiny_fleet_end_to_end(tiny_fleet):
     folders, out, report = tiny_fleet
-    assert report.n_dropped == 0, report.format()
+    # the only rows left out are windows over steps whose cached prefix reconstruction guessed
+    # (the prefix-cached experiment; data.observations)
+    assert all(k.endswith("prefix_guessed") for k, v in report.dropped.items() if v), report.format()
     t = load_tables(out)
     assert {"lifecycle", "observations", "batches", "iterations"} <= set(t)
     obs = t["observations"]

@@ -3,7 +3,9 @@
 The fast ingest paths (typed msgspec decoding, numpy table building, one-shot observation
 frames) must not change a single value, dtype or column order. ``tests/golden/ingest_tiny5.json``
 holds, for the tiny fleet of seed 5, a fingerprint of every trace file and of every table and
-report that ingest wrote before those paths existed (commit 9ab4453). When the simulator changes
+report that ingest wrote before those paths existed (commit 9ab4453; regenerated on branch c15,
+issue 15, when windows over steps with a guessed cached prefix stopped being observation rows:
+only the observation table and the ingest report changed). When the simulator changes
 the traces, the fingerprints of the inputs no longer match and the test skips with a message;
 regenerate with ``python tests/test_ingest_golden.py --write`` from a checkout whose ingest is
 the reference.

@@ -110,6 +110,26 @@ def test_window_values_match_true_iteration_times(engine_obs):
     assert (np.abs(err) <= tl["anchor_error_us"].to_numpy() + 1.0).mean() > 0.85
 
 
+def test_windows_over_guessed_prefix_steps_are_not_fitted():
+    """Steps whose prefill chunks rest on a guessed cached prefix (``prefix_ambiguous``) are in no
+    iteration or window row, and every row left out for it is counted."""
+    res, ev, steps, serving = engine_case(3, n=120, cap=400, budget=1024)
+    requests = requests_from_journeys(ev)
+    batches, _, _ = reconstruct_batches(ev, requests, serving, steps, with_members=False)
+    flagged = batches["step_id"].to_numpy()[5::7]
+    batches = batches.assign(prefix_ambiguous=batches["step_id"].isin(flagged))
+    tables = {"steps": steps, "requests": requests, "journey_events": ev, "batches": batches}
+    obs, rep = build_observations(tables, serving, ARCH, GPU, "x", "synthetic")
+    tl = obs[obs["kind"].isin(["iteration", "step_window"])]
+    spans = [set(range(a, b + 1)) for a, b in zip(tl["step_first"], tl["step_last"], strict=True)]
+    assert not any(s & set(flagged.tolist()) for s in spans)
+    guessed = sum(v for k, v in rep.dropped.items() if k.endswith("prefix_guessed"))
+    base, _ = build_observations({**tables, "batches": batches.drop(columns="prefix_ambiguous")},
+                                 serving, ARCH, GPU, "x", "synthetic")
+    n_base = base["kind"].isin(["iteration", "step_window"]).sum()
+    assert guessed > 0 and len(tl) == n_base - guessed
+
+
 def test_scheduler_cpu_rows(engine_obs):
     res, batches, obs, _, serving = engine_obs
     cpu = obs[obs["kind"] == "scheduler_cpu"]

@@ -142,6 +142,7 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))
     scale, nu = model._row_noise(rows)
+    off = model._row_offset(rows)  # multi-step rows: median of a sum above the sum of medians
     rng = np.random.default_rng(seed + 3)
     pit = np.full(len(rows), np.nan)
     log_draws = np.empty((n_draws, len(rows)))
@@ -156,8 +157,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
         S = th.shape[0]
         mu = np.maximum(th @ X[m].T, 1e-12)
         t = rng.standard_t(np.broadcast_to(nu[m], mu.shape))
-        ld = np.log(mu) + scale[m][None, :] * t
-        ll = row_loglik(log_y[m], X[m], th, scale[m], nu[m])
+        ld = np.log(mu) + off[m][None, :] + scale[m][None, :] * t
+        ll = row_loglik(log_y[m], X[m], th, scale[m], nu[m], off[m])
         dims = ("chain", "draw", "obs")
         tree = xr.DataTree.from_dict({
             "posterior": xr.Dataset({"s": (("chain", "draw"), np.zeros((1, S)))}),

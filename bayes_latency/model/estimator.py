@@ -618,13 +618,23 @@ class LatencyModel:
             nu[idx] = p.nu
         return scale, nu
 
+    def _row_offset(self, observations: pd.DataFrame) -> np.ndarray:
+        """Per-row offset of ``log y`` over ``log mu`` of multi-step rows (:mod:`.likelihood`)."""
+        off = np.zeros(len(observations))
+        n = observations["n_steps"].to_numpy(dtype=float)
+        for (c, k), idx in observations.groupby(["config_id", "kind"]).indices.items():
+            off[idx] = self.noise(str(c), str(k)).log_offset(n[idx])
+        return off
+
     def sample_posterior_predictive(self, observations: pd.DataFrame, n_draws: int = 200,
                                     seed: int = 0) -> xr.DataArray:
         """Posterior predictive draws (µs) of each row, with the fitted heavy-tailed noise."""
         mu = self.predict(observations, n_draws=n_draws, seed=seed)
         scale, nu = self._row_noise(observations)
         rng = np.random.default_rng(seed + 1)
-        vals = student_t_draws(rng, np.log(np.maximum(mu.values, 1e-12)), scale[None, :], nu[None, :])
+        off = self._row_offset(observations)[None, :]
+        vals = student_t_draws(rng, np.log(np.maximum(mu.values, 1e-12)) + off, scale[None, :],
+                               nu[None, :])
         return mu.copy(data=vals).rename("y_us")
 
     def pointwise_loglik(self, observations: pd.DataFrame, seed: int = 0) -> xr.DataArray:
@@ -634,13 +644,14 @@ class LatencyModel:
         X = observations[feature_columns(self.coefs)].to_numpy(dtype=float)
         log_y = np.log(observations["value_us"].to_numpy(dtype=float))
         scale, nu = self._row_noise(observations)
+        off = self._row_offset(observations)
         cfg = observations["config_id"].to_numpy()
         ll = np.empty((C * D, len(observations)), dtype=np.float32)
         for c in pd.unique(cfg):
             m = cfg == c
             th = np.concatenate([post["beta"].sel(config=c).values.reshape(C * D, -1),
                                  post["alpha"].sel(config=c).values.reshape(C * D, -1)], axis=1)
-            ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m])
+            ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m], off[m])
         return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs_row"),
                             coords={"obs_row": observations["obs_id"].astype(str).to_numpy()},
                             name="obs")

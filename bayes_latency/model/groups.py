@@ -209,7 +209,8 @@ def observed_data(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> xr.Data
 def _row_inputs(model: LatencyModel, rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
     scale, nu = model._row_noise(rows)
-    return X, scale, nu, rows["config_id"].astype(str).to_numpy()
+    # the offset of multi-step rows (.likelihood) shifts log y like the observed values
+    return X, scale, nu, rows["config_id"].astype(str).to_numpy(), model._row_offset(rows)
 
 
 def _theta(post: xr.Dataset, cfg: str, nb: int) -> np.ndarray:
@@ -224,13 +225,13 @@ def log_likelihood(model: LatencyModel, rows: pd.DataFrame, post: xr.Dataset,
                    n_fitted: int, subsample: bool) -> xr.Dataset:
     """``log_likelihood``: pointwise row log-likelihood at every posterior draw (float32)."""
     C, D = post.sizes["chain"], post.sizes["draw"]
-    X, scale, nu, cfg = _row_inputs(model, rows)
+    X, scale, nu, cfg, off = _row_inputs(model, rows)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))
     ll = np.empty((C * D, len(rows)), dtype=np.float32)
     nb = len(model.terms)
     for c in pd.unique(cfg):
         m = cfg == c
-        ll[:, m] = row_loglik(log_y[m], X[m], _theta(post, c, nb), scale[m], nu[m])
+        ll[:, m] = row_loglik(log_y[m], X[m], _theta(post, c, nb), scale[m], nu[m], off[m])
     ds = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), ll.reshape(C, D, -1))},
                     coords={"chain": post["chain"].values, "draw": post["draw"].values,
                             **_obs_coords(rows)})
@@ -242,13 +243,13 @@ def log_likelihood(model: LatencyModel, rows: pd.DataFrame, post: xr.Dataset,
 
 def _replicate(model: LatencyModel, rows: pd.DataFrame, theta_of: Any, S: int,
                rng: np.random.Generator) -> np.ndarray:
-    X, scale, nu, cfg = _row_inputs(model, rows)
+    X, scale, nu, cfg, off = _row_inputs(model, rows)
     out = np.empty((S, len(rows)), dtype=np.float32)
     for c in pd.unique(cfg):
         m = cfg == c
         mu = np.maximum(theta_of(c) @ X[m].T, 1e-12)
         t = rng.standard_t(np.broadcast_to(nu[m][None, :], mu.shape))
-        out[:, m] = np.log(mu) + scale[m][None, :] * t
+        out[:, m] = np.log(mu) + off[m][None, :] + scale[m][None, :] * t
     return out
 
 

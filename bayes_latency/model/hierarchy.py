@@ -616,5 +616,6 @@ def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame
     s_tau = tau[cfg_idx, kind_idx] * win[kind_idx]
     scale = pt.sqrt(s_sig**2 / n + s_tau**2 / n**2)
     mu = pt.sum(theta[cfg_idx] * X, axis=1)
-    pm.StudentT("obs_log_value", nu=nu[cfg_idx, kind_idx], mu=pt.log(mu), sigma=scale,
+    off = 0.5 * s_sig**2 * (1.0 - 1.0 / n)  # multi-step rows: likelihood.sum_log_offset
+    pm.StudentT("obs_log_value", nu=nu[cfg_idx, kind_idx], mu=pt.log(mu) + off, sigma=scale,
                 observed=np.log(rows["value_us"].to_numpy(dtype=float)), dims="obs")

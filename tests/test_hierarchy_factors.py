@@ -25,8 +25,16 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
         pr = pm.sample_prior_predictive(draws=3000, random_seed=1, var_names=[
             "eff_model", "eff_tp", "eff_gpu", "sigma_model", "sigma_tp", "theta_pop", "mu"]).prior
     em, et = pr["eff_model"].values[0], pr["eff_tp"].values[0]
-    zm = em[:, 0, :] / pr["sigma_model"].values[0]
-    zt = et[:, 0, :] / pr["sigma_tp"].values[0]
+    # members of a sum-only group read their group's first coefficient's effects (checked below)
+    own = np.asarray([all(c not in names[1:] for names, _ in m._sum_groups())
+                      for c in m.design.coefs])
+    assert not own.all()  # per_layer + per_step, alpha_post_decode + alpha_per_token
+    for names, _ in m._sum_groups():
+        idx = [list(m.design.coefs).index(c) for c in names]
+        np.testing.assert_array_equal(em[:, :, idx[1:]], np.repeat(em[:, :, idx[:1]],
+                                                                   len(idx) - 1, axis=2))
+    zm = (em[:, 0, :] / pr["sigma_model"].values[0])[:, own]
+    zt = (et[:, 0, :] / pr["sigma_tp"].values[0])[:, own]
     # each effect keeps its own prior: zero-sum over 2 levels -> sd sqrt(1/2), independent
     np.testing.assert_allclose(zm.std(axis=0), np.sqrt(0.5), rtol=0.08)
     np.testing.assert_allclose(zt.std(axis=0), np.sqrt(0.5), rtol=0.08)

@@ -209,9 +209,21 @@ class LatencyModel:
                 self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
             self._noise = {s.config_id: s.noise for s in self.summaries}
             return build_model(self.design, self.priors, variant=self.variant,
-                               summaries=self.summaries, no_gate=self._no_gate())
+                               summaries=self.summaries, no_gate=self._no_gate(),
+                               sum_groups=self._sum_groups())
         return build_model(self.design, self.priors, variant=self.variant, rows=rows,
-                           no_gate=self._no_gate())
+                           no_gate=self._no_gate(), sum_groups=self._sum_groups())
+
+    def _sum_groups(self) -> list[tuple[list[str], np.ndarray]]:
+        """Groups of coefficients the fitted rows give only as a weighted sum, with the weights
+        (:func:`~bayes_latency.data.identifiability.sum_groups`): sampled in the sum's
+        coordinate (:class:`~bayes_latency.model.hierarchy.SumGroupTransform`)."""
+        from bayes_latency.data.identifiability import sum_groups
+
+        rows = getattr(self, "_rows", None)
+        if rows is None:
+            return []
+        return [(g.coefs, g.weights) for g in sum_groups(rows, list(self.coefs))]
 
     def _no_gate(self) -> tuple[str, ...]:
         """Terms without an ARD gate: those that no configuration identifies on their own

@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import pymc as pm
 import pytensor.tensor as pt
+from pymc.logprob.transforms import Transform
 from scipy import special
 
 from bayes_latency.data.observations import DEFAULT_STACK
@@ -171,7 +172,75 @@ class Design:
         return np.asarray([levels.index(v) for v in col])
 
 
-def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = None
+class SumGroupTransform(Transform):
+    """Sample ``z_pop`` of each sum-only group in the direction its data identify.
+
+    For a group ``G`` of ``n`` coefficients that every configuration sees (nearly) only through
+    ``S = sum_k w_k exp(mu_k)`` (``mu_k = m_k + s_k z_k``, the population log-mean without the
+    ARD gate; ``w_k`` typical feature ratios, :func:`~bayes_latency.data.identifiability.sum_groups`),
+    the unconstrained coordinates are ``(log S, eta_1 .. eta_{n-1})`` with
+
+        mu_k = log S + eta_k - logsumexp(eta_1 .. eta_{n-1}, 0) - log w_k      (eta_n = 0),
+
+    each standardised (``log S`` around its value at the prior centre, by the largest ``s_k``;
+    ``eta_k`` by ``sqrt(s_k^2 + s_n^2)``) so that initial-point jitter stays on the prior's scale.
+    ``d mu / d(log S, eta)`` has ``|det| = 1`` (add ``p_j`` times the first column to column
+    ``j``), so the log-Jacobian is a constant and the prior of ``z_pop`` is unchanged: the model
+    is the same, only the sampler's coordinates differ. The data then act (almost) only on
+    ``log S``; the split ``eta`` is the prior's and straight, where per-term ``z`` made the
+    constraint ``sum_k w_k exp(mu_k) = const`` a curved ridge (low ESS, and chains at different
+    places along it). Coefficients outside the groups keep the identity.
+    """
+
+    name = "sum_groups"
+
+    def __init__(self, groups: list[tuple[np.ndarray, np.ndarray]], m: np.ndarray,
+                 s: np.ndarray) -> None:
+        self.groups = []
+        for idx, w in groups:
+            idx = np.asarray(idx, dtype=int)
+            lw = np.log(np.asarray(w, dtype=float))
+            a0 = m[idx] + lw
+            log_s0 = float(special.logsumexp(a0))
+            sd_s = float(np.max(s[idx]))
+            eta0 = a0[:-1] - a0[-1]
+            sd_eta = np.sqrt(s[idx[:-1]] ** 2 + s[idx[-1]] ** 2)
+            self.groups.append((idx, lw, log_s0, sd_s, eta0, sd_eta))
+        self.m, self.s = np.asarray(m, dtype=float), np.asarray(s, dtype=float)
+
+    def backward(self, value: pt.TensorVariable, *inputs: object) -> pt.TensorVariable:
+        z = value
+        for idx, lw, log_s0, sd_s, eta0, sd_eta in self.groups:
+            log_s = log_s0 + sd_s * value[..., idx[0]]
+            eta = eta0 + sd_eta * value[..., idx[1:]]
+            eta = pt.concatenate([eta, pt.zeros_like(eta[..., :1])], axis=-1)
+            lse = pt.logsumexp(eta, axis=-1, keepdims=True)
+            mu = log_s[..., None] + eta - lse - lw
+            z = pt.set_subtensor(z[..., idx], (mu - self.m[idx]) / self.s[idx])
+        return z
+
+    def forward(self, value: pt.TensorVariable, *inputs: object) -> pt.TensorVariable:
+        u = value
+        for idx, lw, log_s0, sd_s, eta0, sd_eta in self.groups:
+            a = self.m[idx] + self.s[idx] * value[..., idx] + lw
+            log_s = pt.logsumexp(a, axis=-1)
+            eta = a[..., :-1] - a[..., -1:]
+            u = pt.set_subtensor(u[..., idx[0]], (log_s - log_s0) / sd_s)
+            u = pt.set_subtensor(u[..., idx[1:]], (eta - eta0) / sd_eta)
+        return u
+
+    def log_jac_det(self, value: pt.TensorVariable, *inputs: object) -> pt.TensorVariable:
+        # constant: |d mu / d(log S, eta)| = 1, times the standardisations of both sides
+        out = np.zeros(len(self.m))
+        for idx, _, _, sd_s, _, sd_eta in self.groups:
+            out[idx[0]] += np.log(sd_s)
+            out[idx[1:]] += np.log(sd_eta)
+            out[idx] -= np.log(self.s[idx])
+        return pt.zeros_like(value) + out
+
+
+def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = None,
+                sum_groups: list[tuple[np.ndarray, np.ndarray]] | None = None
                 ) -> pt.TensorVariable:
     """Population log-coefficient per coef, with ARD folded into the same parameter.
 
@@ -190,8 +259,13 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
     gated off) a mode of the posterior; the gate's kink at ``loc`` (slope ``s`` -> ``s +
     sharpness``) also changes the likelihood's curvature in ``z`` up to 45-fold, a divergence
     source (tiny fleet seed 1: 7 divergences with the gate on every term, 0 with none).
+
+    ``sum_groups`` (``(indices, weights)`` per group of coefficients the data see only as a
+    weighted sum) samples ``z_pop`` of each group in the coordinates of
+    :class:`SumGroupTransform`; the prior and the gate are unchanged.
     """
-    z = pm.Normal("z_pop", 0.0, 1.0, dims="coef")
+    transform = SumGroupTransform(sum_groups, pa.mu_mean, pa.mu_sd) if sum_groups else None
+    z = pm.Normal("z_pop", 0.0, 1.0, dims="coef", default_transform=transform)
     base = pa.mu_mean + pa.mu_sd * z
     if variant == "no_ard":
         pm.Deterministic("mu", base, dims="coef")
@@ -211,8 +285,8 @@ def _partition(design: Design, level: str) -> tuple[int, ...]:
     return tuple(first.setdefault(int(i), len(first)) for i in design.index(level))
 
 
-def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays
-                     ) -> pt.TensorVariable:
+def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
+                     rep: np.ndarray | None = None) -> pt.TensorVariable:
     """Sum over factors of each configuration's crossed effects, ``(config, coef)``.
 
     Factors that split the configurations identically (e.g. in a fleet where every Mixtral runs
@@ -236,23 +310,24 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays
     for f in factors:
         if len(design.coords()[f]) <= 1:
             _effect(f, factors[f], f, design, pa.spread[f],  # zero effects, scale from its prior
-                    pa.common.get(f))
+                    pa.common.get(f), rep)
             continue
         groups.setdefault(_partition(design, f), []).append(f)
     for names in groups.values():
         if len(names) == 1:
             f = names[0]
             total = total + _effect(f, factors[f], f, design, pa.spread[f],
-                                    pa.common.get(f))[design.index(f)]
+                                    pa.common.get(f), rep)[design.index(f)]
             continue
-        sig = pt.stack([_scale(f, factors[f], pa.spread[f]) for f in names])  # (n, K)
+        sig = pt.stack([_shared(_scale(f, factors[f], pa.spread[f]), rep)
+                        for f in names])  # (n, K)
         lead = names[0]
         S = pt.sqrt(pt.sum(sig**2, axis=0))
         a = sig / S[None, :]
         v = pt.set_subtensor(a[0], a[0] + 1.0)  # a + e1, never 0 (a[0] > 0)
         vv = pt.sum(v**2, axis=0)
-        z_joint = pm.ZeroSumNormal(f"z_{lead}", dims=("coef", lead))  # (K, L)
-        ws = [pm.ZeroSumNormal(f"z_{f}", dims=("coef", lead)) for f in names[1:]]
+        z_joint = _shared(pm.ZeroSumNormal(f"z_{lead}", dims=("coef", lead)), rep)  # (K, L)
+        ws = [_shared(pm.ZeroSumNormal(f"z_{f}", dims=("coef", lead)), rep) for f in names[1:]]
         lead_idx = design.index(lead)
         for i, f in enumerate(names):
             z_f = a[i][:, None] * z_joint
@@ -326,8 +401,15 @@ def _common(name: str, scale_prior: float | None, design: Design) -> pt.TensorVa
     return sc * pm.ZeroSumNormal(f"z_{name}_common", dims=name)
 
 
+def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
+    """``x`` (coefficients on the first axis) with each sum-only group's members reading their
+    group's first coefficient (see :func:`build_model`, ``sum_groups``)."""
+    return x if rep is None else x[rep]
+
+
 def _effect(name: str, scale_prior: float, level: str, design: Design,
-            spread: float | None = None, common: float | None = None) -> pt.TensorVariable:
+            spread: float | None = None, common: float | None = None,
+            rep: np.ndarray | None = None) -> pt.TensorVariable:
     """Zero-sum effects ``e[level, k] = sigma[k] * z[level, k]`` (zero when there is one level).
 
     ``sigma[k] ~ HalfNormal(scale_prior)`` independently per term (default), or, with ``spread``
@@ -345,11 +427,11 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     106 divergences instead of 1-2 on the demo fleet (few levels per factor make the centred
     form a funnel in ``sigma``).
     """
-    sigma = _scale(name, scale_prior, spread)
+    sigma = _shared(_scale(name, scale_prior, spread), rep)
     n_levels = len(design.coords()[level])
     if n_levels <= 1:
         return pm.Deterministic(f"eff_{name}", pt.zeros((1, len(design.coefs))), dims=(level, "coef"))
-    z = pm.ZeroSumNormal(f"z_{name}", dims=("coef", level))
+    z = _shared(pm.ZeroSumNormal(f"z_{name}", dims=("coef", level)), rep)
     eff = (sigma[:, None] * z).T
     com = _common(name, common, design)
     if com is not None:
@@ -359,7 +441,8 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
 
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
-                no_gate: tuple[str, ...] = ()) -> pm.Model:
+                no_gate: tuple[str, ...] = (),
+                sum_groups: list[tuple[list[str], np.ndarray]] | None = None) -> pm.Model:
     """The PyMC model of one fit.
 
     Parameters
@@ -375,6 +458,10 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         the fitted rows (full path: every row in the likelihood).
     no_gate
         Coefficients whose ARD gate is off (see :func:`_population`).
+    sum_groups
+        ``(coefficient names, weights)`` of groups the data see only as a weighted sum
+        (:func:`bayes_latency.data.identifiability.sum_groups`): their population means are
+        sampled in the sum's coordinate (:class:`SumGroupTransform`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -401,14 +488,19 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             return model
         # the gate selects basis terms; the alpha overheads are not a selection (and the
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
+        groups = [(np.asarray([design.coefs.index(c) for c in names]), np.asarray(w, dtype=float))
+                  for names, w in (sum_groups or []) if all(c in design.coefs for c in names)]
         mu = _population(pa, variant, np.asarray([c not in no_gate and c in design.beta_terms
-                                                  for c in design.coefs]))
+                                                  for c in design.coefs]), groups)
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
         if variant != "complete_pooling":
             factors = {"model": pa.sigma_model, "gpu": pa.sigma_gpu, "tp": pa.sigma_tp}
             if len(design.stacks) > 1:  # serving software (only when the data mix stacks)
                 factors["stack"] = pa.sigma_stack
-            loc = loc + _crossed_effects(factors, design, pa)
+            rep = np.arange(K)
+            for idx, _ in groups:
+                rep[idx] = idx[0]
+            loc = loc + _crossed_effects(factors, design, pa, rep if groups else None)
         sig_c = pm.Truncated("sigma_config",
                              pm.LogNormal.dist(mu=np.log(pa.sigma_config["median"]),
                                                sigma=pa.sigma_config["sigma"]),

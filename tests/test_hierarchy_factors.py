@@ -18,7 +18,9 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     m = LatencyModel()
     model = m.build(obs)
     free = {v.name for v in model.free_RVs}
-    assert {"z_model", "z_tp", "z_gpu", "sigma_model", "sigma_tp", "sigma_gpu"} <= free
+    assert {"z_model", "z_tp", "z_gpu"} <= free
+    # two levels per factor: scales fixed at the prior's (hierarchy.MIN_LEVELS_FOR_SCALE)
+    assert {"sigma_model", "sigma_tp", "sigma_gpu"} <= {v.name for v in model.deterministics}
     # z_model is the joint direction, indexed by the model's levels; z_tp is prior only
     assert model.named_vars_to_dims["z_tp"] == ("coef", "model")
     with model:

@@ -233,10 +233,12 @@ def test_pooled_effect_scales_option(data, tmp_path):
     f = tmp_path / "pooled.yaml"
     f.write_text(yaml.safe_dump(raw))
     obs, _ = data
-    model = LatencyModel(priors=f).build(obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:3])])
+    # three models, two GPUs, three TP degrees: the model's scales are sampled (pooled), the
+    # two GPUs' fixed (hierarchy.MIN_LEVELS_FOR_SCALE), the TP degrees' sampled independently
+    model = LatencyModel(priors=f).build(obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:5])])
     names = {v.name for v in model.free_RVs}
-    assert {"tau_model", "zeta_model", "sigma_gpu"} <= names and "sigma_model" not in names
-    assert "sigma_model" in {v.name for v in model.deterministics}
+    assert {"tau_model", "zeta_model", "sigma_tp"} <= names and "sigma_model" not in names
+    assert {"sigma_model", "sigma_gpu"} <= {v.name for v in model.deterministics}
 
 
 def test_stack_level_only_when_stacks_mix(data):

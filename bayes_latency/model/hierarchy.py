@@ -42,6 +42,22 @@ Likelihood, two forms:
   configuration coefficients sampled explicitly (``theta = m * (1 + sigma_config * eps)``) and
   noise scales and Student-t dof per (configuration, kind) as free parameters: the slow reference.
 
+Sum-only groups (:func:`~bayes_latency.data.identifiability.sum_groups`: coefficients whose
+features are proportional on every row of every configuration, e.g. ``per_layer`` + ``per_step``,
+real data also ``weight_loading``; the departure pair ``alpha_post_decode`` + ``alpha_per_token``):
+every configuration identifies only ``sum_k w_k theta_k``. Sampled per term on the log scale, that
+constraint is a curved ridge in the population means and in every factor's effects (measured on
+the real data: each configuration's group sum mixed with bulk ESS 1,100-1,500, its split between
+the terms with 57-120; R-hat 1.027-1.037). So (1) the population means of a group are sampled in
+the coordinates ``(log S, split)`` of :class:`SumGroupTransform` (exact: same prior), and (2) the
+factor effects (model, GPU, TP, stack) of a group's terms are one effect shared by the group (that
+of its first coefficient, at that coefficient's scale): a factor moves the group's sum, and how a
+configuration's sum splits between the terms beyond the population split is left to the
+configuration residual (``sigma_config``, integrated out). The other members' ``z_<factor>`` and
+``sigma_<factor>`` entries are then unused (prior draws); their ``eff_<factor>`` equal the first
+coefficient's. Measured (2 x 1000 draws, target_accept 0.95): real all data R-hat 1.027 -> 1.0095,
+bulk ESS 63 -> 316.
+
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
 """
@@ -355,9 +371,15 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
 #: with the prior's variance. Measured on the real data (all of it, 11 default terms, with the
 #: common stack shift): stack scales sampled, 247 divergences in one chain, R-hat 1.13, ESS 11;
 #: fixed, 0 divergences, R-hat 1.037, ESS 95. Fixing the two-level GPU / model / TP scales too
-#: made the tiny fleet worse (seeds 0-5: R-hat up to 1.040, ESS 127-282), so only the stack.
+#: made the tiny fleet worse while the sum-only ridges dominated (seeds 0-5: R-hat up to 1.040,
+#: ESS 127-282); with those sampled in their own coordinates (:class:`SumGroupTransform`) the
+#: funnels of the two-level scales were what was left (tiny fleet, every factor at two levels,
+#: worst variables ``sigma_tp`` / ``sigma_model`` of ``prefill_compute`` and ``decode_kv``: seeds
+#: 1 / 3 / 6 / 7 at 1.0121/362, 1.0105/291, 1.0062/79, 1.0327/27 with 4 divergences), and fixing
+#: them gave 1.0054/526, 1.0029/411, 1.0053/481 (pass) and 1.0103/116 (``tp_allreduce``, a term
+#: of one configuration, left). So every factor's scales are fixed when it has two levels.
 MIN_LEVELS_FOR_SCALE = 3
-FIXED_SCALE_FACTORS = ("stack",)
+FIXED_SCALE_FACTORS = ("stack", "model", "gpu", "tp")
 
 
 def _n_levels(name: str) -> int:
@@ -461,7 +483,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
     sum_groups
         ``(coefficient names, weights)`` of groups the data see only as a weighted sum
         (:func:`bayes_latency.data.identifiability.sum_groups`): their population means are
-        sampled in the sum's coordinate (:class:`SumGroupTransform`).
+        sampled in the sum's coordinate (:class:`SumGroupTransform`) and their factor effects
+        are shared (the first coefficient's; see the module docstring).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")

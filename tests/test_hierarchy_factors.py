@@ -28,10 +28,9 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
             "eff_model", "eff_tp", "eff_gpu", "sigma_model", "sigma_tp", "theta_pop", "mu"]).prior
     em, et = pr["eff_model"].values[0], pr["eff_tp"].values[0]
     # members of a sum-only group read their group's first coefficient's effects (checked below)
-    own = np.asarray([all(c not in names[1:] for names, _ in m._sum_groups())
-                      for c in m.design.coefs])
+    own = np.asarray([all(c not in g[0][1:] for g in m._sum_groups()) for c in m.design.coefs])
     assert not own.all()  # per_layer + per_step, alpha_post_decode + alpha_per_token
-    for names, _ in m._sum_groups():
+    for names, *_ in m._sum_groups():
         idx = [list(m.design.coefs).index(c) for c in names]
         np.testing.assert_array_equal(em[:, :, idx[1:]], np.repeat(em[:, :, idx[:1]],
                                                                    len(idx) - 1, axis=2))
@@ -47,6 +46,13 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     log_m = (pr["mu"].values[0][:, None, :] + pa.gpu_offset[d.index("gpu")][None]
              + em[:, d.index("model")] + et[:, d.index("tp")]
              + pr["eff_gpu"].values[0][:, d.index("gpu")])
+    # plus the shift that keeps each configuration's group sum on the typical one (_sum_shift)
+    mu = pr["mu"].values[0]
+    for names, w, cw in m._sum_groups():
+        idx = [list(d.coefs).index(c) for c in names]
+        for ci, cid in enumerate(d.configs.index):
+            shift = (np.log(np.exp(mu[:, idx]) @ w) - np.log(np.exp(mu[:, idx]) @ cw[cid]))
+            log_m[:, ci, idx] += shift[:, None]
     np.testing.assert_allclose(np.log(pr["theta_pop"].values[0]), log_m, atol=1e-10)
 
 

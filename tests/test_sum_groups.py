@@ -36,6 +36,7 @@ def test_sum_groups_tolerance_on_the_ratio():
     groups = sum_groups(rows, ["p", "n", "q"])
     assert [g.coefs for g in groups] == [["p", "n"]]
     np.testing.assert_allclose(groups[0].weights, [1.0, np.sqrt(100 * 200)], rtol=1e-9)
+    np.testing.assert_allclose(groups[0].config_weights["b"], [1.0, 200.0])
     assert sum_groups(rows, ["p", "n", "q"], tol=0.001) == []
 
 

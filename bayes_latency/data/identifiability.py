@@ -238,6 +238,8 @@ class SumGroup:
 
     coefs: list[str]
     weights: np.ndarray
+    #: per configuration where the group is active, its own feature ratios (``[0] = 1``)
+    config_weights: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
@@ -266,6 +268,7 @@ def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
     linked = np.ones((K, K), dtype=bool)
     seen = np.zeros((K, K), dtype=bool)
     log_ratio: dict[tuple[int, int], list[float]] = {}
+    per_config: dict[tuple[int, int], dict[str, float]] = {}
     for c in np.unique(cfg):
         Xc = X[cfg == c]
         nz = Xc != 0
@@ -283,6 +286,7 @@ def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
                     linked[i, j] = False
                     continue
                 log_ratio.setdefault((i, j), []).append(float(np.log(np.median(r))))
+                per_config.setdefault((i, j), {})[str(c)] = float(np.median(r))
     pairs = [(coefs[i], coefs[j]) for i in range(K) for j in range(i + 1, K)
              if seen[i, j] and linked[i, j]]
     out = []
@@ -294,5 +298,7 @@ def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
         w = np.ones(len(idx))
         for n, b in enumerate(idx[1:], start=1):
             w[n] = float(np.exp(np.mean(log_ratio[(idx[0], b)])))  # geometric mean over configs
-        out.append(SumGroup([coefs[i] for i in idx], w))
+        cw = {c: np.asarray([1.0] + [per_config[(idx[0], b)][c] for b in idx[1:]])
+              for c in per_config.get((idx[0], idx[1]), {})}
+        out.append(SumGroup([coefs[i] for i in idx], w, cw))
     return out

@@ -214,16 +214,16 @@ class LatencyModel:
         return build_model(self.design, self.priors, variant=self.variant, rows=rows,
                            no_gate=self._no_gate(), sum_groups=self._sum_groups())
 
-    def _sum_groups(self) -> list[tuple[list[str], np.ndarray]]:
-        """Groups of coefficients the fitted rows give only as a weighted sum, with the weights
-        (:func:`~bayes_latency.data.identifiability.sum_groups`): sampled in the sum's
-        coordinate (:class:`~bayes_latency.model.hierarchy.SumGroupTransform`)."""
+    def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
+        """Groups of coefficients the fitted rows give only as a weighted sum, with the typical
+        and the per-configuration weights (:func:`~bayes_latency.data.identifiability.sum_groups`;
+        ``sum_groups`` of :func:`~bayes_latency.model.hierarchy.build_model`)."""
         from bayes_latency.data.identifiability import sum_groups
 
         rows = getattr(self, "_rows", None)
         if rows is None:
             return []
-        return [(g.coefs, g.weights) for g in sum_groups(rows, list(self.coefs))]
+        return [(g.coefs, g.weights, g.config_weights) for g in sum_groups(rows, list(self.coefs))]
 
     def _no_gate(self) -> tuple[str, ...]:
         """Terms without an ARD gate: those that no configuration identifies on their own

@@ -55,8 +55,13 @@ of its first coefficient, at that coefficient's scale): a factor moves the group
 configuration's sum splits between the terms beyond the population split is left to the
 configuration residual (``sigma_config``, integrated out). The other members' ``z_<factor>`` and
 ``sigma_<factor>`` entries are then unused (prior draws); their ``eff_<factor>`` equal the first
-coefficient's. Measured (2 x 1000 draws, target_accept 0.95): real all data R-hat 1.027 -> 1.0095,
-bulk ESS 63 -> 316.
+coefficient's. (3) Configurations weigh the terms differently (real data: ``per_step`` /
+``weight_loading`` feature ratio 3.0e-5 to 1.0e-4), so the population split still moved each
+configuration's sum differently, against the shared effects (a curved ridge: bulk ESS 86-110);
+:func:`_sum_shift` puts every configuration's sum on the typical one, so the split is the prior's
+and ``log theta_pop`` is ``mu + offset + effects`` plus that shift for a group's members.
+Measured (2 x 1000 draws, target_accept 0.95, real all data): (1)+(2) R-hat 1.027 -> 1.0095, bulk
+ESS 63 -> 316 (free two-level scales) or 1.013-1.017 / 88-110 (fixed); with (3) 1.0122 / 211.
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
@@ -423,6 +428,35 @@ def _common(name: str, scale_prior: float | None, design: Design) -> pt.TensorVa
     return sc * pm.ZeroSumNormal(f"z_{name}_common", dims=name)
 
 
+def _sum_shift(mu: pt.TensorVariable, design: Design, sum_groups: list) -> pt.TensorVariable:
+    """``(config, coef)`` shifts that make each configuration's group sum depend on the population
+    only through the group's typical sum.
+
+    For a group with typical weights ``w`` and a configuration's own weights ``w_c``, the group's
+    members in ``c`` are shifted by ``log sum_k w_k e^{mu_k} - log sum_k w_ck e^{mu_k}``: the
+    configuration's sum ``sum_k w_ck theta_pop[c, k]`` is then ``S e^{E_c}`` (``S`` the typical sum,
+    ``E_c`` the group's shared effects), whatever the population split between the terms, which is
+    thereby left to the prior (the data's weak cross-configuration information on it made a
+    curved ridge with the shared effects). Zero when ``w_c`` is proportional to ``w``.
+    """
+    cfgs = list(design.configs.index)
+    out = pt.zeros((len(cfgs), len(design.coefs)))
+    for g in sum_groups:
+        if len(g) < 3 or not g[2] or not all(c in design.coefs for c in g[0]):
+            continue
+        idx = np.asarray([design.coefs.index(c) for c in g[0]])
+        rows = [i for i, c in enumerate(cfgs) if c in g[2]]
+        if not rows:
+            continue
+        lw = np.log(np.asarray(g[1], dtype=float))
+        lwc = np.log(np.stack([np.asarray(g[2][cfgs[i]], dtype=float) for i in rows]))  # (R, n)
+        mu_g = mu[idx]
+        shift = pt.logsumexp(mu_g + lw) - pt.logsumexp(mu_g[None, :] + lwc, axis=1)  # (R,)
+        out = pt.set_subtensor(out[np.ix_(rows, idx)], pt.broadcast_to(shift[:, None],
+                                                                       (len(rows), len(idx))))
+    return out
+
+
 def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
     """``x`` (coefficients on the first axis) with each sum-only group's members reading their
     group's first coefficient (see :func:`build_model`, ``sum_groups``)."""
@@ -464,7 +498,8 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
                 no_gate: tuple[str, ...] = (),
-                sum_groups: list[tuple[list[str], np.ndarray]] | None = None) -> pm.Model:
+                sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None
+                ) -> pm.Model:
     """The PyMC model of one fit.
 
     Parameters
@@ -481,10 +516,11 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
     no_gate
         Coefficients whose ARD gate is off (see :func:`_population`).
     sum_groups
-        ``(coefficient names, weights)`` of groups the data see only as a weighted sum
-        (:func:`bayes_latency.data.identifiability.sum_groups`): their population means are
-        sampled in the sum's coordinate (:class:`SumGroupTransform`) and their factor effects
-        are shared (the first coefficient's; see the module docstring).
+        ``(coefficient names, typical weights, {config_id: weights})`` of groups the data see
+        only as a weighted sum (:func:`bayes_latency.data.identifiability.sum_groups`): their
+        population means are sampled in the sum's coordinate (:class:`SumGroupTransform`), their
+        factor effects are shared (the first coefficient's) and each configuration's sum follows
+        the typical one (:func:`_sum_shift`); see the module docstring.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -511,8 +547,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             return model
         # the gate selects basis terms; the alpha overheads are not a selection (and the
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
-        groups = [(np.asarray([design.coefs.index(c) for c in names]), np.asarray(w, dtype=float))
-                  for names, w in (sum_groups or []) if all(c in design.coefs for c in names)]
+        groups = [(np.asarray([design.coefs.index(c) for c in g[0]]), np.asarray(g[1], dtype=float))
+                  for g in (sum_groups or []) if all(c in design.coefs for c in g[0])]
         mu = _population(pa, variant, np.asarray([c not in no_gate and c in design.beta_terms
                                                   for c in design.coefs]), groups)
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
@@ -524,10 +560,19 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             for idx, _ in groups:
                 rep[idx] = idx[0]
             loc = loc + _crossed_effects(factors, design, pa, rep if groups else None)
-        sig_c = pm.Truncated("sigma_config",
-                             pm.LogNormal.dist(mu=np.log(pa.sigma_config["median"]),
-                                               sigma=pa.sigma_config["sigma"]),
-                             lower=0.0, upper=SIGMA_CONFIG_MAX, dims="coef")
+        loc = loc + _sum_shift(mu, design, sum_groups or [])
+        sig_prior = pm.LogNormal.dist(mu=np.log(pa.sigma_config["median"]),
+                                      sigma=pa.sigma_config["sigma"])
+        n_act = _n_active(design, summaries, rows)
+        if (n_act >= MIN_CONFIGS_FOR_RESIDUAL).all():
+            sig_c = pm.Truncated("sigma_config", sig_prior, lower=0.0, upper=SIGMA_CONFIG_MAX,
+                                 dims="coef")
+        else:  # coefficients of fewer configurations: residual scale fixed at the prior median
+            raw = pm.Truncated("sigma_config_free", sig_prior, lower=0.0, upper=SIGMA_CONFIG_MAX,
+                               dims="coef")
+            sig_c = pm.Deterministic(
+                "sigma_config", pt.where(n_act >= MIN_CONFIGS_FOR_RESIDUAL, raw,
+                                         pa.sigma_config["median"]), dims="coef")
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:
             pm.Potential("loglik_marginal",
@@ -551,6 +596,25 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
 #: that large has to come from the crossed effects (here the serving stack), which are on the log
 #: scale. The prior (median 0.08, 97.5% below 0.21) is truncated here, not reshaped.
 SIGMA_CONFIG_MAX = 0.25
+
+
+#: A coefficient with information in fewer configurations than this has its residual scale
+#: ``sigma_config`` fixed at the prior median (in the posterior as ``sigma_config``; the free
+#: variable ``sigma_config_free`` then holds prior draws for it): one configuration cannot teach
+#: how configurations scatter, and with the scale free, the configuration's coefficient pinned
+#: by its data made a funnel with the population mean (tiny fleet seed 7, ``tp_allreduce`` and
+#: ``moe_layer``, active only on Mixtral: bulk ESS 116 and 324, R-hat 1.0103 and 1.0094).
+MIN_CONFIGS_FOR_RESIDUAL = 2
+
+
+def _n_active(design: Design, summaries: list[ConfigSummary] | None,
+              rows: pd.DataFrame | None) -> np.ndarray:
+    """Per coefficient, the number of configurations with information on it."""
+    if summaries is not None:
+        return np.sum([np.diag(s.info) > 0 for s in summaries], axis=0).astype(int)
+    X = rows[feature_columns(design.coefs)].to_numpy(dtype=float) != 0
+    cfg = rows["config_id"].to_numpy()
+    return np.sum([X[cfg == c].any(axis=0) for c in np.unique(cfg)], axis=0).astype(int)
 
 
 def _theta_deterministics(theta: pt.TensorVariable, design: Design) -> None:

@@ -62,3 +62,20 @@ def test_factors_that_split_differently_stay_separate():
     model = LatencyModel().build(obs)
     assert model.named_vars_to_dims["z_tp"] == ("coef", "tp")
     assert model.named_vars_to_dims["z_model"] == ("coef", "model")
+
+
+def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
+    obs, _ = make_observations(CONFIGS, n_iter=60, n_win=60, n_alpha=40, seed=2)
+    m = LatencyModel()
+    model = m.build(obs)
+    assert "sigma_config_free" in {v.name for v in model.free_RVs}
+    with model:
+        pr = pm.sample_prior_predictive(draws=200, random_seed=1,
+                                        var_names=["sigma_config", "sigma_config_free"]).prior
+    sc = pr["sigma_config"]
+    median = prior_arrays(m.priors, m.design.coefs, m.design.gpus).sigma_config["median"]
+    # tp_allreduce has data only on the TP-2 Mixtral: fixed; decode_kv on all three: sampled
+    np.testing.assert_allclose(sc.sel(coef="tp_allreduce").values, median)
+    np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,
+                                  pr["sigma_config_free"].sel(coef="decode_kv").values)
+    assert sc.sel(coef="decode_kv").std() > 0.01

@@ -59,3 +59,14 @@ def test_sum_group_transform_is_exact_with_a_constant_jacobian():
     zw, *_ = f(np.array([0.0, 0.4, 1.5, 0.0]))
     S = [np.log(np.exp(m[1] + s[1] * x[1]) + 250.0 * np.exp(m[2] + s[2] * x[2])) for x in (zv, zw)]
     np.testing.assert_allclose(S[0], S[1], atol=1e-10)
+
+
+def test_unseen_levels_share_the_group_effect():
+    from bayes_latency.model.estimator import _shared_effects
+
+    rng = np.random.default_rng(1)
+    eff = rng.normal(size=(2, 5, 10))  # (level, coef, sample)
+    eff[:, 3] = eff[:, 1]  # coefficient 3 reads coefficient 1's effects (a sum-only group)
+    eff[:, 2] = 0.0
+    eff[:, 4] = 0.0  # zero effects (e.g. a term without data) are not a group
+    np.testing.assert_array_equal(_shared_effects(eff), [0, 1, 2, 1, 4])

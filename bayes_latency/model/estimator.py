@@ -545,8 +545,10 @@ class LatencyModel:
                         # population mean carries their average: a new level lies
                         # N(0, sigma^2 (1 + 1/n)) from it, not N(0, sigma^2)
                         inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
-                        sig = post[f"sigma_{level}"].values.T * inflate  # (S, K)
-                        logt = logt + sig * rng.standard_normal((S, K))
+                        # members of a sum-only group share their group's effect (hierarchy)
+                        rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
+                        sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
+                        logt = logt + sig * rng.standard_normal((S, K))[:, rep]
                         if f"sigma_{level}_common" in post:  # plus the shift common to all terms
                             sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
                             logt = logt + (sc_c * rng.standard_normal(S))[:, None]
@@ -809,6 +811,22 @@ class LatencyModel:
             m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
         m._noise_from_result()
         return m
+
+
+def _shared_effects(eff: np.ndarray) -> np.ndarray:
+    """For effects ``(level, coef, sample)``, each coefficient's first coefficient with the very
+    same non-zero effects (the members of a sum-only group read their group's; see
+    :func:`bayes_latency.model.hierarchy.build_model`), else itself."""
+    K = eff.shape[1]
+    rep = np.arange(K)
+    for k in range(1, K):
+        if not np.any(eff[:, k]):
+            continue
+        for j in range(k):
+            if rep[j] == j and np.array_equal(eff[:, j], eff[:, k]):
+                rep[k] = j
+                break
+    return rep
 
 
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:

@@ -213,7 +213,7 @@ class SumGroupTransform(Transform):
     places along it). Coefficients outside the groups keep the identity.
     """
 
-    name = "sum_groups"
+    name = "sumgroups"  # no underscore: PyMC recovers the variable name up to the last one
 
     def __init__(self, groups: list[tuple[np.ndarray, np.ndarray]], m: np.ndarray,
                  s: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -89,6 +90,18 @@ def worst_variables(m: LatencyModel, k: int = 4) -> str:
     return "; ".join(f"{n} {r:.3f}/{e:.0f}" for r, e, n in rows[:k])
 
 
+def _commit() -> str:
+    """Short hash of the code that ran (``+`` when the worktree has uncommitted changes)."""
+    try:
+        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "bayes_latency"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return h + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
              save: Path | None = None) -> dict:
     from bayes_latency.checks.adequacy import check_fit
@@ -97,6 +110,7 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
     t0 = time.perf_counter()
     m.fit(obs)
     dt = time.perf_counter() - t0
+    load = os.getloadavg()[0]  # 1-minute load average at the end of the fit (2 cores)
     if save is not None:
         m.save(save / (name.replace(" ", "_").replace("/", "_").replace("|", "_")[:80] + ".nc"))
     c = m.convergence()
@@ -104,6 +118,7 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
     row = {"case": name, "configs": len(m.design.configs), "rows": len(m._rows),
            "max_rhat": round(c["max_rhat"], 4), "min_ess_bulk": round(c["min_ess_bulk"], 0),
            "divergences": c["divergences"], "passed": c["passed"], "seconds": round(dt, 1),
+           "load": round(load, 1), "commit": _commit(),
            "worst": worst_variables(m), "adequate": adq.passed,
            "adequacy_failures": adq.failures[:3]}
     print(json.dumps(row), flush=True)
@@ -172,14 +187,17 @@ def main() -> None:
              "", f"Gates: max R-hat <= {GATES['max_rhat']}, min bulk ESS >= "
              f"{GATES['min_ess_bulk']:.0f}, divergences <= {GATES['max_divergences']}. "
              "`worst`: posterior variables with the worst R-hat / bulk ESS (all variables).", "",
-             "| case | configs | rows | max R-hat | min bulk ESS | divergences | passed | s | worst "
-             "| adequate |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "`s`: wall time of the fit; `load`: 1-minute load average when it ended (2 cores).", "",
+             "| case | configs | rows | max R-hat | min bulk ESS | divergences | passed | s | load "
+             "| worst | adequate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['configs']} | {r['rows']:,} | {r['max_rhat']:.4f} | "
                      f"{r['min_ess_bulk']:.0f} | {r['divergences']} | "
-                     f"{'yes' if r['passed'] else 'NO'} | {r['seconds']} | {r['worst']} | "
+                     f"{'yes' if r['passed'] else 'NO'} | {r['seconds']} | {r.get('load', '')} | "
+                     f"{r['worst']} | "
                      f"{'yes' if r['adequate'] else 'NO: ' + '; '.join(r['adequacy_failures'])} |")
-    lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass."]
+    lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: commit(s) "
+              f"{', '.join(sorted(set(r.get('commit', '?') for r in rows)))}."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

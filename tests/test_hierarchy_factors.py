@@ -18,15 +18,24 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     m = LatencyModel()
     model = m.build(obs)
     free = {v.name for v in model.free_RVs}
-    assert {"z_model", "z_tp", "z_gpu", "sigma_model", "sigma_tp", "sigma_gpu"} <= free
+    assert {"z_model", "z_tp", "z_gpu"} <= free
+    # two levels per factor: scales fixed at the prior's (hierarchy.MIN_LEVELS_FOR_SCALE)
+    assert {"sigma_model", "sigma_tp", "sigma_gpu"} <= {v.name for v in model.deterministics}
     # z_model is the joint direction, indexed by the model's levels; z_tp is prior only
     assert model.named_vars_to_dims["z_tp"] == ("coef", "model")
     with model:
         pr = pm.sample_prior_predictive(draws=3000, random_seed=1, var_names=[
             "eff_model", "eff_tp", "eff_gpu", "sigma_model", "sigma_tp", "theta_pop", "mu"]).prior
     em, et = pr["eff_model"].values[0], pr["eff_tp"].values[0]
-    zm = em[:, 0, :] / pr["sigma_model"].values[0]
-    zt = et[:, 0, :] / pr["sigma_tp"].values[0]
+    # members of a sum-only group read their group's first coefficient's effects (checked below)
+    own = np.asarray([all(c not in g[0][1:] for g in m._sum_groups()) for c in m.design.coefs])
+    assert not own.all()  # per_layer + per_step, alpha_post_decode + alpha_per_token
+    for names, *_ in m._sum_groups():
+        idx = [list(m.design.coefs).index(c) for c in names]
+        np.testing.assert_array_equal(em[:, :, idx[1:]], np.repeat(em[:, :, idx[:1]],
+                                                                   len(idx) - 1, axis=2))
+    zm = (em[:, 0, :] / pr["sigma_model"].values[0])[:, own]
+    zt = (et[:, 0, :] / pr["sigma_tp"].values[0])[:, own]
     # each effect keeps its own prior: zero-sum over 2 levels -> sd sqrt(1/2), independent
     np.testing.assert_allclose(zm.std(axis=0), np.sqrt(0.5), rtol=0.08)
     np.testing.assert_allclose(zt.std(axis=0), np.sqrt(0.5), rtol=0.08)
@@ -37,6 +46,13 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     log_m = (pr["mu"].values[0][:, None, :] + pa.gpu_offset[d.index("gpu")][None]
              + em[:, d.index("model")] + et[:, d.index("tp")]
              + pr["eff_gpu"].values[0][:, d.index("gpu")])
+    # plus the shift that keeps each configuration's group sum on the typical one (_sum_shift)
+    mu = pr["mu"].values[0]
+    for names, w, cw in m._sum_groups():
+        idx = [list(d.coefs).index(c) for c in names]
+        for ci, cid in enumerate(d.configs.index):
+            shift = (np.log(np.exp(mu[:, idx]) @ w) - np.log(np.exp(mu[:, idx]) @ cw[cid]))
+            log_m[:, ci, idx] += shift[:, None]
     np.testing.assert_allclose(np.log(pr["theta_pop"].values[0]), log_m, atol=1e-10)
 
 
@@ -46,3 +62,20 @@ def test_factors_that_split_differently_stay_separate():
     model = LatencyModel().build(obs)
     assert model.named_vars_to_dims["z_tp"] == ("coef", "tp")
     assert model.named_vars_to_dims["z_model"] == ("coef", "model")
+
+
+def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
+    obs, _ = make_observations(CONFIGS, n_iter=60, n_win=60, n_alpha=40, seed=2)
+    m = LatencyModel()
+    model = m.build(obs)
+    assert "sigma_config_free" in {v.name for v in model.free_RVs}
+    with model:
+        pr = pm.sample_prior_predictive(draws=200, random_seed=1,
+                                        var_names=["sigma_config", "sigma_config_free"]).prior
+    sc = pr["sigma_config"]
+    median = prior_arrays(m.priors, m.design.coefs, m.design.gpus).sigma_config["median"]
+    # tp_allreduce has data only on the TP-2 Mixtral: fixed; decode_kv on all three: sampled
+    np.testing.assert_allclose(sc.sel(coef="tp_allreduce").values, median)
+    np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,
+                                  pr["sigma_config_free"].sel(coef="decode_kv").values)
+    assert sc.sel(coef="decode_kv").std() > 0.01

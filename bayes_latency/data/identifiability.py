@@ -212,3 +212,93 @@ def identifiability(rows: pd.DataFrame, coefs: Sequence[str], scale: np.ndarray)
         out.append(config_identifiability(g[cols].to_numpy(float), g["value_us"].to_numpy(float),
                                           coefs, scale, str(cid)))
     return IdentifiabilityReport(out)
+
+
+#: Two coefficients form a sum-only pair when, in every configuration where either is active,
+#: both are active on the same rows and the ratio of their features varies by less than this
+#: (coefficient of variation). Exactly 0 for the terms that are constant per step of a
+#: configuration (``weight_loading``, ``per_layer``, ``per_step`` of dense models); 0.5-1% for the
+#: departure pair ``alpha_post_decode`` + ``alpha_per_token`` (``1`` and the output length, nearly
+#: constant per configuration on the tiny fleet: 247-248 tokens).
+RATIO_CV_TOL = 0.05
+
+
+@dataclass
+class SumGroup:
+    """Coefficients that every configuration sees (almost) only through one weighted sum.
+
+    Attributes
+    ----------
+    coefs
+        The coefficients (in the order of the fit's coefficients).
+    weights
+        ``(n,)`` typical feature ratios, ``weights[0] = 1``: the rows see (nearly)
+        ``sum_k weights[k] * theta[k]`` times a per-row factor.
+    """
+
+    coefs: list[str]
+    weights: np.ndarray
+    #: per configuration where the group is active, its own feature ratios (``[0] = 1``)
+    config_weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
+               tol: float = RATIO_CV_TOL) -> list[SumGroup]:
+    """Groups of coefficients whose features are proportional on every row of every configuration.
+
+    Such coefficients are identified per configuration only as a sum ``sum_k w_k theta_k``; the
+    model samples that sum's population level in its own coordinate
+    (:func:`bayes_latency.model.hierarchy._population`). Unlike
+    :attr:`IdentifiabilityReport.confounded_everywhere` (flat directions at a fixed tolerance,
+    which a weak but non-zero variation such as the output length of the departure rows escapes),
+    this tests the features' ratio directly.
+
+    Parameters
+    ----------
+    rows
+        Fitted rows with ``config_id`` and ``x_<coef>`` columns.
+    coefs
+        Coefficient names.
+    tol
+        Largest coefficient of variation of a feature ratio within a configuration.
+    """
+    X = rows[[f"x_{c}" for c in coefs]].to_numpy(dtype=float)
+    cfg = rows["config_id"].to_numpy()
+    K = len(coefs)
+    linked = np.ones((K, K), dtype=bool)
+    seen = np.zeros((K, K), dtype=bool)
+    log_ratio: dict[tuple[int, int], list[float]] = {}
+    per_config: dict[tuple[int, int], dict[str, float]] = {}
+    for c in np.unique(cfg):
+        Xc = X[cfg == c]
+        nz = Xc != 0
+        act = nz.any(axis=0)
+        for i in range(K):
+            for j in range(i + 1, K):
+                if not (act[i] or act[j]):
+                    continue
+                seen[i, j] = True
+                if not (act[i] and act[j]) or not np.array_equal(nz[:, i], nz[:, j]):
+                    linked[i, j] = False
+                    continue
+                r = Xc[nz[:, i], j] / Xc[nz[:, i], i]
+                if not (np.all(r > 0) and np.std(r) <= tol * np.mean(r)):
+                    linked[i, j] = False
+                    continue
+                log_ratio.setdefault((i, j), []).append(float(np.log(np.median(r))))
+                per_config.setdefault((i, j), {})[str(c)] = float(np.median(r))
+    pairs = [(coefs[i], coefs[j]) for i in range(K) for j in range(i + 1, K)
+             if seen[i, j] and linked[i, j]]
+    out = []
+    for g in _components(pairs):
+        idx = sorted(coefs.index(t) for t in g)
+        # a component is a group only when every pair in it is linked (a clique)
+        if not all(linked[a, b] and seen[a, b] for n, a in enumerate(idx) for b in idx[n + 1:]):
+            continue
+        w = np.ones(len(idx))
+        for n, b in enumerate(idx[1:], start=1):
+            w[n] = float(np.exp(np.mean(log_ratio[(idx[0], b)])))  # geometric mean over configs
+        cw = {c: np.asarray([1.0] + [per_config[(idx[0], b)][c] for b in idx[1:]])
+              for c in per_config.get((idx[0], idx[1]), {})}
+        out.append(SumGroup([coefs[i] for i in idx], w, cw))
+    return out

@@ -209,9 +209,21 @@ class LatencyModel:
                 self.report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
             self._noise = {s.config_id: s.noise for s in self.summaries}
             return build_model(self.design, self.priors, variant=self.variant,
-                               summaries=self.summaries, no_gate=self._no_gate())
+                               summaries=self.summaries, no_gate=self._no_gate(),
+                               sum_groups=self._sum_groups())
         return build_model(self.design, self.priors, variant=self.variant, rows=rows,
-                           no_gate=self._no_gate())
+                           no_gate=self._no_gate(), sum_groups=self._sum_groups())
+
+    def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
+        """Groups of coefficients the fitted rows give only as a weighted sum, with the typical
+        and the per-configuration weights (:func:`~bayes_latency.data.identifiability.sum_groups`;
+        ``sum_groups`` of :func:`~bayes_latency.model.hierarchy.build_model`)."""
+        from bayes_latency.data.identifiability import sum_groups
+
+        rows = getattr(self, "_rows", None)
+        if rows is None:
+            return []
+        return [(g.coefs, g.weights, g.config_weights) for g in sum_groups(rows, list(self.coefs))]
 
     def _no_gate(self) -> tuple[str, ...]:
         """Terms without an ARD gate: those that no configuration identifies on their own
@@ -533,8 +545,10 @@ class LatencyModel:
                         # population mean carries their average: a new level lies
                         # N(0, sigma^2 (1 + 1/n)) from it, not N(0, sigma^2)
                         inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
-                        sig = post[f"sigma_{level}"].values.T * inflate  # (S, K)
-                        logt = logt + sig * rng.standard_normal((S, K))
+                        # members of a sum-only group share their group's effect (hierarchy)
+                        rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
+                        sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
+                        logt = logt + sig * rng.standard_normal((S, K))[:, rep]
                         if f"sigma_{level}_common" in post:  # plus the shift common to all terms
                             sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
                             logt = logt + (sc_c * rng.standard_normal(S))[:, None]
@@ -808,6 +822,22 @@ class LatencyModel:
             m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
         m._noise_from_result()
         return m
+
+
+def _shared_effects(eff: np.ndarray) -> np.ndarray:
+    """For effects ``(level, coef, sample)``, each coefficient's first coefficient with the very
+    same non-zero effects (the members of a sum-only group read their group's; see
+    :func:`bayes_latency.model.hierarchy.build_model`), else itself."""
+    K = eff.shape[1]
+    rep = np.arange(K)
+    for k in range(1, K):
+        if not np.any(eff[:, k]):
+            continue
+        for j in range(k):
+            if rep[j] == j and np.array_equal(eff[:, j], eff[:, k]):
+                rep[k] = j
+                break
+    return rep
 
 
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:

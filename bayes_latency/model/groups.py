@@ -87,6 +87,9 @@ VARIABLE_ATTRS: dict[str, dict[str, str]] = {
     "z_pop": {"long_name": "standardised population log-coefficient", "units": "1"},
     "sigma_config": {"long_name": "relative sd of a configuration's coefficients around the "
                      "population prediction", "units": "1 (fraction)"},
+    "sigma_config_free": {"long_name": "sampled residual scale (used where the coefficient has "
+                          "data in 2+ configurations; else sigma_config is the prior median)",
+                          "units": "1 (fraction)"},
     "sigma_model": {"long_name": "sd of the model effect on log-coefficients", "units": "log"},
     "sigma_gpu": {"long_name": "sd of the GPU effect on log-coefficients", "units": "log"},
     "sigma_tp": {"long_name": "sd of the TP-degree effect on log-coefficients", "units": "log"},

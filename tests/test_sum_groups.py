@@ -1,0 +1,72 @@
+"""Coefficients the data give only as a sum: found from the rows, sampled in the sum's coordinate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytensor
+import pytensor.tensor as pt
+from obs_factory import make_observations
+from pytensor.gradient import jacobian
+
+from bayes_latency.data.identifiability import sum_groups
+from bayes_latency.model.hierarchy import SumGroupTransform
+
+
+def test_sum_groups_are_the_proportional_features():
+    obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1)],
+                               n_iter=40, n_win=40, n_alpha=40, seed=3)
+    coefs = [c[2:] for c in obs.columns if c.startswith("x_")]
+    rows = obs[obs["role"].isin(["beta", "alpha"])]
+    groups = {tuple(g.coefs): g.weights for g in sum_groups(rows, coefs)}
+    # per_layer and per_step are constant per step of a dense model: weight 1 / 32 layers
+    key = next(k for k in groups if "per_step" in k)
+    assert "per_layer" in key
+    np.testing.assert_allclose(groups[key][list(key).index("per_step")]
+                               / groups[key][list(key).index("per_layer")], 1 / 32, rtol=1e-9)
+    # a feature that varies on its own (decode tokens) is in no group
+    assert all("decode_compute" not in k for k in groups)
+
+
+def test_sum_groups_tolerance_on_the_ratio():
+    rows = pd.DataFrame({"config_id": ["a"] * 4 + ["b"] * 4,
+                         "x_p": [1.0] * 8,
+                         "x_n": [100, 101, 99, 100, 200, 202, 198, 200.0],  # ratio cv ~1%
+                         "x_q": [1, 5, 9, 2, 1, 1, 1, 1.0]})  # varies in config a
+    groups = sum_groups(rows, ["p", "n", "q"])
+    assert [g.coefs for g in groups] == [["p", "n"]]
+    np.testing.assert_allclose(groups[0].weights, [1.0, np.sqrt(100 * 200)], rtol=1e-9)
+    np.testing.assert_allclose(groups[0].config_weights["b"], [1.0, 200.0])
+    assert sum_groups(rows, ["p", "n", "q"], tol=0.001) == []
+
+
+def test_sum_group_transform_is_exact_with_a_constant_jacobian():
+    m = np.array([0.3, np.log(1600.0), np.log(32.0), -1.0])
+    s = np.array([0.5, 0.7, 0.7, 0.9])
+    tr = SumGroupTransform([(np.array([1, 2]), np.array([1.0, 250.0])),
+                            (np.array([0, 3]), np.array([1.0, 0.1]))], m, s)
+    u = pt.dvector("u")
+    z = tr.backward(u)
+    f = pytensor.function([u], [z, tr.forward(z), jacobian(z, u), tr.log_jac_det(u).sum()])
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        uv = rng.normal(size=4)
+        zv, back, J, ljd = f(uv)
+        np.testing.assert_allclose(back, uv, atol=1e-10)  # forward inverts backward
+        np.testing.assert_allclose(np.log(abs(np.linalg.det(J))), ljd, atol=1e-10)
+    # the sum's coordinate: S = sum_k w_k exp(mu_k) moves with u[1] alone
+    zv, *_ = f(np.array([0.0, 0.4, -2.0, 0.0]))
+    zw, *_ = f(np.array([0.0, 0.4, 1.5, 0.0]))
+    S = [np.log(np.exp(m[1] + s[1] * x[1]) + 250.0 * np.exp(m[2] + s[2] * x[2])) for x in (zv, zw)]
+    np.testing.assert_allclose(S[0], S[1], atol=1e-10)
+
+
+def test_unseen_levels_share_the_group_effect():
+    from bayes_latency.model.estimator import _shared_effects
+
+    rng = np.random.default_rng(1)
+    eff = rng.normal(size=(2, 5, 10))  # (level, coef, sample)
+    eff[:, 3] = eff[:, 1]  # coefficient 3 reads coefficient 1's effects (a sum-only group)
+    eff[:, 2] = 0.0
+    eff[:, 4] = 0.0  # zero effects (e.g. a term without data) are not a group
+    np.testing.assert_array_equal(_shared_effects(eff), [0, 1, 2, 1, 4])

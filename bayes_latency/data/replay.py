@@ -49,12 +49,15 @@ from bayes_latency.physics.basis import DEFAULT_TERMS, basis_matrix, term_names
 from bayes_latency.physics.hardware import GPU
 from bayes_latency.physics.serving import ServingConfig
 
-__all__ = ["MAX_ELASTICITY", "WORKLOAD_KINDS", "ClientStage", "Replay", "elasticities",
+__all__ = ["MAX_ELASTICITY", "TTFT_ALPHA", "WORKLOAD_KINDS", "ClientStage", "Replay", "elasticities",
            "observed_means", "predicted_means", "replay_stage", "stage_requests",
            "workload_rows"]
 
 #: Observation kinds of client-side means (see the module docstring).
 WORKLOAD_KINDS: tuple[str, ...] = ("workload_ttft", "workload_e2e", "workload_decode")
+#: The alpha terms in a request's TTFT, with their weights (BLIS's ``sim/simulator.go``: the
+#: arrival overhead and the first output token's).
+TTFT_ALPHA: dict[str, float] = {"alpha_arrival": 1.0, "alpha_per_token": 1.0}
 #: A replay's engine wakes this long after an arrival that ends an idle period (ns): the engine
 #: needs a positive delay; BLIS starts a step at the queueing time itself.
 _WAKE_NS = 1
@@ -314,7 +317,7 @@ def replay_stage(stage: ClientStage, arch: Architecture, gpu: GPU, beta: Sequenc
     eng_ttft = float(((ends[ft - 1] - q) / 1000.0).mean())
     eng_e2e = float(((ends[fin - 1] - q) / 1000.0).mean())
     alpha = {
-        "workload_ttft": {"alpha_arrival": 1.0, "alpha_per_token": 1.0},
+        "workload_ttft": dict(TTFT_ALPHA),
         "workload_e2e": {"alpha_arrival": 1.0, "alpha_post_decode": 1.0,
                          "alpha_per_token": mean_out},
         "workload_decode": {"alpha_post_decode": 1.0 / max(L - 1.0, 1e-9),

@@ -281,11 +281,21 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     with pytest.raises(BlisSetupError, match="draws"):
         be.run_study(setup, runs, exports=tmp_path / "exp", n_draws=5)
     # In-memory coefficients (e.g. a fit in a loop) instead of export files.
-    mem = be.run_study(setup, runs[:1], n_draws=2,
-                       sources={("llama-2-7b", 1): (PUBLISHED, [PUBLISHED] * 3)})
+    # Identical draws: with one workload seed for every set the band is a point; with a seed
+    # per draw (the default) it holds the arrivals' scatter.
+    src = {("llama-2-7b", 1): (PUBLISHED, [PUBLISHED] * 3)}
+    mem = be.run_study(setup, runs[:1], n_draws=2, sources=src, draw_seeds=False)
     row = mem.table.iloc[1]
     assert row["n_draws"] == 2 and row["band_e2e_mean_width"] == 0.0
     assert row["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
+    own = be.run_study(setup, runs[:1], n_draws=2, sources=src).table.iloc[1]
+    assert own["band_e2e_mean_width"] > 0.0
+    assert own["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
+
+
+def test_draw_seed() -> None:
+    assert be.draw_seed(42, -1) == 42 and be.draw_seed(42, 0) == 43 and be.draw_seed(42, 7) == 50
+    assert be.draw_seed(42, 3, draw_seeds=False) == 42
 
 
 @pytest.mark.slow

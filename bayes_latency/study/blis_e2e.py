@@ -272,6 +272,15 @@ class StudyResult:
     n_draws: int = 0
     exports: str | None = None
     parallel: int = 2
+    seed: int = 42
+    draw_seeds: bool = True
+
+
+def draw_seed(seed: int, draw: int, draw_seeds: bool = True) -> int:
+    """Workload seed of one coefficient set: ``seed`` for a point set (``draw = -1``), and for
+    posterior draw ``i`` ``seed + 1 + i`` when ``draw_seeds`` (an arrival realization of its own
+    per draw), else ``seed``."""
+    return int(seed) + 1 + int(draw) if (draw_seeds and draw >= 0) else int(seed)
 
 
 def _run_job(job: _Job, setup: BlisSetup, work: Path, model_dirs: Mapping[str, Path],
@@ -325,7 +334,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
               n_draws: int = DEFAULT_DRAWS, parallel: int = 2, seed: int = 42,
               progress: Callable[[str], None] | None = None,
               sources: Mapping[tuple[str, int], tuple[Coefficients, Sequence[Coefficients]]]
-              | None = None) -> StudyResult:
+              | None = None, draw_seeds: bool = True) -> StudyResult:
     """Simulate ``runs`` in BLIS with the published coefficients and (optionally) the exports.
 
     Parameters
@@ -341,7 +350,16 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
     parallel
         BLIS subprocesses at a time (threads waiting on them; each BLIS gets GOMAXPROCS=1).
     seed
-        Workload seed, the same for every coefficient set (common random numbers).
+        Workload seed of the point sets (``blis-published``, ``export-mean``: common random
+        numbers, so their errors compare coefficients, not arrivals).
+    draw_seeds
+        Give every posterior draw its own workload seed (:func:`draw_seed`), so the band is
+        the predictive band of a new run's mean: coefficient uncertainty, run-to-run scatter
+        **and** the arrival realization. Near a stage's capacity the last dominates: measured on
+        the in-sample exports of issue 14, Llama-2-70B TP4 general's simulated mean TTFT moved
+        between -25% and +26% of the real one over 10 workload seeds at the same coefficients
+        (sd 18.5%), against sd 0.1-0.7% for its codegen run and Mixtral general. False: the
+        same seed for every set (the band of the coefficients alone, as before).
     progress
         Called with a short status line about every 10% of the invocations.
     sources
@@ -386,7 +404,8 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                 model_dirs[r.model] = d
         done = 0
         with cf.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            futs = {pool.submit(_run_job, j, setup, work, model_dirs, kv, seed): j for j in order}
+            futs = {pool.submit(_run_job, j, setup, work, model_dirs, kv,
+                                draw_seed(seed, j.draw, draw_seeds)): j for j in order}
             try:
                 for fut in cf.as_completed(futs):
                     futs[fut].result = fut.result()
@@ -405,7 +424,8 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                        invocation_cpu_s=[j.result.cpu_seconds for j in jobs
                                          if j.result is not None],
                        n_draws=n_draws if sources else 0,
-                       exports=str(exports) if exports is not None else None, parallel=parallel)
+                       exports=str(exports) if exports is not None else None, parallel=parallel,
+                       seed=int(seed), draw_seeds=bool(draw_seeds))
 
 
 def _row(run: RealRun, source: str, sim: SimStats, kv: int) -> dict[str, Any]:
@@ -449,9 +469,14 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
                          if rid == r.run_id and s == "export-draw"]
                 row["n_draws"] = len(draws)
                 for m in ("e2e_mean", "ttft_mean"):
-                    b = band([getattr(d, m) for d in draws], r.real[f"{m}_s"])
+                    vals = [getattr(d, m) for d in draws]
+                    b = band(vals, r.real[f"{m}_s"])
                     row[f"band_{m}_lo_s"], row[f"band_{m}_hi_s"] = b["lo"], b["hi"]
                     row[f"{m}_in_band"], row[f"band_{m}_width"] = b["inside"], b["width"]
+                    # the draws' median: a point over arrival realizations too (draw seeds)
+                    med = float(np.nanmedian(vals)) if len(vals) else math.nan
+                    row[f"band_{m}_median_s"] = med
+                    row[f"err_{m}_draw_median"] = rel_err(med, r.real[f"{m}_s"])
                 row["blis_seconds"] += sum(d.seconds for d in draws)
                 row["blis_cpu_seconds"] += sum(d.cpu_seconds for d in draws)
             rows.append(row)
@@ -523,7 +548,10 @@ def render_markdown(res: StudyResult) -> str:
         "`successes.output_len` distribution (an empirical PDF through its 13 quantiles, tilted "
         "to its mean). Per-request results of the stages are pooled like the client's summary; "
         "real numbers are successes only, simulated ones completed requests only. Workload seed "
-        f"42 for every coefficient set. KV blocks per GPU (`--total-kv-blocks`): {kv}.",
+        f"{res.seed} for the point sets" + (", and seed + 1 + i for posterior draw i (each draw "
+        "its own arrival realization, so a band also holds the arrivals' scatter)"
+        if res.draw_seeds and res.n_draws else "") + f". KV blocks per GPU "
+        f"(`--total-kv-blocks`): {kv}.",
         "",
         f"Timing: {res.invocations} BLIS invocations, {res.parallel} at a time, "
         f"{res.wall_s:.0f} s wall in total (per invocation median {np.nanmedian(secs):.1f} s, "

@@ -194,7 +194,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
     share = ttft_alpha_share(m, args.model, args.gpu, int(args.tp),
                              pred.loc[pred["kind"] == "workload_ttft", "mean_us"].to_numpy())
-    run = _run_level_draws(m, args, share, n_draws=200)
+    # one set of run-level draws for the printed bands and the export
+    run = _run_level_draws(m, args, share)
     pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
     show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
                  "run_q05_us", "run_q95_us", "error"]]
@@ -226,7 +227,6 @@ def calibrate_command(args: argparse.Namespace) -> int:
                 "calibration_final_change": float(cal.final_change)}
         text = blis_yaml(coefs, config, prov)
         if args.export_draws:
-            run = _run_level_draws(m, args, share)
             sig = run.attrs.get("run_level_sigma", {})
             text += yaml.safe_dump(
                 {"draws_kind": "run-level: posterior draws x the run-to-run scatter of the client "
@@ -277,8 +277,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_level_draws(m: object, args: argparse.Namespace, share: float,
-                     n_draws: int | None = None) -> object:
+def _run_level_draws(m: object, args: argparse.Namespace, share: float) -> object:
     """Run-level coefficient draws (:func:`~bayes_latency.calibrate.run_level_coefficients`),
     with ``run_level_sigma_source`` as one readable line (the scatter of each client kind is
     pooled over the fit's configurations and the prior, see
@@ -287,8 +286,8 @@ def _run_level_draws(m: object, args: argparse.Namespace, share: float,
     TTFT (:func:`~bayes_latency.calibrate.ttft_alpha_share`)."""
     from bayes_latency.calibrate import run_level_coefficients
 
-    run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), n_draws=n_draws,
-                                 seed=args.seed, ttft_alpha_share=share)
+    run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), seed=args.seed,
+                                 ttft_alpha_share=share)
     src = run.attrs.get("run_level_sigma_source", {})
     run.attrs["run_level_sigma_source"] = ", ".join(f"{k}: {v}" for k, v in src.items())
     return run

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.replay import ClientStage, _stratified
+from bayes_latency.data.replay import ClientStage, stratified_lengths
 from bayes_latency.errors import ConfigError, TraceFormatError
 
 __all__ = ["QUANTILE_LEVELS", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
@@ -265,7 +265,7 @@ def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
                 raise ConfigError(f"{where}: burstiness must be > 0 (got {burst})")
             gaps = rng.gamma(burst, 1.0 / (rate * burst), size=count)
             arr = np.cumsum(gaps) - gaps[0]
-        outs = _stratified(pdf, count, rng)
+        outs = stratified_lengths(pdf, count, rng)
         return ClientStage(run_id=run_id, stage=stage_idx, observed=observed,
                            arrival_s=tuple(float(a) for a in arr),
                            prompt_tokens=(prompt,) * count,

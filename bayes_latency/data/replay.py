@@ -50,7 +50,7 @@ from bayes_latency.physics.hardware import GPU
 from bayes_latency.physics.serving import ServingConfig
 
 __all__ = ["MAX_ELASTICITY", "TTFT_ALPHA", "WORKLOAD_KINDS", "ClientStage", "Replay", "elasticities",
-           "observed_means", "predicted_means", "replay_stage", "stage_requests",
+           "observed_means", "predicted_means", "replay_stage", "stage_requests", "stratified_lengths",
            "workload_rows"]
 
 #: Observation kinds of client-side means (see the module docstring).
@@ -155,7 +155,7 @@ class ClientStage:
             raise ConfigError(f"{where}: system_prompt_len must be below prompt_len")
 
 
-def _stratified(pdf: Mapping[int, float], n: int, rng: np.random.Generator) -> np.ndarray:
+def stratified_lengths(pdf: Mapping[int, float], n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` lengths whose empirical distribution is ``pdf`` (midpoint quantiles, shuffled)."""
     keys = np.array(sorted(pdf), dtype=np.int64)
     p = np.array([pdf[int(k)] for k in keys], dtype=float)
@@ -184,7 +184,7 @@ def stage_requests(stage: ClientStage, seed: int = 0) -> pd.DataFrame:
         arr = np.cumsum(rng.exponential(1.0 / stage.rate, size=n))
         arr -= arr[0]
         prompt = np.full(n, int(stage.prompt_len), dtype=np.int64)
-        out = _stratified(stage.output_pdf, n, rng)
+        out = stratified_lengths(stage.output_pdf, n, rng)
     if stage.num_groups > 0:
         n_users = int(stage.num_groups) * max(int(stage.users_per_group), 1)
         user = rng.integers(0, n_users, size=n)

@@ -1311,16 +1311,17 @@ def _iter_docs(path: Path, acc: _Acc, chunk_bytes: int | None) -> Iterator[tuple
     from bayes_latency.data.otlp_arrow import read_chunk
 
     rep = acc.report
-    for first, buf, lines in iter_line_chunks(path, chunk_bytes):
+    for first, buf, starts in iter_line_chunks(path, chunk_bytes, split=False):
         n_blank, objects = 0, True
-        for raw in lines:
-            if raw[:1] != b"{":
-                stripped = raw.strip()
+        for k, a in enumerate(starts):
+            if buf[a:a + 1] != b"{":
+                end = starts[k + 1] - 1 if k + 1 < len(starts) else len(buf)
+                stripped = buf[a:end].strip()
                 if not stripped:
                     n_blank += 1
                 elif stripped[:1] != b"{":
                     objects = False  # e.g. a 'null' line (which pyarrow.json cannot take)
-        n = len(lines) - n_blank
+        n = len(starts) - n_blank
         cols = read_chunk(buf, n) if n and objects else None
         if cols is not None and acc.seen_spans.isdisjoint(cols.span_keys):
             rep.read["lines"] += n
@@ -1329,6 +1330,9 @@ def _iter_docs(path: Path, acc: _Acc, chunk_bytes: int | None) -> Iterator[tuple
             acc.add_chunk(cols)
             yield n, None
             continue
+        lines = buf.split(b"\n")
+        if buf.endswith(b"\n"):
+            lines.pop()
         for lineno, raw in enumerate(lines, start=first):
             doc = decode_line(raw, lineno, path, rep, _decode_typed)
             if doc is not SKIP:

@@ -747,17 +747,20 @@ def reconstruct_batches(journey_events: pd.DataFrame, requests: pd.DataFrame | N
     if requests is not None and len(requests) and ev["prefill_total"].isna().any():
         pt = requests.drop_duplicates("request_id").set_index("request_id")["prompt_tokens"]
         ev = ev.assign(prefill_total=ev["prefill_total"].fillna(ev["request_id"].map(pt)))
-    exp_ids = list(dict.fromkeys(ev["experiment_id"].astype(str).tolist()))
+    ev_eid = ev["experiment_id"].astype(str)
+    exp_ids = pd.unique(ev_eid).tolist()  # in order of appearance
     if not exp_ids and steps is not None and len(steps):
         exp_ids = list(dict.fromkeys(steps.get("experiment_id", pd.Series([""])).astype(str)))
     out_b, out_m = [], []
     report: ReconstructionReport | None = None
     for eid in exp_ids or [""]:
-        e = ev[ev["experiment_id"].astype(str) == eid]
+        # (a selection of every row is the frame itself: _one_experiment does not modify it)
+        mine_ev = (ev_eid == eid).to_numpy(dtype=bool)
+        e = ev if mine_ev.all() else ev[mine_ev]
         st = steps
         if st is not None and "experiment_id" in st.columns and len(st):
             mine = st["experiment_id"].astype(str) == eid
-            if mine.any() or len(exp_ids) > 1:
+            if (mine.any() or len(exp_ids) > 1) and not mine.all():
                 st = st[mine]
         b, m, r = _one_experiment(e, st, serving, eid, with_members)
         out_b.append(b)

@@ -1058,23 +1058,37 @@ class _Acc:
         rids = sorted(self.cores)
         n = len(rids)
         # ---- join engine spans to API spans ----
-        api_by_span: dict[str, int] = {}
-        api_by_id: dict[str, int] = {}
-        for i, (sid, aid) in enumerate(zip(api["span_id"].tolist(),
-                                           api["api_request_id"].tolist(), strict=True)):
-            api_by_span.setdefault(sid, i)
-            if isinstance(aid, str):
-                api_by_id.setdefault(aid, i)
+        # by the parent span id (first API span of each span id, with pandas' hash table), then
+        # for the requests without one by the request id (Python, usually none)
         api_idx = np.full(n, -1, dtype=np.int64)
-        for k, rid in enumerate(rids):
-            _trace, _span, parent = self.cores[rid]
-            i = api_by_span.get(parent, -1) if parent else -1
-            if i < 0:
-                base = _RE_HEX8.sub("", rid)
-                i = api_by_id.get(base, -1)
-                if i < 0 and base.startswith("cmpl-"):
-                    i = api_by_id.get(_RE_INDEX.sub("", base), -1)
-            api_idx[k] = i
+        parents = [self.cores[r][2] for r in rids]
+        if len(api) and n:
+            span_ix = pd.Index(api["span_id"].to_numpy(dtype=object))
+            first = ~span_ix.duplicated(keep="first")
+            at = np.flatnonzero(first)
+            has_parent = np.fromiter((bool(x) and isinstance(x, str) for x in parents),
+                                     dtype=bool, count=n)
+            if has_parent.any():
+                found = span_ix[first].get_indexer(
+                    np.asarray(parents, dtype=object)[has_parent])
+                api_idx[has_parent] = np.where(found >= 0, at[np.maximum(found, 0)], -1)
+        if (api_idx < 0).any():
+            api_by_span: dict[str, int] = {}
+            api_by_id: dict[str, int] = {}
+            for i, (sid, aid) in enumerate(zip(api["span_id"].tolist(),
+                                               api["api_request_id"].tolist(), strict=True)):
+                api_by_span.setdefault(sid, i)
+                if isinstance(aid, str):
+                    api_by_id.setdefault(aid, i)
+            for k in np.flatnonzero(api_idx < 0).tolist():
+                rid, parent = rids[k], parents[k]
+                i = api_by_span.get(parent, -1) if parent else -1
+                if i < 0:
+                    base = _RE_HEX8.sub("", rid)
+                    i = api_by_id.get(base, -1)
+                    if i < 0 and base.startswith("cmpl-"):
+                        i = api_by_id.get(_RE_INDEX.sub("", base), -1)
+                api_idx[k] = i
         joined = api_idx >= 0
         if len(api):
             engine_of_api = np.full(len(api), None, dtype=object)
@@ -1187,7 +1201,8 @@ class _Acc:
         complete = has["QUEUED"] & has["SCHEDULED"] & has["FIRST_TOKEN"] & has["FINISHED"]
         # a request that lost a journey event to a bad field is not complete: its first
         # SCHEDULED (say) would silently become a later one
-        damaged = np.asarray([(r, *self.cores[r][:2]) in self.damaged for r in rids], dtype=bool)
+        damaged = (np.asarray([(r, *self.cores[r][:2]) in self.damaged for r in rids],
+                              dtype=bool) if self.damaged else np.zeros(n, dtype=bool))
         # max_tokens 0 cannot produce a token: the journey contradicts itself
         mx_arr = out["max_tokens"].to_numpy(dtype=float, na_value=np.nan)
         impossible = (mx_arr == 0) & has["FIRST_TOKEN"]
@@ -1199,21 +1214,18 @@ class _Acc:
                                  f"(e.g. {rids[int(np.flatnonzero(mask)[0])]})")
         complete = complete & ~damaged & ~impossible
         aborted = api_aborted | np.asarray([s == "aborted" for s in fin_list], dtype=bool)
-        status = []
-        for k in range(n):
-            if aborted[k]:
-                status.append("aborted")
-            elif not complete[k]:
-                status.append("incomplete")
-            else:
-                st_k = _FINISH_STATUS.get(fin_list[k]) if isinstance(fin_list[k], str) else None
-                if st_k is None:  # unknown or missing finish.status: kept as error, counted
-                    rep.kept["unknown_finish_status"] += 1
-                    if rep.kept["unknown_finish_status"] <= 5:
-                        rep.notes.append(f"unknown_finish_status: {fin_list[k]!r} of "
-                                         f"{rids[k]} (status set to 'error')")
-                    st_k = "error"
-                status.append(st_k)
+        status = np.where(aborted, "aborted", "incomplete").astype(object)
+        fin_ok = ~aborted & complete
+        mapped = [_FINISH_STATUS.get(f) if isinstance(f, str) else None
+                  for f in fin_list[fin_ok].tolist()]
+        status[fin_ok] = mapped
+        for k in np.flatnonzero(fin_ok)[[m is None for m in mapped]].tolist():
+            # unknown or missing finish.status: kept as error, counted
+            rep.kept["unknown_finish_status"] += 1
+            if rep.kept["unknown_finish_status"] <= 5:
+                rep.notes.append(f"unknown_finish_status: {fin_list[k]!r} of "
+                                 f"{rids[k]} (status set to 'error')")
+            status[k] = "error"
         out["status"] = _str_series(status)
         out["aborted"] = aborted
         out["complete"] = complete

@@ -442,9 +442,10 @@ def _size(path: Path) -> int:
 
 #: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
 #: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured
-#: (``results/benchmarks/ingest_scale.md``, columnar OTLP reader): the demo fleet's 86 MB take
-#: 3.6 CPU-seconds inline (23.7 MB per CPU-second); the 20x fleet 18.5-20.5 MB per worker
-#: CPU-second. The demo fleet (about 4.8 s estimated) stays inline.
+#: (``results/benchmarks/ingest_scale.md``, fourth pass): the demo fleet's 86 MB take 2.7-3.4
+#: CPU-seconds inline (25-32 MB per CPU-second, with the load of the shared machine); the 20x
+#: fleet 22.8-23.3 MB per worker CPU-second. Kept at 18 MB/s (a busy machine is slower still):
+#: the demo fleet (about 4.8 s estimated) stays inline.
 INGEST_BYTES_PER_S = 18e6
 
 

@@ -171,6 +171,16 @@ BEFORE_SCALE_9AB4453 = {"mb_s_per_core": (4.2, 2.1), "mb_per_cpu_s": (9.1, 7.8)}
 #: Part 3 on main before the columnar path (33b82e4, 2026-11-24 07:43 UTC, load average
 #: 5.0-9.8): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
 BEFORE_SCALE_33B82E4 = {"mb_s_per_core": (10.0, 6.6), "mb_per_cpu_s": (15.7, 15.0)}
+#: Part 3 on main before the fourth pass (55528c4, columnar reader; 2026-11-24 10:41 UTC, load
+#: average 9.3-10.3).
+BEFORE_SCALE_55528C4 = {"mb_s_per_core": (11.5, 8.3), "mb_per_cpu_s": (20.5, 18.5)}
+#: ``_stage_cpu`` on main before the fourth pass (55528c4), measured in the same minutes as this
+#: branch, the two alternating three times (best of the 3 x 2 runs of each, load average
+#: LOAD_55528C4): CPU seconds per stage.
+BEFORE_55528C4 = {"total": 3.793, "read_otlp": 1.409, "observations": 0.832,
+                  "write_parquet": 0.628, "reconstruct": 0.465, "lifecycle": 0.209,
+                  "iterations": 0.150, "other": 0.101}
+LOAD_55528C4 = "5.4 (2026-11-24 12:56 UTC)"
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -473,18 +483,24 @@ def _markdown(r: dict) -> str:
         "it refuses is read line by line.",
         "",
         "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path (the "
-        "default), with every line read line by line (the path main used; this pass's table and "
-        "Parquet changes included), and the same measurement on the commit before issue #17's "
-        "fast paths (9ab4453, MB per CPU-s):",
+        "default), with every line read line by line (this branch's tables, observations and "
+        "Parquet included), main before this pass (55528c4, measured alternating with this "
+        "branch at load average " + LOAD_55528C4 + ") and the commit before issue #17's fast "
+        "paths (9ab4453); MB per CPU-s. CPU time per stage moves by 10-30% with the load of "
+        "the shared machine, so compare within a column: main 55528c4 and this branch, run "
+        "alternately in the same minutes, took 3.79 and 2.68 CPU-s in all "
+        "(docs/ARCHITECTURE.md, \"Fourth pass\"):",
         "",
         "| stage | CPU s | share | MB per CPU-s | line by line: CPU s (MB per CPU-s) | "
-        "9ab4453 |",
-        "|---|---|---|---|---|---|",
+        "55528c4: CPU s (MB per CPU-s) | 9ab4453 |",
+        "|---|---|---|---|---|---|---|",
         *[f"| {k} | {v:.2f} | {100 * v / j['stage_cpu_s']['total']:.0f}% | "
           f"{j['trace_mb'] / v:.1f} | "
-          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
+          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | "
+          f"{b4:.2f} ({j['trace_mb'] / b4:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
           for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1]) if v > 0
-          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]],
+          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]
+          for b4 in [max(BEFORE_55528C4.get(k, float("nan")), 1e-9)]],
         "",
         "## 2. Same results (demo fleet)",
         "",
@@ -534,6 +550,11 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
+        f"- Before this pass (main 55528c4, load average 9-10): "
+        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][0]} / "
+        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][1]} MB/s per core and "
+        f"{BEFORE_SCALE_55528C4['mb_per_cpu_s'][0]} / {BEFORE_SCALE_55528C4['mb_per_cpu_s'][1]} "
+        "MB per worker CPU-second (1 / 2 workers).",
         f"- Before the columnar path (main 33b82e4, load average 5-10): "
         f"{BEFORE_SCALE_33B82E4['mb_s_per_core'][0]} / {BEFORE_SCALE_33B82E4['mb_s_per_core'][1]}"
         f" MB/s per core and {BEFORE_SCALE_33B82E4['mb_per_cpu_s'][0]} / "
@@ -542,13 +563,18 @@ def _markdown(r: dict) -> str:
         f"{BEFORE_SCALE_9AB4453['mb_s_per_core'][0]} / {BEFORE_SCALE_9AB4453['mb_s_per_core'][1]}"
         f" and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
         f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]}.",
-        f"- Where the rest goes (section 1): `read_otlp` is now "
-        f"{100 * j['stage_cpu_s']['read_otlp'] / j['stage_cpu_s']['total']:.0f}% of ingest; "
-        f"pyarrow.json's parse alone runs at {j['decode_mb_per_cpu_s[pyarrow.json]']} MB per "
-        "CPU-s, so reading cannot beat that; the rest of ingest is observations, Parquet "
-        "encoding, the batch replay and per-experiment pandas overhead (a few hundred pandas "
-        "calls per experiment), each a fraction of a second on the demo fleet: 50 MB/s per core "
-        "needs every stage about twice as fast again.",
+        "- Where the rest goes (section 1, inline): "
+        + ", ".join(f"{k} {100 * v / j['stage_cpu_s']['total']:.0f}%"
+                    for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1])
+                    if k != "total" and v > 0)
+        + f". pyarrow.json's parse alone runs at {j['decode_mb_per_cpu_s[pyarrow.json]']} MB "
+        f"per CPU-s ({j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f} CPU-s of the "
+        f"{j['stage_cpu_s']['total']:.2f}), so 50 MB per CPU-s ("
+        f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s) leaves "
+        f"{j['trace_mb'] / TARGET_MB_S_PER_CORE - j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}"
+        " CPU-s for everything after the parse: the span columns, the tables, the batch "
+        "replay (a Python loop over steps), observations and the Parquet encoding (its fixed "
+        "cost alone, 182 files, is about 0.07 CPU-s).",
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",

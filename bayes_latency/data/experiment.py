@@ -172,29 +172,45 @@ def build_iterations(steps: pd.DataFrame, batches: pd.DataFrame,
     cols = ["experiment_id", "step_id", "iteration_us", "schedule_cpu_us", *BATCH_COLUMNS,
             "ctx_approximated"]
     frames = []
-    for eid, st in steps.groupby("experiment_id", sort=False):
-        st = st.dropna(subset=["step.id", "step.ts_start_ns"]).drop_duplicates("step.id")
-        st = st.sort_values("step.id")
-        sid = st["step.id"].to_numpy(dtype=np.int64)
-        ts = st["step.ts_start_ns"].to_numpy(dtype=np.int64)
+    # numpy per experiment (the pandas dropna / drop_duplicates / sort / set_index / loc chain
+    # cost 5 ms per experiment on the demo fleet): the first row of each step id with a start
+    # time, in step order; the rebuilt batch of each step by its step id
+    if not len(steps):
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    codes, eids = pd.factorize(steps["experiment_id"], sort=False)  # groupby's order
+    sid_all = steps["step.id"]
+    ts_all = steps["step.ts_start_ns"]
+    ok_all = (sid_all.notna() & ts_all.notna()).to_numpy(dtype=bool)
+    sid_all = sid_all.to_numpy(dtype=np.int64, na_value=0)
+    ts_all = ts_all.to_numpy(dtype=np.int64, na_value=0)
+    dur_all = steps["step.duration_us"].to_numpy(dtype=float, na_value=np.nan)
+    b_eid = batches["experiment_id"]
+    for g, eid in enumerate(eids):
+        rows = np.flatnonzero((codes == g) & ok_all)
+        first = np.unique(sid_all[rows], return_index=True)[1]
+        rows = rows[first]  # drop_duplicates("step.id") then sort_values("step.id")
+        sid, ts = sid_all[rows], ts_all[rows]
         nxt = np.flatnonzero(np.diff(sid) == 1)
         gap = (ts[nxt + 1] - ts[nxt]) / 1e3
         bad = ~(gap > 0)
         if bad.any() and report is not None:
             report.drop("non_positive_gap", int(bad.sum()))
         nxt, gap = nxt[~bad], gap[~bad]
-        b = batches[batches["experiment_id"] == eid].set_index("step_id")
-        keep = np.isin(sid[nxt], b.index.to_numpy())
-        nxt, gap = nxt[keep], gap[keep]
-        bb = b.loc[sid[nxt]]
-        df = pd.DataFrame({
-            "experiment_id": str(eid), "step_id": sid[nxt], "iteration_us": gap,
-            "schedule_cpu_us": st["step.duration_us"].to_numpy(dtype=float, na_value=np.nan)[nxt],
-        })
+        in_b = (b_eid == eid).to_numpy(dtype=bool)
+        b_rows = None if in_b.all() else np.flatnonzero(in_b)
+        b_sid = batches["step_id"].to_numpy()
+        b_sid = b_sid if b_rows is None else b_sid[b_rows]
+        pos = pd.Index(b_sid).get_indexer(sid[nxt])
+        keep = pos >= 0
+        nxt, gap, pos = nxt[keep], gap[keep], pos[keep]
+        if b_rows is not None:
+            pos = b_rows[pos]
+        d: dict[str, Any] = {"experiment_id": str(eid), "step_id": sid[nxt], "iteration_us": gap,
+                             "schedule_cpu_us": dur_all[rows][nxt]}
         for c in BATCH_COLUMNS:
-            df[c] = bb[c].to_numpy(dtype=float)
-        df["ctx_approximated"] = bb["ctx_approximated"].to_numpy(dtype=bool)
-        frames.append(df)
+            d[c] = batches[c].to_numpy(dtype=float)[pos]
+        d["ctx_approximated"] = batches["ctx_approximated"].to_numpy(dtype=bool)[pos]
+        frames.append(pd.DataFrame(d))
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
     return pd.concat(frames, ignore_index=True)[cols]
@@ -426,9 +442,10 @@ def _size(path: Path) -> int:
 
 #: Ingest speed used to decide between inline and a local Dask cluster (bytes of trace per
 #: CPU-second, end to end: reading, reconstruction, observations, Parquet). Measured
-#: (``results/benchmarks/ingest_scale.md``, columnar OTLP reader): the demo fleet's 86 MB take
-#: 3.6 CPU-seconds inline (23.7 MB per CPU-second); the 20x fleet 18.5-20.5 MB per worker
-#: CPU-second. The demo fleet (about 4.8 s estimated) stays inline.
+#: (``results/benchmarks/ingest_scale.md``, fourth pass): the demo fleet's 86 MB take 2.7-3.4
+#: CPU-seconds inline (25-32 MB per CPU-second, with the load of the shared machine); the 20x
+#: fleet 22.8-23.3 MB per worker CPU-second. Kept at 18 MB/s (a busy machine is slower still):
+#: the demo fleet (about 4.8 s estimated) stays inline.
 INGEST_BYTES_PER_S = 18e6
 
 

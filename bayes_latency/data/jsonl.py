@@ -80,10 +80,12 @@ def iter_json_lines(path: Path, report: IngestReport,
                 yield lineno, value
 
 
-def iter_line_chunks(path: Path, size: int) -> Iterator[tuple[int, bytes, list[bytes]]]:
+def iter_line_chunks(path: Path, size: int, split: bool = True
+                     ) -> Iterator[tuple[int, bytes, list[bytes] | list[int]]]:
     """Yield ``(number of the first line, chunk, its lines)`` of a JSON Lines file (plain or
     ``.gz``): chunks of about ``size`` bytes of whole lines, and the lines without their
-    ``\\n``; nothing is counted.
+    ``\\n``; nothing is counted. With ``split=False`` the lines are not copied out of the
+    chunk: the third item is the offset of each line in it (:func:`line_starts`).
 
     Raises
     ------
@@ -101,13 +103,31 @@ def iter_line_chunks(path: Path, size: int) -> Iterator[tuple[int, bytes, list[b
                     return
                 if not buf.endswith(b"\n"):
                     buf += fh.readline()
-                lines = buf.split(b"\n")
-                if buf.endswith(b"\n"):
-                    lines.pop()
+                if split:
+                    lines = buf.split(b"\n")
+                    if buf.endswith(b"\n"):
+                        lines.pop()
+                else:
+                    lines = line_starts(buf)
                 yield first, buf, lines
                 first += len(lines)
     except (OSError, EOFError) as exc:
         raise TraceFormatError(f"cannot read file: {exc}", file=str(path)) from exc
+
+
+def line_starts(buf: bytes) -> list[int]:
+    """Offset of each line of ``buf`` (the lines of ``buf.split(b"\\n")``, without the empty one
+    after a final ``\\n``): one ``bytes.find`` (memchr) per line, where ``split`` copies every
+    byte (demo fleet, 2,135 lines in 86 MB: 0.075 s against a few ms)."""
+    starts = [0]
+    find = buf.find
+    i = find(b"\n")
+    while i >= 0:
+        starts.append(i + 1)
+        i = find(b"\n", i + 1)
+    if starts[-1] == len(buf):
+        starts.pop()
+    return starts
 
 
 #: Returned by :func:`decode_line` for a blank or malformed line (counted).

@@ -242,15 +242,22 @@ def read_lifecycle_dir(exp_dir: str | Path, experiment_id: str | None = None
         rows.append(row)
     if not rows:
         raise TraceFormatError("no readable lifecycle metrics file", file=str(results))
-    df = pd.DataFrame(rows)
-    df["stage"] = df["stage"].astype("str")
-    df["stage_index"] = pd.array(df["stage_index"].tolist(), dtype="Int64")
-    df["tp"] = pd.array(df["tp"].tolist(), dtype="Int64")
-    df["model"] = df["model"].astype("object")
+    # one constructor over typed columns (assigning ~35 converted columns one by one took
+    # 6 ms per experiment, more than reading the files)
+    cols: dict[str, Any] = {}
     for c in LIFECYCLE_COLUMNS:
-        if c not in ("experiment_id", "stage", "stage_index", "model", "tp"):
-            df[c] = df[c].astype(np.float64)
-    df = df[list(LIFECYCLE_COLUMNS)]
+        vals = [r.get(c) for r in rows]
+        if c == "stage":
+            cols[c] = pd.Series(vals, dtype=object).astype("str")
+        elif c in ("stage_index", "tp"):
+            cols[c] = pd.array(vals, dtype="Int64")
+        elif c == "model":
+            cols[c] = pd.Series(vals, dtype=object)
+        elif c == "experiment_id":
+            cols[c] = pd.Series(vals)
+        else:
+            cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+    df = pd.DataFrame(cols)
     report.kept["lifecycle_rows"] += len(df)
     return df, report
 

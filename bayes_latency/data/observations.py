@@ -38,7 +38,7 @@ time (the sum of the roofline features) exceeds :data:`LONG_GAP_FACTOR` times th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,20 @@ def _rows(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[s
           ctx_approximated: Any = False) -> pd.DataFrame:
     """Observation rows of one kind (configuration columns are added by the caller)."""
     n = len(values)
+    return pd.DataFrame(_row_dict(kind, values, X, terms, n_steps=n_steps, step_first=step_first,
+                                  step_last=step_last, alpha=alpha, aggregate=aggregate,
+                                  anchor_exact=anchor_exact, anchor_error_us=anchor_error_us,
+                                  ctx_approximated=ctx_approximated),
+                        index=range(n))  # one constructor: inserting columns one by one is slow
+
+
+def _row_dict(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[str], *,
+              n_steps: Any = 1, step_first: Any = None, step_last: Any = None,
+              alpha: Mapping[str, Any] | None = None, aggregate: str = "sum",
+              anchor_exact: Any = False, anchor_error_us: Any = np.nan,
+              ctx_approximated: Any = False) -> dict[str, Any]:
+    """The columns of :func:`_rows` (arrays, or scalars for constant columns), no frame."""
+    n = len(values)
     d: dict[str, Any] = {"kind": kind, "value_us": np.asarray(values, dtype=float),
                          "n_steps": n_steps, "step_first": step_first, "step_last": step_last,
                          "aggregate": aggregate, "role": _KIND_ROLE[kind],
@@ -159,7 +173,79 @@ def _rows(kind: str, values: np.ndarray, X: np.ndarray | None, terms: Sequence[s
         d[f"x_{t}"] = feats[:, j]
     for a in ALPHA_TERMS:
         d[f"x_{a}"] = 0.0 if alpha is None or a not in alpha else alpha[a]
-    return pd.DataFrame(d, index=range(n))  # one constructor: inserting columns one by one is slow
+    return d
+
+
+def _str_column(parts: Sequence[Any], n: int) -> Any:
+    """A ``str`` column (as ``.astype(str)`` makes it) of Arrow string arrays, or of one string
+    repeated ``n`` times."""
+    import pyarrow as pa
+
+    arr = pa.repeat(parts, n) if isinstance(parts, str) else (
+        pa.concat_arrays(list(parts)) if len(parts) else pa.array([], pa.string()))
+    return pd.array(arr, dtype="str")
+
+
+def _assemble(parts: Sequence[dict[str, Any]], terms: Sequence[str], *, experiment_id: str,
+              workload: str, arch: Any, gpu: Any, serving: Any,
+              stack: str = DEFAULT_STACK) -> pd.DataFrame:
+    """``_finish([_label(_nullable_steps(concat of the frames of parts)), ...])`` built column
+    by column (``parts``: :func:`_row_dict` outputs, each of one kind): the same frame, value
+    for value and dtype for dtype, without a pandas call per part and column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sizes = [len(p["value_us"]) for p in parts]
+    n = sum(sizes)
+
+    def cat(name: str, dtype: Any) -> np.ndarray:
+        arrs = []
+        for p, k in zip(parts, sizes, strict=True):
+            v = p[name]
+            arrs.append(np.full(k, np.nan if v is None else v, dtype=dtype) if np.ndim(v) == 0
+                        else np.asarray(v, dtype=dtype))
+        return np.concatenate(arrs) if arrs else np.empty(0, dtype=dtype)
+
+    model, gname, tp = str(arch.name), str(gpu.name), int(serving.tp)
+    out: dict[str, Any] = {}
+    # obs ids: experiment/kind/k, k counting the rows of each kind in order
+    seen: dict[str, int] = {}
+    ids = []
+    for p, k in zip(parts, sizes, strict=True):
+        kind = p["kind"]
+        k0 = seen.get(kind, 0)
+        seen[kind] = k0 + k
+        num = pa.array(np.arange(k0, k0 + k, dtype=np.int64)).cast(pa.string())
+        ids.append(pc.binary_join_element_wise(f"{experiment_id}/{kind}", num, "/"))
+    ints = {"tp": tp, "max_num_batched_tokens": int(serving.max_num_batched_tokens),
+            "max_num_seqs": int(serving.max_num_seqs), "ep": int(serving.ep)}
+    strs = {"experiment_id": experiment_id, "workload": workload, "model": model, "gpu": gname,
+            "stack": stack, "config_id": config_id(model, gname, tp, stack)}
+    for c in observation_columns(terms):
+        if c == "obs_id":
+            out[c] = _str_column(ids, n)
+        elif c in ("kind", "aggregate", "role"):
+            out[c] = _str_column([pa.repeat(str(p[c]), k) for p, k in zip(parts, sizes,
+                                                                             strict=True)], n)
+        elif c in strs:
+            out[c] = _str_column(str(strs[c]), n)
+        elif c in ints:
+            out[c] = np.full(n, ints[c], dtype=np.int64)
+        elif c in ("step_first", "step_last"):
+            v = cat(c, float)
+            mask = np.isnan(v)
+            out[c] = pd.arrays.IntegerArray(np.where(mask, 0, np.round(v)).astype(np.int64),
+                                            mask)
+        elif c == "n_steps":
+            out[c] = cat(c, np.int64)
+        elif c in ("anchor_exact", "ctx_approximated"):
+            out[c] = cat(c, bool)
+        elif c.startswith("x_"):
+            v = cat(c, float) if parts and c in parts[0] else np.full(n, np.nan)
+            out[c] = np.where(np.isnan(v), 0.0, v)
+        else:  # value_us, anchor_error_us
+            out[c] = cat(c, float)
+    return pd.DataFrame(out)
 
 
 def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gpu: Any,
@@ -187,12 +273,34 @@ def _steps_of(tables: Mapping[str, Any], name: str, experiment_id: str) -> pd.Da
         return None
     if "experiment_id" in df.columns and experiment_id is not None and len(df):
         sel = df["experiment_id"].astype(str) == str(experiment_id)
-        if sel.any():
+        if sel.any() and not sel.all():  # (all rows: the frame itself, no copy)
             df = df[sel]
     return df
 
 
 # ------------------------------------------------------------------------------- timeline
+def _step_extreme(ev: pd.DataFrame, events: Sequence[str], how: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``ev[ev.event.isin(events)].groupby("step")["ts_monotonic_ns"].<how>()`` (``how``: min or
+    max) as (ascending steps, values as float), with numpy: rows without a step are left out,
+    as groupby does."""
+    sel = ev["event"].isin(events).to_numpy(dtype=bool)
+    step = ev["step"].to_numpy(dtype=float, na_value=np.nan)[sel]
+    ts = ev["ts_monotonic_ns"]
+    ts = (ts.to_numpy(dtype=np.int64) if pd.api.types.is_integer_dtype(ts)
+          and not ts.hasnans else ts.to_numpy(dtype=float, na_value=np.nan))[sel]
+    ok = ~np.isnan(step)
+    step, ts = step[ok].astype(np.int64), ts[ok]
+    if not len(step):
+        return np.empty(0, dtype=np.int64), np.empty(0)
+    order = np.argsort(step, kind="stable")
+    step, ts = step[order], ts[order]
+    start = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    red = (np.fmin if how == "min" else np.fmax) if ts.dtype.kind == "f" else (
+        np.minimum if how == "min" else np.maximum)
+    return step[start], red.reduceat(ts, start).astype(float)
+
+
 def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int
                      ) -> np.ndarray:
     """``idle[i]``: no request alive across the boundary between step ``s0+i`` and the next.
@@ -204,13 +312,17 @@ def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n
     idle = np.zeros(n, dtype=bool)
     if requests is None or not len(requests):
         return idle
-    fin_ev = ev[ev["event"].isin(["FIRST_TOKEN", "FINISHED"])]
-    end_ts = fin_ev.groupby("step")["ts_monotonic_ns"].max()
+    end_step, end_ts = _step_extreme(ev, ["FIRST_TOKEN", "FINISHED"], "max")
     q_step = requests["queued_step"].astype("float64")
     fs = requests["first_scheduled_step"].astype("float64")
     q_step = q_step.fillna(fs - 1).to_numpy()
     q_ns = requests["queued_ns"].astype("float64").to_numpy()
-    e_ts = pd.Series(q_step).map(end_ts).astype("float64").to_numpy()
+    # each request's queued step looked up among the steps of end_ts (NaN when absent)
+    e_ts = np.full(len(q_step), np.nan)
+    if len(end_step):
+        at = np.clip(np.searchsorted(end_step, q_step), 0, len(end_step) - 1)
+        hit = end_step[at] == q_step
+        e_ts[hit] = end_ts[at[hit]]
     start = np.where(np.isfinite(e_ts) & np.isfinite(q_ns) & (q_ns > e_ts), q_step + 1, q_step)
     fin = requests["finished_step"].astype("float64").to_numpy()
     fin = np.where(np.isfinite(fin), fin, s0 + n + 1)
@@ -242,11 +354,10 @@ def _event_anchors(steps: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int
         ok = (sid >= s0) & (sid <= s0 + n) & np.isfinite(ts)
         t[sid[ok] - s0] = ts[ok]
     out = {"exact": (t, np.where(np.isfinite(t), 0.0, np.nan))}
-    sch = ev[ev["event"].isin(["SCHEDULED", "PREEMPTED"])].groupby("step")["ts_monotonic_ns"].min()
-    fin = ev[ev["event"].isin(["FIRST_TOKEN", "FINISHED"])].groupby("step")["ts_monotonic_ns"].max()
-    for name, ser, shift in (("scheduled", sch, 0), ("finished", fin, 1)):
-        st = ser.index.to_numpy(dtype=np.int64) + shift
-        vals = ser.to_numpy(dtype=float)
+    sch = _step_extreme(ev, ["SCHEDULED", "PREEMPTED"], "min")
+    fin = _step_extreme(ev, ["FIRST_TOKEN", "FINISHED"], "max")
+    for name, (st, vals), shift in (("scheduled", sch, 0), ("finished", fin, 1)):
+        st = st + shift
         ok = (st >= s0) & (st <= s0 + n)
         idx, vals = st[ok] - s0, vals[ok]
         cal = np.isfinite(t[idx]) & ~idle_at[idx]
@@ -268,7 +379,7 @@ def _event_anchors(steps: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int
 
 def _timeline_rows(batches: pd.DataFrame, X: np.ndarray, steps: pd.DataFrame | None,
                    ev: pd.DataFrame, requests: pd.DataFrame | None, terms: Sequence[str],
-                   report: IngestReport) -> list[pd.DataFrame]:
+                   report: IngestReport, make: Callable[..., Any] = _rows) -> list[Any]:
     """``iteration`` and ``step_window`` rows of one experiment.
 
     Every index ``i`` (start of step ``s0 + i``) gets one anchor: exact, else SCHEDULED-based,
@@ -351,7 +462,7 @@ def _timeline_rows(batches: pd.DataFrame, X: np.ndarray, steps: pd.DataFrame | N
         sel = keep & (kind == k)
         if not sel.any():
             continue
-        out.append(_rows(k, value[sel], feats[sel], terms, n_steps=nst[sel],
+        out.append(make(k, value[sel], feats[sel], terms, n_steps=nst[sel],
                          step_first=s0 + a[sel], step_last=s0 + b[sel] - 1,
                          anchor_exact=both[sel], anchor_error_us=(e_start[a] + e_end[b])[sel],
                          ctx_approximated=(c_apx[b] - c_apx[a])[sel] > 0))
@@ -359,7 +470,8 @@ def _timeline_rows(batches: pd.DataFrame, X: np.ndarray, steps: pd.DataFrame | N
 
 
 def _request_rows(requests: pd.DataFrame, cs: np.ndarray, s0: int, n: int,
-                  terms: Sequence[str], report: IngestReport) -> list[pd.DataFrame]:
+                  terms: Sequence[str], report: IngestReport,
+                  make: Callable[..., Any] = _rows) -> list[Any]:
     """``request_prefill`` and ``request_decode`` rows (complete, non-aborted requests)."""
     r = requests[requests["complete"].astype(bool) & ~requests["aborted"].astype(bool)]
     out = []
@@ -389,14 +501,14 @@ def _request_rows(requests: pd.DataFrame, cs: np.ndarray, s0: int, n: int,
             continue
         i0 = (first[sel] - s0).astype(np.int64)
         i1 = (last[sel] - s0).astype(np.int64) + 1
-        out.append(_rows(kind, value[sel], cs[i1] - cs[i0], terms, n_steps=i1 - i0,
+        out.append(make(kind, value[sel], cs[i1] - cs[i0], terms, n_steps=i1 - i0,
                          step_first=first[sel].astype(np.int64),
                          step_last=last[sel].astype(np.int64)))
     return out
 
 
-def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str],
-                report: IngestReport) -> list[pd.DataFrame]:
+def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str], report: IngestReport,
+                make: Callable[..., Any] = _rows) -> list[Any]:
     """``alpha_arrival`` and ``alpha_departure`` rows."""
     out = []
     arr = requests["arrival_s"].astype("float64").to_numpy() * 1e6
@@ -411,7 +523,7 @@ def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str],
         report.drop("alpha_arrival:negative", int(neg.sum()))
     sel = ~missing & ~neg
     if sel.any():
-        out.append(_rows("alpha_arrival", v[sel], None, terms, step_first=qstep[sel],
+        out.append(make("alpha_arrival", v[sel], None, terms, step_first=qstep[sel],
                          step_last=qstep[sel], alpha={"alpha_arrival": 1.0}))
     dep = requests["departed_s"].astype("float64").to_numpy() * 1e6
     fin = requests["finished_ns"].astype("float64").to_numpy() / 1e3
@@ -426,7 +538,7 @@ def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str],
             report.drop(f"alpha_departure:{reason}", int(mask.sum()))
     sel = ~aborted & ~missing & ~neg
     if sel.any():
-        out.append(_rows("alpha_departure", v[sel], None, terms, step_first=fstep[sel],
+        out.append(make("alpha_departure", v[sel], None, terms, step_first=fstep[sel],
                          step_last=fstep[sel],
                          alpha={"alpha_post_decode": 1.0, "alpha_per_token": otok[sel]}))
     return out
@@ -481,7 +593,6 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
         steps = steps.dropna(subset=["step.id", "step.ts_start_ns"]).drop_duplicates("step.id")
         steps = steps.sort_values("step.id")
     have_journeys = ev is not None and len(ev) > 0
-    frames: list[pd.DataFrame] = []
     if not have_journeys:
         if steps is None or not len(steps):
             report.notes.append("no journeys and no step summaries: no observation")
@@ -508,10 +619,12 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
                      terms)
     cs = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])
 
-    frames += _timeline_rows(batches, X, steps, ev, requests, terms, report)
+    # rows as dicts of columns (_row_dict), one frame at the end (_assemble)
+    parts: list[dict[str, Any]] = _timeline_rows(batches, X, steps, ev, requests, terms, report,
+                                                 make=_row_dict)
     if requests is not None and len(requests):
-        frames += _request_rows(requests, cs, s0, n, terms, report)
-        frames += _alpha_rows(requests, terms, report)
+        parts += _request_rows(requests, cs, s0, n, terms, report, make=_row_dict)
+        parts += _alpha_rows(requests, terms, report, make=_row_dict)
     if steps is not None and len(steps) and "step.duration_us" in steps.columns:
         sid = steps["step.id"].to_numpy(dtype=np.int64)
         dur = steps["step.duration_us"].to_numpy(dtype=float, na_value=np.nan)
@@ -520,15 +633,14 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
         if (~ok).sum():
             report.drop("scheduler_cpu:missing_or_nonpositive", int((~ok).sum()))
         if ok.any():
-            frames.append(_rows("scheduler_cpu", dur[ok], X[sid[ok] - s0], terms,
-                                step_first=sid[ok], step_last=sid[ok]))
-    if not frames:
+            parts.append(_row_dict("scheduler_cpu", dur[ok], X[sid[ok] - s0], terms,
+                                   step_first=sid[ok], step_last=sid[ok]))
+    parts = [p for p in parts if len(p["value_us"])]
+    if not parts:
         return empty_observations(terms), report
-    df = pd.concat(frames, ignore_index=True)
-    df = _nullable_steps(df)
-    df = _label(df, experiment_id=experiment_id, workload=workload, arch=arch, gpu=gpu,
-                serving=serving)
-    df = drop_out_of_domain(_finish([df], terms), report)
+    df = _assemble(parts, terms, experiment_id=experiment_id, workload=workload, arch=arch,
+                   gpu=gpu, serving=serving)
+    df = drop_out_of_domain(df, report)
     report.kept.update(df["kind"].value_counts().to_dict())
     return df, report
 

@@ -934,10 +934,10 @@ class _Acc:
         order = _key_order([cols["step.id"]])
         if order is not None:  # no repeated step id: the sort by step.id alone decides
             df = pd.DataFrame({c: v[order] for c, v in cols.items()})
-            df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
+            df["experiment_id"] = _str_repeat(experiment_id, len(df))
             return df
         df = pd.DataFrame(cols)
-        df["experiment_id"] = pd.Series([experiment_id] * len(df), dtype="str")
+        df["experiment_id"] = _str_repeat(experiment_id, len(df))
         if len(df):
             df = _sort_all(df, first=["step.id"])
             dup = df.duplicated(subset=["step.id"], keep="first")
@@ -949,9 +949,9 @@ class _Acc:
     def _snapshots_table(self, experiment_id: str) -> pd.DataFrame:
         s = self.snaps
         cols: dict[str, Any] = {
-            "experiment_id": pd.Series([experiment_id] * len(s["step_id"]), dtype="str"),
+            "experiment_id": _str_repeat(experiment_id, len(s["step_id"])),
             "step_id": pd.array(s["step_id"], dtype="Int64"),
-            "request_id": pd.Series(s["request_id"], dtype="str"),
+            "request_id": _str_series(s["request_id"]),
         }
         for c in _SNAPSHOT_ATTRS:
             cols[c] = (pd.Series(s[c], dtype="object") if c == "request.phase"
@@ -1030,7 +1030,7 @@ class _Acc:
     def _api_table(self, experiment_id: str) -> pd.DataFrame:
         a = self.api
         n = len(a["span_id"])
-        cols: dict[str, Any] = {"experiment_id": pd.Series([experiment_id] * n, dtype="str")}
+        cols: dict[str, Any] = {"experiment_id": _str_repeat(experiment_id, n)}
         for c in API_SPAN_COLUMNS[1:-1]:
             v = a[c]
             if c in ("prompt_tokens", "max_tokens", "n", "status_code"):
@@ -1058,23 +1058,37 @@ class _Acc:
         rids = sorted(self.cores)
         n = len(rids)
         # ---- join engine spans to API spans ----
-        api_by_span: dict[str, int] = {}
-        api_by_id: dict[str, int] = {}
-        for i, (sid, aid) in enumerate(zip(api["span_id"].tolist(),
-                                           api["api_request_id"].tolist(), strict=True)):
-            api_by_span.setdefault(sid, i)
-            if isinstance(aid, str):
-                api_by_id.setdefault(aid, i)
+        # by the parent span id (first API span of each span id, with pandas' hash table), then
+        # for the requests without one by the request id (Python, usually none)
         api_idx = np.full(n, -1, dtype=np.int64)
-        for k, rid in enumerate(rids):
-            _trace, _span, parent = self.cores[rid]
-            i = api_by_span.get(parent, -1) if parent else -1
-            if i < 0:
-                base = _RE_HEX8.sub("", rid)
-                i = api_by_id.get(base, -1)
-                if i < 0 and base.startswith("cmpl-"):
-                    i = api_by_id.get(_RE_INDEX.sub("", base), -1)
-            api_idx[k] = i
+        parents = [self.cores[r][2] for r in rids]
+        if len(api) and n:
+            span_ix = pd.Index(api["span_id"].to_numpy(dtype=object))
+            first = ~span_ix.duplicated(keep="first")
+            at = np.flatnonzero(first)
+            has_parent = np.fromiter((bool(x) and isinstance(x, str) for x in parents),
+                                     dtype=bool, count=n)
+            if has_parent.any():
+                found = span_ix[first].get_indexer(
+                    np.asarray(parents, dtype=object)[has_parent])
+                api_idx[has_parent] = np.where(found >= 0, at[np.maximum(found, 0)], -1)
+        if (api_idx < 0).any():
+            api_by_span: dict[str, int] = {}
+            api_by_id: dict[str, int] = {}
+            for i, (sid, aid) in enumerate(zip(api["span_id"].tolist(),
+                                               api["api_request_id"].tolist(), strict=True)):
+                api_by_span.setdefault(sid, i)
+                if isinstance(aid, str):
+                    api_by_id.setdefault(aid, i)
+            for k in np.flatnonzero(api_idx < 0).tolist():
+                rid, parent = rids[k], parents[k]
+                i = api_by_span.get(parent, -1) if parent else -1
+                if i < 0:
+                    base = _RE_HEX8.sub("", rid)
+                    i = api_by_id.get(base, -1)
+                    if i < 0 and base.startswith("cmpl-"):
+                        i = api_by_id.get(_RE_INDEX.sub("", base), -1)
+                api_idx[k] = i
         joined = api_idx >= 0
         if len(api):
             engine_of_api = np.full(len(api), None, dtype=object)
@@ -1111,10 +1125,10 @@ class _Acc:
         # columns collected in a dict, one DataFrame constructor at the end (inserting ~20
         # columns one by one cost more than all the rest of this function)
         out: dict[str, Any] = {
-            "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
-            "request_id": pd.Series(rids, dtype="str"),
+            "experiment_id": _str_repeat(experiment_id, n),
+            "request_id": _str_series(rids),
             "api_request_id": pd.Series(from_api("api_request_id", None), dtype="object"),
-            "trace_id": pd.Series([self.cores[r][0] for r in rids], dtype="str"),
+            "trace_id": _str_series([self.cores[r][0] for r in rids]),
             "arrival_s": float_from_api("arrival_s"),
             "departed_s": float_from_api("departed_s"),
         }
@@ -1187,7 +1201,8 @@ class _Acc:
         complete = has["QUEUED"] & has["SCHEDULED"] & has["FIRST_TOKEN"] & has["FINISHED"]
         # a request that lost a journey event to a bad field is not complete: its first
         # SCHEDULED (say) would silently become a later one
-        damaged = np.asarray([(r, *self.cores[r][:2]) in self.damaged for r in rids], dtype=bool)
+        damaged = (np.asarray([(r, *self.cores[r][:2]) in self.damaged for r in rids],
+                              dtype=bool) if self.damaged else np.zeros(n, dtype=bool))
         # max_tokens 0 cannot produce a token: the journey contradicts itself
         mx_arr = out["max_tokens"].to_numpy(dtype=float, na_value=np.nan)
         impossible = (mx_arr == 0) & has["FIRST_TOKEN"]
@@ -1199,22 +1214,19 @@ class _Acc:
                                  f"(e.g. {rids[int(np.flatnonzero(mask)[0])]})")
         complete = complete & ~damaged & ~impossible
         aborted = api_aborted | np.asarray([s == "aborted" for s in fin_list], dtype=bool)
-        status = []
-        for k in range(n):
-            if aborted[k]:
-                status.append("aborted")
-            elif not complete[k]:
-                status.append("incomplete")
-            else:
-                st_k = _FINISH_STATUS.get(fin_list[k]) if isinstance(fin_list[k], str) else None
-                if st_k is None:  # unknown or missing finish.status: kept as error, counted
-                    rep.kept["unknown_finish_status"] += 1
-                    if rep.kept["unknown_finish_status"] <= 5:
-                        rep.notes.append(f"unknown_finish_status: {fin_list[k]!r} of "
-                                         f"{rids[k]} (status set to 'error')")
-                    st_k = "error"
-                status.append(st_k)
-        out["status"] = pd.Series(status, dtype="str")
+        status = np.where(aborted, "aborted", "incomplete").astype(object)
+        fin_ok = ~aborted & complete
+        mapped = [_FINISH_STATUS.get(f) if isinstance(f, str) else None
+                  for f in fin_list[fin_ok].tolist()]
+        status[fin_ok] = mapped
+        for k in np.flatnonzero(fin_ok)[[m is None for m in mapped]].tolist():
+            # unknown or missing finish.status: kept as error, counted
+            rep.kept["unknown_finish_status"] += 1
+            if rep.kept["unknown_finish_status"] <= 5:
+                rep.notes.append(f"unknown_finish_status: {fin_list[k]!r} of "
+                                 f"{rids[k]} (status set to 'error')")
+            status[k] = "error"
+        out["status"] = _str_series(status)
         out["aborted"] = aborted
         out["complete"] = complete
         # ---- timestamps going backwards along the (step, ts) order ----
@@ -1233,13 +1245,34 @@ class _Acc:
         return pd.DataFrame(out)[list(REQUEST_COLUMNS)]
 
 
+def _str_series(values: Any) -> pd.Series:
+    """``pd.Series(values, dtype="str")`` for a list or object array of str (None missing), by
+    one pyarrow conversion: pandas' own checks every value in Python first (on the demo fleet
+    0.10 of the reader's 1.3 CPU-s). Anything else takes pandas' way."""
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values, type=pa.string(), from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeError):
+        return pd.Series(values, dtype="str")
+    return pd.Series(pd.array(arr, dtype="str"), copy=False)
+
+
+def _str_repeat(value: str, n: int) -> pd.Series:
+    """``pd.Series([value] * n, dtype="str")`` without the list."""
+    import pyarrow as pa
+
+    return pd.Series(pd.array(pa.repeat(pa.scalar(str(value), pa.string()), n), dtype="str"),
+                     copy=False)
+
+
 def _journey_frame(j: dict[str, Any], experiment_id: str) -> pd.DataFrame:
     """The journey_events frame of typed journey columns, in their order."""
     n = len(j["event"])
     cols: dict[str, Any] = {
-        "experiment_id": pd.Series([experiment_id] * n, dtype="str"),
-        "request_id": pd.Series(j["request_id"], dtype="str"),
-        "event": pd.Series(j["event"], dtype="str"),
+        "experiment_id": _str_repeat(experiment_id, n),
+        "request_id": _str_series(j["request_id"]),
+        "event": _str_series(j["event"]),
         "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
     }
     for c in _JOURNEY_INT:
@@ -1311,16 +1344,17 @@ def _iter_docs(path: Path, acc: _Acc, chunk_bytes: int | None) -> Iterator[tuple
     from bayes_latency.data.otlp_arrow import read_chunk
 
     rep = acc.report
-    for first, buf, lines in iter_line_chunks(path, chunk_bytes):
+    for first, buf, starts in iter_line_chunks(path, chunk_bytes, split=False):
         n_blank, objects = 0, True
-        for raw in lines:
-            if raw[:1] != b"{":
-                stripped = raw.strip()
+        for k, a in enumerate(starts):
+            if buf[a:a + 1] != b"{":
+                end = starts[k + 1] - 1 if k + 1 < len(starts) else len(buf)
+                stripped = buf[a:end].strip()
                 if not stripped:
                     n_blank += 1
                 elif stripped[:1] != b"{":
                     objects = False  # e.g. a 'null' line (which pyarrow.json cannot take)
-        n = len(lines) - n_blank
+        n = len(starts) - n_blank
         cols = read_chunk(buf, n) if n and objects else None
         if cols is not None and acc.seen_spans.isdisjoint(cols.span_keys):
             rep.read["lines"] += n
@@ -1329,6 +1363,9 @@ def _iter_docs(path: Path, acc: _Acc, chunk_bytes: int | None) -> Iterator[tuple
             acc.add_chunk(cols)
             yield n, None
             continue
+        lines = buf.split(b"\n")
+        if buf.endswith(b"\n"):
+            lines.pop()
         for lineno, raw in enumerate(lines, start=first):
             doc = decode_line(raw, lineno, path, rep, _decode_typed)
             if doc is not SKIP:

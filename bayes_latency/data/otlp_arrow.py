@@ -237,7 +237,8 @@ def read_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
     n_lines
         Number of non-blank lines in ``buf``.
     """
-    if b"\\u" in buf or not _utf8_no_bom(buf):
+    # (a backslash first: memchr, where the two-byte search takes 0.9 ms per MB)
+    if (b"\\" in buf and b"\\u" in buf) or not _utf8_no_bom(buf):
         return None
     try:
         table = pj.read_json(pa.BufferReader(buf), parse_options=_PARSE,

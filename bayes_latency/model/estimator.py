@@ -90,16 +90,29 @@ NUMBA_FASTMATH = False
 #: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
 #: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
 NUMBA_OPT = 1
-#: Where a fit's time goes (demo fit, 12 configurations, 2 x (500 + 4000) iterations, measured
-#: for issue 15 on a 2-core machine shared with other jobs, so in CPU seconds): nutpie's
-#: compilation is ~36 CPU s on empty caches and ~9 CPU s on warm ones (PyTensor caches each Op's
-#: Numba code on disk, but nutpie's C callbacks around the logp+gradient and the expand function
-#: cannot be cached and recompile Numba internals every run); sampling ~46 CPU s over the two
-#: chains (~23 s of wall time on an idle machine, 140-150 leapfrog steps per draw at
-#: target_accept 0.99). Tried and not kept: ``var_names`` restricted to the free variables (a
-#: smaller expand function; 36.2 vs 36.1 CPU s of cold compilation), ``freeze_model=True`` (45
-#: CPU s), ``NUMBA_OPT=0`` (compiles faster, samples more than 10x slower), numpyro (no Numba
-#: compile, but 345 s of sampling for the same draws).
+#: Where a fit's time goes (demo fit, 12 configurations, measured for issue 15 on a 2-core
+#: machine shared with other jobs (load 5-7), so in CPU seconds). MODEL_VERSION 7, before the
+#: changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
+#: compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
+#: leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
+#: Warm compilation: PyTensor's graph rewrites of logp+gradient and expand ~4.5 s, the rest
+#: Numba compiling nutpie's C callbacks (not cacheable) and linking the cached Ops into them. Cold: ~660 Numba functions (the logp
+#: +gradient graph has 361 nodes, the expand graph 155), two thirds of it in LLVM.
+#: Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
+#: the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
+#: function then only returns the free variables: cold compilation 55 against 73 CPU s).
+#: Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
+#: effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
+#: for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
+#: 0.02 (``z_pop`` in sum-group coordinates); ``sigma_model`` has the lowest ESS at every seed.
+#: A centred parameterisation of the well-identified effects, or ``sigma_model`` fixed, is the
+#: model's lever (hierarchy.py), not the sampler's. Tried and not kept (demo, seed 0, 2 x
+#: (500 + 2000)): target_accept 0.95 (67 steps per draw, but ESS 403 against 826: about the
+#: same ESS per CPU s, no margin), 0.9 (6 divergences), low-rank adaptation (0.95: ESS 453,
+#: 1 divergence, 65 us per step; 0.99: R-hat 1.012), nutpie's JAX backend (4 CPU s of
+#: compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
+#: :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
+#: cold), numpyro (345 s of sampling).
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),

@@ -143,7 +143,10 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
     (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
     compilation cost ~18 CPU s on empty caches (demo fit, issue 15: 55 against 73 CPU s of
-    compilation); the values agree to 4e-15 relative.
+    compilation); the values agree to 4e-15 relative. On empty caches PyTensor builds the C
+    thunks of this function with gcc, ~6 s of wall time in a subprocess (not in the fit's CPU
+    time); Python thunks only (``cxx=""``) avoid that but cost 2.2 CPU s on every fit instead of
+    0.6, so C stays.
     """
     import pytensor
     import pytensor.tensor as pt

@@ -351,6 +351,9 @@ class LatencyModel:
             elif self.sampler == "nutpie":
                 import nutpie
 
+                if progress:  # nutpie's progress table starts with sampling; say what comes first
+                    print("compiling the model (about 15 s; a minute on a machine's first fit)...",
+                          file=sys.stderr, flush=True)
                 with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), \
                         _numba_opt(NUMBA_OPT):
                     # the trace stores the free variables only; the deterministics are

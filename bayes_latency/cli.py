@@ -426,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results/")
     s.add_argument("--fleet", default="demo")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--draws", type=int, default=4000, help="posterior draws per chain")
+    s.add_argument("--draws", type=int, default=None,
+                   help="posterior draws per chain (default: bayes_latency.demo.DEMO_DRAWS)")
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")

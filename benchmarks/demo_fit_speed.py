@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/demo_fit_speed.py [--tables results/tables] [--seeds 0 1 2 3 4]
-        [--draws 4000] [--tune 500] [--target-accept 0.99] [--cold] [--out PREFIX]
+        [--draws 2000] [--tune 500] [--target-accept 0.99] [--cold] [--out PREFIX]
 
     # the two sections of results/benchmarks/demo_fit_speed.md
     python benchmarks/demo_fit_speed.py           # warm caches, seeds 0-4
@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bayes_latency.demo import DEMO_FIT
+from bayes_latency.demo import DEMO_DRAWS, DEMO_FIT
 
 CHILD = r"""
 import json, os, sys, time
@@ -170,7 +170,7 @@ def main() -> int:
     ap.add_argument("--tables", default="results/tables")
     ap.add_argument("--seeds", type=int, nargs="+", default=None,
                     help="default: 0 1 2 3 4 (warm), 0 1 (cold)")
-    ap.add_argument("--draws", type=int, default=4000)
+    ap.add_argument("--draws", type=int, default=DEMO_DRAWS)
     ap.add_argument("--tune", type=int, default=DEMO_FIT["tune"])
     ap.add_argument("--target-accept", type=float, default=DEMO_FIT["target_accept"])
     ap.add_argument("--cold", action="store_true")

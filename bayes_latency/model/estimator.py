@@ -21,10 +21,13 @@ built or diagnosed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,21 +82,102 @@ ADAPTATIONS = ("low_rank", "diag")
 #: -0.5095 with only the PyTensor cache cold). Off, fresh and cached runs agree bit for bit, and
 #: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
 NUMBA_FASTMATH = False
-#: Where a fit's time goes (demo fit, 12 configurations, 2 x (500 + 4000) iterations, measured
-#: for issue 15 on a 2-core machine shared with other jobs, so in CPU seconds): nutpie's
-#: compilation is ~36 CPU s on empty caches and ~9 CPU s on warm ones (PyTensor caches each Op's
-#: Numba code on disk, but nutpie's C callbacks around the logp+gradient and the expand function
-#: cannot be cached and recompile Numba internals every run); sampling ~46 CPU s over the two
-#: chains (~23 s of wall time on an idle machine, 140-150 leapfrog steps per draw at
-#: target_accept 0.99). Tried and not kept: ``var_names`` restricted to the free variables (a
-#: smaller expand function; 36.2 vs 36.1 CPU s of cold compilation), ``freeze_model=True`` (45
-#: CPU s), ``NUMBA_OPT=0`` (compiles faster, samples more than 10x slower), numpyro (no Numba
-#: compile, but 345 s of sampling for the same draws).
+#: LLVM optimisation level of the Numba code nutpie compiles for the model (Numba's default is 3;
+#: a ``NUMBA_OPT`` set in the environment wins). Measured on the demo fit (issue 15, MODEL_VERSION
+#: 7, 2-core machine at load 6-7, CPU seconds): level 1 compiles on empty caches in 71-73 CPU s
+#: against 82-91 at level 3, samples the same chains (identical R-hat and ESS at 1000, 1500 and
+#: 2000 draws; fast-math is off either way) at 41.7 against 40.1 CPU s for 2 x (500 + 2000)
+#: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
+#: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
+NUMBA_OPT = 1
+#: Where a fit's time goes (demo fit, 12 configurations, measured for issue 15 on a 2-core
+#: machine shared with other jobs (load 5-7), so in CPU seconds). MODEL_VERSION 7, before the
+#: changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
+#: compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
+#: leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
+#: Warm compilation: PyTensor's graph rewrites of logp+gradient and expand ~4.5 s, the rest
+#: Numba compiling nutpie's C callbacks (not cacheable) and linking the cached Ops into them. Cold: ~660 Numba functions (the logp
+#: +gradient graph has 361 nodes, the expand graph 155), two thirds of it in LLVM.
+#: Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
+#: the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
+#: function then only returns the free variables: cold compilation 55 against 73 CPU s).
+#: Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
+#: effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
+#: for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
+#: 0.02 (``z_pop`` in sum-group coordinates); ``sigma_model`` has the lowest ESS at every seed.
+#: A centred parameterisation of the well-identified effects, or ``sigma_model`` fixed, is the
+#: model's lever (hierarchy.py), not the sampler's. Tried and not kept (demo, seed 0, 2 x
+#: (500 + 2000)): target_accept 0.95 (67 steps per draw, but ESS 403 against 826: about the
+#: same ESS per CPU s, no margin), 0.9 (6 divergences), low-rank adaptation (0.95: ESS 453,
+#: 1 divergence, 65 us per step; 0.99: R-hat 1.012), nutpie's JAX backend (4 CPU s of
+#: compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
+#: :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
+#: cold), numpyro (345 s of sampling).
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",),
                "workload_decode": ("workload_e2e",)}
+
+
+@contextlib.contextmanager
+def _numba_opt(level: int) -> Iterator[None]:
+    """Numba's LLVM optimisation level set to ``level`` for the compilations inside the block
+    (see :data:`NUMBA_OPT`); left alone when the user set ``NUMBA_OPT`` in the environment."""
+    from numba.core import config as numba_config
+
+    if "NUMBA_OPT" in os.environ:
+        yield
+        return
+    old = numba_config.OPT
+    numba_config.OPT = numba_config._OptLevel(level)
+    try:
+        yield
+    finally:
+        numba_config.OPT = old
+
+
+def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
+    """``post`` (draws of the free variables) with every deterministic of ``model`` added.
+
+    Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
+    (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
+    compilation cost ~18 CPU s on empty caches (demo fit, issue 15: 55 against 73 CPU s of
+    compilation); the values agree to 4e-15 relative. On empty caches PyTensor builds the C
+    thunks of this function with gcc, ~6 s of wall time in a subprocess (not in the fit's CPU
+    time); Python thunks only (``cxx=""``) avoid that but cost 2.2 CPU s on every fit instead of
+    0.6, so C stays.
+    """
+    import pytensor
+    import pytensor.tensor as pt
+    from pytensor.graph.replace import vectorize_graph
+
+    rvs = list(model.free_RVs)
+    dets = list(model.deterministics)
+    if not dets:
+        return post
+    batched = {rv: pt.tensor(dtype=rv.dtype, shape=(None, *rv.type.shape), name=rv.name)
+               for rv in rvs}
+    outs = vectorize_graph(dets, replace=batched)
+    fn = pytensor.function(list(batched.values()), outs, mode="FAST_COMPILE",
+                           on_unused_input="ignore")
+    C, D = post.sizes["chain"], post.sizes["draw"]
+    args = []
+    for rv in rvs:
+        a = post[rv.name].transpose("chain", "draw", ...).values
+        args.append(a.reshape(C * D, *a.shape[2:]))
+    new = {}
+    for det, out, val in zip(dets, outs, fn(*args), strict=True):
+        val = np.asarray(val)
+        if out.type.ndim == det.type.ndim:  # does not depend on the draws (a constant)
+            val = np.broadcast_to(val, (C * D, *val.shape))
+        dims = model.named_vars_to_dims.get(det.name) or [f"{det.name}_dim_{j}"
+                                                          for j in range(val.ndim - 1)]
+        new[det.name] = (("chain", "draw", *dims), val.reshape(C, D, *val.shape[1:]))
+    used = {d for dims, _ in new.values() for d in dims}
+    coords = {d: list(v) for d, v in model.coords.items()
+              if d in used and d not in post.coords and v is not None}
+    return post.assign(new).assign_coords(coords)
 
 
 def _priors_yaml(priors: object) -> str:
@@ -267,8 +351,15 @@ class LatencyModel:
             elif self.sampler == "nutpie":
                 import nutpie
 
-                with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH):
-                    compiled = nutpie.compile_pymc_model(model)
+                if progress:  # nutpie's progress table starts with sampling; say what comes first
+                    print("compiling the model (about 15 s; a minute on a machine's first fit)...",
+                          file=sys.stderr, flush=True)
+                with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), \
+                        _numba_opt(NUMBA_OPT):
+                    # the trace stores the free variables only; the deterministics are
+                    # computed afterwards (see _with_deterministics)
+                    compiled = nutpie.compile_pymc_model(
+                        model, var_names=[v.name for v in model.free_RVs])
                 self.timings["compile_s"] = time.perf_counter() - t0
                 self.timings["compile_cpu_s"] = time.process_time() - c0
                 dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
@@ -286,9 +377,15 @@ class LatencyModel:
                                random_seed=seed, progressbar=progress, **kw)
         self.timings["sampling_s"] = time.perf_counter() - t0
         self.timings["sampling_cpu_s"] = time.process_time() - c0
+        if self.sampler == "nutpie":
+            t0 = time.perf_counter()
+            dt["posterior"] = xr.DataTree(_with_deterministics(model, dt["posterior"].to_dataset()))
+            self.timings["deterministics_s"] = time.perf_counter() - t0
         self._settings = {"draws": draws, "tune": tune, "chains": chains, "seed": seed,
                           "target_accept": target_accept, "adaptation": adaptation,
-                          "numba_fastmath": NUMBA_FASTMATH, "prior_draws": prior_draws}
+                          "numba_fastmath": NUMBA_FASTMATH,
+                          "numba_opt": os.environ.get("NUMBA_OPT", NUMBA_OPT),
+                          "prior_draws": prior_draws}
         self._add_config_draws(dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = self._assemble(dt, model)

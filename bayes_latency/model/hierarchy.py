@@ -62,6 +62,17 @@ configuration's sum differently, against the shared effects (a curved ridge: bul
 and ``log theta_pop`` is ``mu + offset + effects`` plus that shift for a group's members.
 Measured (2 x 1000 draws, target_accept 0.95, real all data): (1)+(2) R-hat 1.027 -> 1.0095, bulk
 ESS 63 -> 316 (free two-level scales) or 1.013-1.017 / 88-110 (fixed); with (3) 1.0122 / 211.
+(4) A group's members have no ARD gate (:data:`GATE_SUM_GROUPS`). (5) Near pairs
+(:func:`~bayes_latency.data.identifiability.near_pairs`: proportional on every row where both are
+non-zero, e.g. ``decode_compute`` + ``per_request``, one token per decoding request) are groups
+too. On the real data the pair made the cross-validation split without the Splitwise
+llama-2-70b H100 TP-2 benchmark bimodal (one chain put the decode cost on ``per_request``, x20,
+the other on ``decode_compute``): R-hat 1.566, ESS 3, 14 divergences; as a group 1.0206 / 153 /
+0. Tried on that split and not kept: ARD sharpness 2 (1.0096 / 67 / 1 divergence, but 1.080
+with (4)), no gate on any term (1.057), no gate on the groups alone (1.102), the pair sampled in
+its sum's coordinate with its own effects (1.245): the modes are those of the split under the
+terms' lognormal priors, so a reparametrisation cannot join them; sharing the effects (the split
+is then the population's only) does.
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
@@ -149,7 +160,7 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
         nu_alpha=float(nu_entry.get("alpha", 2.0)) if isinstance(nu_entry, dict) else 2.0,
         nu_beta=float(nu_entry.get("beta", 0.1)) if isinstance(nu_entry, dict) else 0.1,
         common={f: (_half_scale(hier[f"{f}_common"], 1.0) if f"{f}_common" in hier else None)
-                for f in ("model", "gpu", "tp", "stack")},
+                for f in ("model", "gpu", "tp", "stack", "config")},
     )
 
 
@@ -457,6 +468,26 @@ def _sum_shift(mu: pt.TensorVariable, design: Design, sum_groups: list) -> pt.Te
     return out
 
 
+def _config_common(scale: float | None, design: Design) -> pt.TensorVariable | float:
+    """``(config, coef)`` log-shift common to every beta term of a configuration, or 0.
+
+    With ``hierarchy.config_common`` (a halfnormal's ``sigma``) in the prior file, each
+    configuration's beta terms move together by ``sigma_config_common * z_config_common[c]``
+    beyond the crossed effects, at a scale fixed by the prior (free, it made a funnel with the
+    configurations' ``z``: one shift per configuration, which the data pin only together with the
+    factor effects). The per-term residual ``sigma_config`` is independent between terms, so in a
+    prediction (a sum of terms) it averages out; a configuration that runs faster or slower as a
+    whole (an interaction of model, GPU and TP the additive effects miss) needs this shift, and
+    an unseen configuration draws it (:meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`).
+    """
+    if scale is None or len(design.configs) < MIN_CONFIGS_FOR_RESIDUAL:
+        return 0.0
+    sc = pm.Deterministic("sigma_config_common", pt.as_tensor_variable(float(scale)))
+    z = pm.Normal("z_config_common", 0.0, 1.0, dims="config")
+    beta = np.asarray([c in design.beta_terms for c in design.coefs], dtype=float)
+    return (sc * z)[:, None] * beta[None, :]
+
+
 def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
     """``x`` (coefficients on the first axis) with each sum-only group's members reading their
     group's first coefficient (see :func:`build_model`, ``sum_groups``)."""
@@ -549,7 +580,11 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
         groups = [(np.asarray([design.coefs.index(c) for c in g[0]]), np.asarray(g[1], dtype=float))
                   for g in (sum_groups or []) if all(c in design.coefs for c in g[0])]
+        # members of a sum-only group are identified only as their sum in every configuration:
+        # no gate either (GATE_SUM_GROUPS; see _population)
+        in_group = {design.coefs[i] for idx, _ in groups for i in idx}
         mu = _population(pa, variant, np.asarray([c not in no_gate and c in design.beta_terms
+                                                  and (GATE_SUM_GROUPS or c not in in_group)
                                                   for c in design.coefs]), groups)
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
         if variant != "complete_pooling":
@@ -573,6 +608,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             sig_c = pm.Deterministic(
                 "sigma_config", pt.where(n_act >= MIN_CONFIGS_FOR_RESIDUAL, raw,
                                          pa.sigma_config["median"]), dims="coef")
+        loc = loc + _config_common(pa.common.get("config"), design)
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:
             pm.Potential("loglik_marginal",
@@ -583,6 +619,16 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             _theta_deterministics(theta, design)
             _row_likelihood(theta, design, rows, pa)
     return model
+
+
+#: Whether members of a sum-only group (:func:`~bayes_latency.data.identifiability.sum_groups`)
+#: get the ARD gate. They do not: every configuration identifies only their weighted sum, so which
+#: of them is "irrelevant" is the prior's call, and the gate's cheap left tail makes a corner of
+#: the sum (one member gated off, the others carrying it) a second mode. The flat-direction test
+#: behind ``no_gate`` (``confounded_everywhere``) misses such a group when one configuration's
+#: rows vary the ratio just above its tolerance (real data: ``weight_loading`` of the
+#: ``weight_loading + per_layer + per_step`` group was gated).
+GATE_SUM_GROUPS = False
 
 
 #: Upper bound of the configuration residual scale ``sigma_config`` (relative sd). The residual

@@ -96,10 +96,13 @@ def test_near_pairs_share_most_rows_in_proportion():
     assert near_pairs(rows, ["d", "r"]) == []
 
 
-def test_sum_group_members_have_no_ard_gate():
+def test_sum_group_members_without_ard_gate_when_switched_off(monkeypatch):
+    from bayes_latency.model import hierarchy
+    from bayes_latency.model.estimator import LatencyModel
+
+    monkeypatch.setattr(hierarchy, "GATE_SUM_GROUPS", False)
     obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1)],
                                n_iter=40, n_win=40, n_alpha=40, seed=3)
-    from bayes_latency.model.estimator import LatencyModel
 
     m = LatencyModel()
     model = m.build(obs)

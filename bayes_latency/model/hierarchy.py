@@ -62,17 +62,17 @@ configuration's sum differently, against the shared effects (a curved ridge: bul
 and ``log theta_pop`` is ``mu + offset + effects`` plus that shift for a group's members.
 Measured (2 x 1000 draws, target_accept 0.95, real all data): (1)+(2) R-hat 1.027 -> 1.0095, bulk
 ESS 63 -> 316 (free two-level scales) or 1.013-1.017 / 88-110 (fixed); with (3) 1.0122 / 211.
-(4) A group's members have no ARD gate (:data:`GATE_SUM_GROUPS`). (5) Near pairs
+(4) Near pairs
 (:func:`~bayes_latency.data.identifiability.near_pairs`: proportional on every row where both are
 non-zero, e.g. ``decode_compute`` + ``per_request``, one token per decoding request) are groups
 too. On the real data the pair made the cross-validation split without the Splitwise
 llama-2-70b H100 TP-2 benchmark bimodal (one chain put the decode cost on ``per_request``, x20,
-the other on ``decode_compute``): R-hat 1.566, ESS 3, 14 divergences; as a group 1.0206 / 153 /
+the other on ``decode_compute``): R-hat 1.566, ESS 3, 14 divergences; as a group 1.0109 / 259 /
 0. Tried on that split and not kept: ARD sharpness 2 (1.0096 / 67 / 1 divergence, but 1.080
-with (4)), no gate on any term (1.057), no gate on the groups alone (1.102), the pair sampled in
-its sum's coordinate with its own effects (1.245): the modes are those of the split under the
-terms' lognormal priors, so a reparametrisation cannot join them; sharing the effects (the split
-is then the population's only) does.
+without the gate on the groups), no gate on any term (1.057), no gate on the groups alone
+(1.102), the pair sampled in its sum's coordinate with its own effects (1.245): the modes are
+those of the split under the terms' lognormal priors, so a reparametrisation cannot join them;
+sharing the effects (the split is then the population's only) does.
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
@@ -586,8 +586,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
         groups = [(np.asarray([design.coefs.index(c) for c in g[0]]), np.asarray(g[1], dtype=float))
                   for g in (sum_groups or []) if all(c in design.coefs for c in g[0])]
-        # members of a sum-only group are identified only as their sum in every configuration:
-        # no gate either (GATE_SUM_GROUPS; see _population)
+        # members of a sum-only group keep their gate unless GATE_SUM_GROUPS is off
         in_group = {design.coefs[i] for idx, _ in groups for i in idx}
         mu = _population(pa, variant, np.asarray([c not in no_gate and c in design.beta_terms
                                                   and (GATE_SUM_GROUPS or c not in in_group)
@@ -628,13 +627,13 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
 
 
 #: Whether members of a sum-only group (:func:`~bayes_latency.data.identifiability.sum_groups`)
-#: get the ARD gate. They do not: every configuration identifies only their weighted sum, so which
-#: of them is "irrelevant" is the prior's call, and the gate's cheap left tail makes a corner of
-#: the sum (one member gated off, the others carrying it) a second mode. The flat-direction test
-#: behind ``no_gate`` (``confounded_everywhere``) misses such a group when one configuration's
-#: rows vary the ratio just above its tolerance (real data: ``weight_loading`` of the
-#: ``weight_loading + per_layer + per_step`` group was gated).
-GATE_SUM_GROUPS = False
+#: keep the ARD gate (``no_gate`` still switches it off). Without it, every configuration
+#: identifies only their weighted sum, so which of them is "irrelevant" would be the prior's
+#: call; but measured on the real cross-validation splits (with :func:`near_pairs` as groups),
+#: gating them converged better: split without bench llama-2-70b A100 TP-4, R-hat 1.0172 / bulk
+#: ESS 162 gated against 1.2575 / 6 ungated (``weight_loading``, bloom's model effect); without
+#: bench llama-2-70b H100 TP-2, 1.0109 / 259 against 1.0826 / 25 (``tp_allreduce``).
+GATE_SUM_GROUPS = True
 
 
 #: Upper bound of the configuration residual scale ``sigma_config`` (relative sd). The residual

@@ -79,3 +79,27 @@ def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
     np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,
                                   pr["sigma_config_free"].sel(coef="decode_kv").values)
     assert sc.sel(coef="decode_kv").std() > 0.01
+
+
+def test_config_common_shift_moves_every_beta_term_of_a_configuration():
+    import pytensor
+    import pytensor.tensor as pt
+
+    from bayes_latency.priors import load_priors
+
+    obs, _ = make_observations(CONFIGS, n_iter=40, n_win=40, n_alpha=40, seed=2)
+    assert "z_config_common" not in {v.name for v in LatencyModel().build(obs).free_RVs}
+    pr = load_priors()
+    pr.hierarchy["config_common"] = {"dist": "halfnormal", "sigma": 0.3}
+    m = LatencyModel(priors=pr)
+    model = m.build(obs)
+    assert model.named_vars_to_dims["z_config_common"] == ("config",)
+    (log_tp,) = model.replace_rvs_by_values([pt.log(model["theta_pop"])])
+    zv = model.rvs_to_values[model["z_config_common"]]
+    jac = pytensor.gradient.jacobian(log_tp[0], zv)  # (coef, config) of the first configuration
+    f = pytensor.function(model.value_vars, jac, on_unused_input="ignore")
+    J = f(**model.initial_point())
+    beta = np.asarray([c in m.terms for c in m.design.coefs])
+    np.testing.assert_allclose(J[beta, 0], 0.3)  # every beta term by sigma_config_common
+    np.testing.assert_allclose(J[~beta], 0.0)  # the alpha terms not at all
+    np.testing.assert_allclose(J[:, 1:], 0.0)  # nor the other configurations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from obs_factory import make_observations
@@ -70,3 +71,44 @@ def test_unseen_levels_share_the_group_effect():
     eff[:, 2] = 0.0
     eff[:, 4] = 0.0  # zero effects (e.g. a term without data) are not a group
     np.testing.assert_array_equal(_shared_effects(eff), [0, 1, 2, 1, 4])
+
+
+def test_near_pairs_share_most_rows_in_proportion():
+    from bayes_latency.data.identifiability import near_pairs
+
+    # d (decode tokens) and r (requests): equal on decode rows, r alone on the prefill rows;
+    # p (prompt tokens) only on prefill rows; c: constant on the prefill rows only (a coincidence)
+    dec = np.array([3, 8, 16, 32, 5, 9, 12, 40.0])
+    rows = pd.DataFrame({"config_id": ["a"] * 10 + ["b"] * 10,
+                         "x_d": np.r_[dec, 0, 0, dec * 2, 0, 0],
+                         "x_r": np.r_[dec * 0.5, 1, 1, dec, 1, 1],
+                         "x_p": np.r_[[0.0] * 8, 500, 900, [0.0] * 8, 300, 700],
+                         "x_c": np.r_[[0.0] * 8, 7, 7, [0.0] * 8, 7, 7]})
+    pairs = near_pairs(rows, ["d", "r", "p", "c"])
+    assert [g.coefs for g in pairs] == [["d", "r"]]  # p + c share only the 2 prefill rows of 10
+    np.testing.assert_allclose(pairs[0].weights, [1.0, 0.5])
+    np.testing.assert_allclose(pairs[0].config_weights["b"], [1.0, 0.5])
+    assert not pairs[0].exact
+    assert near_pairs(rows, ["d", "r", "p", "c"], exclude=["r"]) == []
+    # active in one configuration on different rows only: not a sum there
+    rows.loc[(rows["config_id"] == "b") & (rows["x_d"] > 0), "x_r"] = 0.0
+    rows.loc[rows["config_id"] == "b", "x_r"] = np.r_[[0.0] * 8, 1, 1]
+    assert near_pairs(rows, ["d", "r"]) == []
+
+
+def test_sum_group_members_without_ard_gate_when_switched_off(monkeypatch):
+    from bayes_latency.model import hierarchy
+    from bayes_latency.model.estimator import LatencyModel
+
+    monkeypatch.setattr(hierarchy, "GATE_SUM_GROUPS", False)
+    obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1)],
+                               n_iter=40, n_win=40, n_alpha=40, seed=3)
+
+    m = LatencyModel()
+    model = m.build(obs)
+    members = {c for g in m._sum_groups() for c in g[0]}
+    assert {"per_layer", "per_step"} <= members
+    rel = pm.draw(model["relevance"], draws=20, random_seed=1)  # (20, coef)
+    gated = [c in members for c in m.design.coefs]
+    np.testing.assert_array_equal(rel[:, gated], 1.0)
+    assert (rel[:, ~np.asarray(gated)] < 1.0).any()  # the other beta terms keep theirs

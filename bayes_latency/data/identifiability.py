@@ -240,6 +240,9 @@ class SumGroup:
     weights: np.ndarray
     #: per configuration where the group is active, its own feature ratios (``[0] = 1``)
     config_weights: dict[str, np.ndarray] = field(default_factory=dict)
+    #: False for a near pair (:func:`near_pairs`): the features are proportional only on the
+    #: rows where both are non-zero (the model treats it as a group all the same)
+    exact: bool = True
 
 
 def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
@@ -301,4 +304,65 @@ def sum_groups(rows: pd.DataFrame, coefs: Sequence[str],
         cw = {c: np.asarray([1.0] + [per_config[(idx[0], b)][c] for b in idx[1:]])
               for c in per_config.get((idx[0], idx[1]), {})}
         out.append(SumGroup([coefs[i] for i in idx], w, cw))
+    return out
+
+
+#: Least share of the rows where either member of a near pair is active on which both are (and
+#: proportional): ``decode_compute`` / ``per_request`` share every decode row; a coincidence such
+#: as a fixed prompt length (``prefill_kv`` against a per-step term on prefill rows only) does not.
+NEAR_PAIR_SHARE = 0.5
+
+
+def near_pairs(rows: pd.DataFrame, coefs: Sequence[str], exclude: Sequence[str] = (),
+               tol: float = RATIO_CV_TOL) -> list[SumGroup]:
+    """Pairs of coefficients whose features are proportional on every row where both are non-zero
+    (in every configuration where both are active), and each active elsewhere at most alone.
+
+    ``decode_compute`` and ``per_request`` without speculative decoding: a decode-only step has one
+    token per request, so the decode rows see only their sum; prefill rows add ``per_request``
+    alone, but at its size (microseconds per request against milliseconds of prefill) they barely
+    tell it apart. On the real data the two made a bimodal posterior ("one of them carries the
+    decode cost"). The estimator passes such a pair to the model with the :func:`sum_groups`
+    groups, so it is treated like one (sum coordinate, shared factor effects, ``_sum_shift``; see
+    :mod:`bayes_latency.model.hierarchy`): the rows where one of them is active alone are left to
+    the configuration residual. Sampled only in the sum's coordinate with their own effects, the
+    pair stayed bimodal (R-hat 1.245).
+    Coefficients in ``exclude`` (members of the exact groups) are left out; the pair must share at
+    least :data:`NEAR_PAIR_SHARE` of the rows where either is active, in every configuration;
+    pairs are disjoint, the one with the most shared rows first.
+    """
+    X = rows[[f"x_{c}" for c in coefs]].to_numpy(dtype=float)
+    cfg = rows["config_id"].to_numpy()
+    K = len(coefs)
+    cand = []
+    for i in range(K):
+        for j in range(i + 1, K):
+            if coefs[i] in exclude or coefs[j] in exclude:
+                continue
+            ok, logs, shared, cw = True, [], 0, {}
+            for c in np.unique(cfg):
+                Xc = X[cfg == c]
+                both = (Xc[:, i] != 0) & (Xc[:, j] != 0)
+                if not both.any():
+                    if (Xc[:, i] != 0).any() and (Xc[:, j] != 0).any():
+                        ok = False  # both active, never together: not a sum there
+                        break
+                    continue
+                r = Xc[both, j] / Xc[both, i]
+                either = (Xc[:, i] != 0) | (Xc[:, j] != 0)
+                if not (np.all(r > 0) and np.std(r) <= tol * np.mean(r)
+                        and both.sum() >= NEAR_PAIR_SHARE * either.sum()):
+                    ok = False
+                    break
+                logs.append(float(np.log(np.median(r))))
+                cw[str(c)] = np.asarray([1.0, float(np.median(r))])
+                shared += int(both.sum())
+            if ok and logs:
+                cand.append((shared, i, j, float(np.exp(np.mean(logs))), cw))
+    out, used = [], set()
+    for _, i, j, w, cw in sorted(cand, key=lambda t: (-t[0], t[1], t[2])):
+        if i in used or j in used:
+            continue
+        used |= {i, j}
+        out.append(SumGroup([coefs[i], coefs[j]], np.asarray([1.0, w]), cw, exact=False))
     return out

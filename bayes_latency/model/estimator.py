@@ -302,12 +302,14 @@ class LatencyModel:
         """Groups of coefficients the fitted rows give only as a weighted sum, with the typical
         and the per-configuration weights (:func:`~bayes_latency.data.identifiability.sum_groups`;
         ``sum_groups`` of :func:`~bayes_latency.model.hierarchy.build_model`)."""
-        from bayes_latency.data.identifiability import sum_groups
+        from bayes_latency.data.identifiability import near_pairs, sum_groups
 
         rows = getattr(self, "_rows", None)
         if rows is None:
             return []
-        return [(g.coefs, g.weights, g.config_weights) for g in sum_groups(rows, list(self.coefs))]
+        groups = sum_groups(rows, list(self.coefs))
+        groups += near_pairs(rows, list(self.coefs), [c for g in groups for c in g.coefs])
+        return [(g.coefs, g.weights, g.config_weights) for g in groups]
 
     def _no_gate(self) -> tuple[str, ...]:
         """Terms without an ARD gate: those that no configuration identifies on their own
@@ -650,6 +652,10 @@ class LatencyModel:
                             sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
                             logt = logt + (sc_c * rng.standard_normal(S))[:, None]
             unseen.append("config")
+            if "sigma_config_common" in post:  # the shift common to a configuration's beta terms
+                beta = np.asarray([c in self.terms for c in self.coefs], dtype=float)
+                sc_cc = post["sigma_config_common"].values.ravel()
+                logt = logt + (sc_cc * rng.standard_normal(S))[:, None] * beta[None, :]
             sc = post["sigma_config"].values.T
             theta = np.maximum(np.exp(logt) * (1.0 + sc * rng.standard_normal((S, K))), 0.0)
         if n_draws is not None and n_draws < S:

@@ -62,6 +62,17 @@ configuration's sum differently, against the shared effects (a curved ridge: bul
 and ``log theta_pop`` is ``mu + offset + effects`` plus that shift for a group's members.
 Measured (2 x 1000 draws, target_accept 0.95, real all data): (1)+(2) R-hat 1.027 -> 1.0095, bulk
 ESS 63 -> 316 (free two-level scales) or 1.013-1.017 / 88-110 (fixed); with (3) 1.0122 / 211.
+(4) Near pairs
+(:func:`~bayes_latency.data.identifiability.near_pairs`: proportional on every row where both are
+non-zero, e.g. ``decode_compute`` + ``per_request``, one token per decoding request) are groups
+too. On the real data the pair made the cross-validation split without the Splitwise
+llama-2-70b H100 TP-2 benchmark bimodal (one chain put the decode cost on ``per_request``, x20,
+the other on ``decode_compute``): R-hat 1.566, ESS 3, 14 divergences; as a group 1.0109 / 259 /
+0. Tried on that split and not kept: ARD sharpness 2 (1.0096 / 67 / 1 divergence, but 1.080
+without the gate on the groups), no gate on any term (1.057), no gate on the groups alone
+(1.102), the pair sampled in its sum's coordinate with its own effects (1.245): the modes are
+those of the split under the terms' lognormal priors, so a reparametrisation cannot join them;
+sharing the effects (the split is then the population's only) does.
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
@@ -149,7 +160,7 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
         nu_alpha=float(nu_entry.get("alpha", 2.0)) if isinstance(nu_entry, dict) else 2.0,
         nu_beta=float(nu_entry.get("beta", 0.1)) if isinstance(nu_entry, dict) else 0.1,
         common={f: (_half_scale(hier[f"{f}_common"], 1.0) if f"{f}_common" in hier else None)
-                for f in ("model", "gpu", "tp", "stack")},
+                for f in ("model", "gpu", "tp", "stack", "config")},
     )
 
 
@@ -457,6 +468,32 @@ def _sum_shift(mu: pt.TensorVariable, design: Design, sum_groups: list) -> pt.Te
     return out
 
 
+def _config_common(scale: float | None, design: Design) -> pt.TensorVariable | float:
+    """``(config, coef)`` log-shift common to every beta term of a configuration, or 0.
+
+    With ``hierarchy.config_common`` (a halfnormal's ``sigma``) in the prior file, each
+    configuration's beta terms move together by ``sigma_config_common * z_config_common[c]``
+    beyond the crossed effects, at the scale the prior file gives (fixed, not sampled; a sampled
+    scale was not tried). The per-term residual ``sigma_config`` is independent between terms,
+    so in a prediction (a sum of terms) it averages out; a configuration that runs faster or
+    slower as a whole (an interaction of model, GPU and TP the additive effects miss) needs this
+    shift, and an unseen configuration draws it
+    (:meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`). Off in the default prior
+    file. Measured on the real data's 8 cross-validation splits (``REAL_TERMS``, default sampler
+    settings, 90% predictive bands of the held-out rows): without it coverage 0.686 on average
+    (codellama-34b run 0.088, the two TP-8 benchmarks 0.25 and 0.25); with sigma 0.3, 0.905
+    (0.996, 0.31, 1.0), but the fits converged worse (max R-hat up to 1.092, 1-2 divergences
+    in 6 of 8 splits; without: up to 1.039, 3 divergences in 2 splits) and the benchmark splits'
+    MdAPE rose (e.g. llama-2-70b A100 TP-2 7.2% -> 48%) while the runs' fell (45.8% -> 16.8%).
+    """
+    if scale is None or len(design.configs) < MIN_CONFIGS_FOR_RESIDUAL:
+        return 0.0
+    sc = pm.Deterministic("sigma_config_common", pt.as_tensor_variable(float(scale)))
+    z = pm.Normal("z_config_common", 0.0, 1.0, dims="config")
+    beta = np.asarray([c in design.beta_terms for c in design.coefs], dtype=float)
+    return (sc * z)[:, None] * beta[None, :]
+
+
 def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
     """``x`` (coefficients on the first axis) with each sum-only group's members reading their
     group's first coefficient (see :func:`build_model`, ``sum_groups``)."""
@@ -549,7 +586,10 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
         groups = [(np.asarray([design.coefs.index(c) for c in g[0]]), np.asarray(g[1], dtype=float))
                   for g in (sum_groups or []) if all(c in design.coefs for c in g[0])]
+        # members of a sum-only group keep their gate unless GATE_SUM_GROUPS is off
+        in_group = {design.coefs[i] for idx, _ in groups for i in idx}
         mu = _population(pa, variant, np.asarray([c not in no_gate and c in design.beta_terms
+                                                  and (GATE_SUM_GROUPS or c not in in_group)
                                                   for c in design.coefs]), groups)
         loc = pt.broadcast_to(mu[None, :] + offset, (C, K))
         if variant != "complete_pooling":
@@ -573,6 +613,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             sig_c = pm.Deterministic(
                 "sigma_config", pt.where(n_act >= MIN_CONFIGS_FOR_RESIDUAL, raw,
                                          pa.sigma_config["median"]), dims="coef")
+        loc = loc + _config_common(pa.common.get("config"), design)
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:
             pm.Potential("loglik_marginal",
@@ -583,6 +624,16 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             _theta_deterministics(theta, design)
             _row_likelihood(theta, design, rows, pa)
     return model
+
+
+#: Whether members of a sum-only group (:func:`~bayes_latency.data.identifiability.sum_groups`)
+#: keep the ARD gate (``no_gate`` still switches it off). Without it, every configuration
+#: identifies only their weighted sum, so which of them is "irrelevant" would be the prior's
+#: call; but measured on the real cross-validation splits (with :func:`near_pairs` as groups),
+#: gating them converged better: split without bench llama-2-70b A100 TP-4, R-hat 1.0172 / bulk
+#: ESS 162 gated against 1.2575 / 6 ungated (``weight_loading``, bloom's model effect); without
+#: bench llama-2-70b H100 TP-2, 1.0109 / 259 against 1.0826 / 25 (``tp_allreduce``).
+GATE_SUM_GROUPS = True
 
 
 #: Upper bound of the configuration residual scale ``sigma_config`` (relative sd). The residual

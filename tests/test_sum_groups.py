@@ -10,7 +10,12 @@ import pytensor.tensor as pt
 from obs_factory import make_observations
 from pytensor.gradient import jacobian
 
-from bayes_latency.data.identifiability import sum_groups
+from bayes_latency.data.identifiability import (
+    MAX_WEIGHT_SPREAD,
+    pooled_groups,
+    sum_groups,
+    weight_spread,
+)
 from bayes_latency.model.hierarchy import SumGroupTransform
 
 
@@ -39,6 +44,24 @@ def test_sum_groups_tolerance_on_the_ratio():
     np.testing.assert_allclose(groups[0].weights, [1.0, np.sqrt(100 * 200)], rtol=1e-9)
     np.testing.assert_allclose(groups[0].config_weights["b"], [1.0, 200.0])
     assert sum_groups(rows, ["p", "n", "q"], tol=0.001) == []
+
+
+def test_groups_whose_weights_differ_across_configurations_are_not_pooled():
+    # p, n proportional in every configuration, but n/p is 100 in a and 200 in b: the two
+    # configurations identify the split, so the model must not sample it as a sum
+    rows = pd.DataFrame({"config_id": ["a"] * 4 + ["b"] * 4,
+                         "x_p": [1.0] * 8,
+                         "x_n": [100, 101, 99, 100, 200, 202, 198, 200.0],
+                         "x_q": [1, 5, 9, 2, 1, 1, 1, 1.0]})
+    (g,) = sum_groups(rows, ["p", "n", "q"])
+    np.testing.assert_allclose(weight_spread(g), np.log(2.0), rtol=1e-9)
+    assert pooled_groups(rows, ["p", "n", "q"]) == []
+    # the left-out members are not paired again as a near pair
+    assert all("n" not in p.coefs for p in pooled_groups(rows, ["p", "n", "q"]))
+    # weights within the limit (n/p 100 and 110): pooled
+    rows.loc[rows["config_id"] == "b", "x_n"] = [110, 111.1, 108.9, 110.0]
+    assert np.log(1.1) < MAX_WEIGHT_SPREAD
+    assert [g.coefs for g in pooled_groups(rows, ["p", "n", "q"])] == [["p", "n"]]
 
 
 def test_sum_group_transform_is_exact_with_a_constant_jacobian():

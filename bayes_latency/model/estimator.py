@@ -300,15 +300,14 @@ class LatencyModel:
 
     def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
         """Groups of coefficients the fitted rows give only as a weighted sum, with the typical
-        and the per-configuration weights (:func:`~bayes_latency.data.identifiability.sum_groups`;
+        and the per-configuration weights (:func:`~bayes_latency.data.identifiability.pooled_groups`;
         ``sum_groups`` of :func:`~bayes_latency.model.hierarchy.build_model`)."""
-        from bayes_latency.data.identifiability import near_pairs, sum_groups
+        from bayes_latency.data.identifiability import pooled_groups
 
         rows = getattr(self, "_rows", None)
         if rows is None:
             return []
-        groups = sum_groups(rows, list(self.coefs))
-        groups += near_pairs(rows, list(self.coefs), [c for g in groups for c in g.coefs])
+        groups = pooled_groups(rows, list(self.coefs))
         return [(g.coefs, g.weights, g.config_weights) for g in groups]
 
     def _no_gate(self) -> tuple[str, ...]:

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1009,7 +1009,6 @@ class _Acc:
         """Sort order of the journey rows by (request, step (nulls first), ts, event rank) and
         each sorted row's request index (in ``sorted(self.cores)``) and event rank; None when
         two rows tie on those keys (the pandas sort then orders them by every column)."""
-        n = len(j["event"])
         row = pd.Index(sorted(self.cores)).get_indexer(j["request_id"]).astype(np.int64)
         rank = pd.Index(JOURNEY_EVENTS).get_indexer(j["event"]).astype(np.int64)
         steps = pd.array(j["step"], dtype="Int64")
@@ -1017,14 +1016,8 @@ class _Acc:
         step = np.where(has_step, steps._data, 0)
         ts = np.asarray(j["ts_monotonic_ns"], dtype=np.int64)
         order = np.lexsort((rank, ts, step, has_step, row))
-        keys = (row, has_step, step, ts, rank)
-        if n > 1:
-            same = np.ones(n - 1, dtype=bool)
-            for k in keys:
-                ks = k[order]
-                same &= ks[1:] == ks[:-1]
-            if same.any():
-                return None
+        if _has_ties((row, has_step, step, ts, rank), order):
+            return None
         return order, row[order], rank[order]
 
     def _api_table(self, experiment_id: str) -> pd.DataFrame:
@@ -1297,16 +1290,22 @@ def _key_order(keys: list[Any]) -> np.ndarray | None:
                 codes.append(np.unique(np.asarray(k, dtype=object), return_inverse=True)[1])
             except TypeError:  # None among the strings
                 return None
-    n = len(codes[0])
     order = np.lexsort(codes[::-1])
-    if n > 1:
-        same = np.ones(n - 1, dtype=bool)
-        for c in codes:
-            cs = c[order]
-            same &= cs[1:] == cs[:-1]
-        if same.any():
-            return None
+    if _has_ties(codes, order):
+        return None
     return order
+
+
+def _has_ties(keys: Sequence[np.ndarray], order: np.ndarray) -> bool:
+    """Whether two rows agree on every key (``order`` sorts the rows by the keys, so such rows
+    are adjacent); the callers then fall back to their row-wise path."""
+    if len(order) < 2:
+        return False
+    same = np.ones(len(order) - 1, dtype=bool)
+    for k in keys:
+        ks = np.asarray(k)[order]
+        same &= ks[1:] == ks[:-1]
+    return bool(same.any())
 
 
 def _sort_all(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:

@@ -263,11 +263,14 @@ MAX_WEIGHT_SPREAD = math.log(1.25)
 def weight_spread(group: SumGroup) -> float:
     """Largest spread across configurations of the log feature ratio of a member to the first
     (0 when the group is seen in one configuration)."""
-    cw = list(group.config_weights.values())
-    if len(cw) < 2:
-        return 0.0
-    logs = np.log(np.stack([np.asarray(w, dtype=float) for w in cw]))
-    return float(np.max(np.ptp(logs, axis=0)))
+    logs = _log_config_weights(group)
+    return 0.0 if len(logs) < 2 else float(np.max(np.ptp(logs, axis=0)))
+
+
+def _log_config_weights(group: SumGroup) -> np.ndarray:
+    """``(configuration, member)`` log feature ratios of ``group`` (in ``config_weights`` order)."""
+    return np.log(np.stack([np.asarray(w, dtype=float) for w in group.config_weights.values()])
+                  ) if group.config_weights else np.zeros((0, len(group.coefs)))
 
 
 def pooled_groups(rows: pd.DataFrame, coefs: Sequence[str],
@@ -289,7 +292,7 @@ def _consistent_subgroups(group: SumGroup, max_spread: float) -> list[SumGroup]:
     cfgs = list(group.config_weights)
     if len(cfgs) < 2:
         return [group]
-    logs = np.log(np.stack([np.asarray(group.config_weights[c], dtype=float) for c in cfgs]))
+    logs = _log_config_weights(group)
     left, out = list(range(len(group.coefs))), []
     while len(left) >= 2:
         a = left[0]

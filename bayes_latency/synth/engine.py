@@ -42,13 +42,13 @@ starts at ``t_s + iteration_s`` or, when nothing is runnable, shortly after the 
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from bayes_latency.synth.engine_loop import STEP_FLOAT_COLUMNS, STEP_INT_COLUMNS, run_loop
 from bayes_latency.synth.steptime import StepTimeModel
 
 # event codes
@@ -185,52 +185,6 @@ class EngineResult:
         return out
 
 
-class _Req:
-    __slots__ = ("idx", "prompt", "maxt", "total", "out", "computed", "nblocks", "shared",
-                 "npre", "hw", "sched", "group", "pblocks", "key", "ublocks", "resumed")
-
-    def __init__(self, idx: int, prompt: int, maxt: int, group: int, pblocks: int, key: int,
-                 ublocks: int) -> None:
-        self.idx = idx
-        self.prompt = prompt
-        self.maxt = maxt
-        self.total = prompt        # prompt + output tokens (tokens that must be in KV + 1 pending)
-        self.out = 0
-        self.computed = 0
-        self.nblocks = 0           # blocks held, including shared prefix blocks
-        self.shared = 0            # of which shared (cached prefix) blocks
-        self.npre = 0
-        self.hw = 0                # prefill.done_tokens high-water mark
-        self.sched = 0             # tokens scheduled in the current step
-        self.group = group
-        self.pblocks = pblocks     # full blocks of the group's shared prefix
-        self.key = key             # distinct-prompt id (-1: not cacheable as a whole)
-        self.ublocks = ublocks     # full blocks of the whole prompt that a cache hit may cover
-        self.resumed = False
-
-
-class _Noise:
-    """Pre-drawn noise in blocks (deterministic for a given generator)."""
-
-    def __init__(self, rng: np.random.Generator, nc: NoiseConfig, block: int = 8192) -> None:
-        self.rng, self.nc, self.block = rng, nc, block
-        self.i = block
-        self.eps: list[float] = []
-        self.cpu: list[float] = []
-        self.us: list[float] = []
-        self.ur: list[float] = []
-
-    def refill(self) -> None:
-        nc, n, r = self.nc, self.block, self.rng
-        eps = np.clip(nc.iteration_scale * r.standard_t(nc.iteration_nu, size=n),
-                      -nc.iteration_clip, nc.iteration_clip)
-        self.eps = np.exp(eps).tolist()
-        self.cpu = np.exp(nc.cpu_sigma * r.standard_normal(n)).tolist()
-        self.us = r.random(n).tolist()
-        self.ur = r.random(n).tolist()
-        self.i = 0
-
-
 def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.ndarray,
                group: np.ndarray, prefix_len: np.ndarray, steptime: StepTimeModel,
                config: EngineConfig, rng: np.random.Generator,
@@ -265,7 +219,6 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
     n = int(len(queued_ns))
     bs = int(cfg.block_size)
     budget_max = int(cfg.max_num_batched_tokens)
-    max_seqs = int(cfg.max_num_seqs)
     capacity = int(cfg.kv_capacity_blocks)
     pc = bool(cfg.prefix_caching)
     chunked = bool(cfg.chunked_prefill)
@@ -280,288 +233,58 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
         raise ValueError("without chunked prefill every prompt (+ output) must fit the token budget")
 
     order = np.argsort(queued_ns, kind="stable")
-    q_sorted = queued_ns[order].tolist()
-    pblocks = (np.asarray(prefix_len, dtype=np.int64) // bs).tolist() if pc else [0] * n
+    zeros = np.zeros(n, dtype=np.int64)
+    # the prefix cache only compares ids: dense ids index its membership arrays
+    _, groups = np.unique(np.asarray(group, dtype=np.int64), return_inverse=True)
+    pblocks = np.asarray(prefix_len, dtype=np.int64) // bs if pc else zeros
     if pc and prompt_key is not None:
-        ublocks = ((prompt_len - 1) // bs).tolist()
-        keys = np.asarray(prompt_key, dtype=np.int64).tolist()
+        ublocks = (prompt_len - 1) // bs
+        _, keys = np.unique(np.asarray(prompt_key, dtype=np.int64), return_inverse=True)
     else:
-        ublocks = [0] * n
-        keys = [-1] * n
-    groups = np.asarray(group, dtype=np.int64).tolist()
-    pl, mt = prompt_len.tolist(), max_tokens.tolist()
-    reqs = [_Req(i, pl[i], mt[i], groups[i], pblocks[i], keys[i], ublocks[i]) for i in range(n)]
-    arrivals = [reqs[i] for i in order.tolist()]
-    cached_groups: set[int] = set()
-    cached_keys: set[int] = set()
-    pool = 0
-    pool_max = int(cfg.cache_fraction * capacity)
-
-    # step time (hot-loop locals)
-    H = steptime.table_list
-    c_dec = steptime.c_decode
+        ublocks, keys = zeros, np.full(n, -1, dtype=np.int64)
     sl = steptime.slopes
-    c_npre, c_pairs, c_pkv = sl["num_prefill_reqs"], sl["prefill_attn_pairs"], sl["prefill_kv_tokens"]
-    c_ipairs = sl["prefill_input_pairs"]
-    c_ndec, c_ctx = sl["num_decode_reqs"], sl["decode_ctx_tokens"]
-    noise_src = _Noise(rng, nc)
-    cpu_base, cpu_per = nc.cpu_base_us, nc.cpu_per_request_us
-    cpu_frac = nc.cpu_max_fraction
-    s_rate, r_rate = nc.step_sample_rate, nc.rich_subsample_rate
-    wake_lo, wake_span = nc.wake_min_us * 1000.0, (nc.wake_max_us - nc.wake_min_us) * 1000.0
-
-    running: list[_Req] = []
-    waiting: deque[_Req] = deque()
-    free = capacity
-    events: list[tuple[int, int, int, int, int, int]] = []   # req, code, step, pdone, ddone, npre
-    ev = events.append
-    chunks: list[tuple[int, int, int, int, int]] = []        # step, req, tokens, offset, recompute
-    snaps: list[tuple] = []
-    steps: list[tuple] = []
-    first_sched = [0] * n
-    first_tok = [0] * n
-    fin_step = [0] * n
-    cache_hit = [0] * n
-
-    nxt = 0
-    s = 0
-    t = q_sorted[0] + int(wake_lo) if n else 0
-    n_fin_prev = 0
-    n_preempted = 0
-
-    def preempt() -> _Req:
-        """Preempt the last running request (recompute later): free its blocks, requeue it first."""
-        nonlocal free, n_preempted
-        v = running.pop()
-        free += v.nblocks - v.shared
-        v.nblocks = v.shared = v.computed = 0
-        v.npre += 1
-        v.resumed = True
-        waiting.appendleft(v)
-        ev((v.idx, EV_PREEMPTED, s, v.hw, v.out, v.npre))
-        n_preempted += 1
-        return v
-
-    while True:
-        while nxt < n and q_sorted[nxt] < t:
-            waiting.append(arrivals[nxt])
-            nxt += 1
-        if not running and not waiting:
-            if nxt >= n:
-                break
-            if noise_src.i >= noise_src.block:
-                noise_src.refill()
-            t = q_sorted[nxt] + int(wake_lo + wake_span * noise_src.us[noise_src.i])
-            noise_src.i += 1
-            continue
-        s += 1
-        budget = budget_max
-        n_preempted = 0
-        # ---- 1. decodes, in running order
-        dec: list[_Req] = []
-        partial: list[_Req] = []
-        ndec = 0
-        ctx = 0
-        i = 0
-        while i < len(running):
-            r = running[i]
-            if r.out and r.total - r.computed == 1:      # (budget >= max_num_seqs: always fits)
-                if r.computed // bs + 1 > r.nblocks:      # needs one more block
-                    ok = True
-                    while free < 1:
-                        v = preempt()
-                        if v is r:
-                            ok = False
-                            break
-                    if not ok:
-                        break
-                    r.nblocks += 1
-                    free -= 1
-                r.sched = 1
-                dec.append(r)
-                ndec += 1
-                ctx += r.computed + 1
-                budget -= 1
-            else:
-                partial.append(r)
-            i += 1
-        # ---- 2. running partial prefills / recomputes, in running order
-        npre = 0
-        ptok = 0
-        pairs = 0
-        pkv = 0
-        ipairs = 0.0
-        pre_list: list[tuple[_Req, int]] = []
-        for r in partial:
-            if budget <= 0:
-                break
-            if r.nblocks == 0 and r.computed == 0:
-                continue                                   # preempted earlier in this pass
-            ok = True
-            while True:
-                c = r.total - r.computed                   # (re)computed: a withdrawn decode
-                if c > budget:                             # gives its token back to the budget
-                    c = budget
-                need = -(-(r.computed + c) // bs) - r.nblocks
-                if need <= free:
-                    break
-                v = preempt()
-                if v.sched:                                # withdraw its decode of this step
-                    dec.remove(v)
-                    ndec -= 1
-                    ctx -= v.computed + 1
-                    budget += 1
-                    v.sched = 0
-                if v is r:
-                    ok = False
-                    break
-            if not ok:
-                break
-            r.nblocks += need
-            free -= need
-            r.sched = c
-            o = r.computed
-            pre_list.append((r, c))
-            chunks.append((s, r.idx, c, o, 1 if r.out else 0))
-            npre += 1
-            ptok += c
-            pairs += c * o + c * (c + 1) // 2
-            pkv += o + c
-            ipairs += c * (r.total + c / 2)
-            budget -= c
-        # ---- 3. waiting queue, FCFS (not in a step that preempted)
-        if not n_preempted:
-            while waiting and budget > 0 and len(running) < max_seqs:
-                r = waiting[0]
-                if not pc:
-                    hit = 0
-                elif r.key in cached_keys:
-                    hit = r.ublocks
-                elif r.group in cached_groups:
-                    hit = r.pblocks
-                else:
-                    hit = 0
-                o = hit * bs
-                rem = r.total - o
-                c = rem if rem <= budget else budget
-                if not chunked and c < rem:
-                    break
-                need = -(-(o + c) // bs) - hit
-                if need > free:
-                    break
-                waiting.popleft()
-                ev((r.idx, EV_SCHED_RESUME if r.resumed else EV_SCHED_FIRST, s, r.hw, r.out, r.npre))
-                if not r.resumed:
-                    first_sched[r.idx] = s
-                    cache_hit[r.idx] = o
-                running.append(r)
-                r.computed = o
-                r.shared = hit
-                r.nblocks = hit + need
-                free -= need
-                r.sched = c
-                pre_list.append((r, c))
-                chunks.append((s, r.idx, c, o, 1 if r.out else 0))
-                npre += 1
-                ptok += c
-                pairs += c * o + c * (c + 1) // 2
-                pkv += o + c
-                ipairs += c * (r.total + c / 2)
-                budget -= c
-        # ---- step time
-        nsched = ndec + npre
-        if noise_src.i >= noise_src.block:
-            noise_src.refill()
-        j = noise_src.i
-        noise_src.i += 1
-        mean = (H[ptok + ndec] + c_dec * ndec + c_npre * npre + c_pairs * pairs + c_pkv * pkv
-                + c_ipairs * ipairs + c_ndec * ndec + c_ctx * ctx)
-        it_ns = int(round(mean * noise_src.eps[j] * 1000.0))
-        cpu = (cpu_base + cpu_per * nsched) * noise_src.cpu[j] * 1000.0
-        cap = cpu_frac * it_ns
-        cpu_ns = int(cpu if cpu < cap else cap)
-        sampled = noise_src.us[j] < s_rate
-        rich = sampled and noise_src.ur[j] < r_rate
-        # BATCH_SUMMARY view: prefill = no output yet
-        sum_pre_reqs = 0
-        sum_pre_tok = 0
-        for r, c in pre_list:
-            if not r.out:
-                sum_pre_reqs += 1
-                sum_pre_tok += c
-        if rich:
-            for r in running:
-                snaps.append((s, r.idx, "DECODE" if r.out else "PREFILL", r.prompt, r.computed,
-                              r.out, r.npre, r.sched, r.nblocks, r.shared))
-        steps.append((t, npre, ptok, pairs, pkv, ipairs, ndec, ndec, ctx,
-                      sum_pre_reqs, nsched - sum_pre_reqs, sum_pre_tok, ptok + ndec - sum_pre_tok,
-                      len(running), len(waiting), n_fin_prev, n_preempted, free,
-                      mean, it_ns, cpu_ns, sampled, rich))
-        # ---- forward pass done: credit tokens
-        n_fin = 0
-        for r in dec:
-            r.computed += 1
-            r.sched = 0
-            r.out += 1
-            r.total += 1
-            if r.out == r.maxt:
-                ev((r.idx, EV_FINISHED, s, r.hw, r.out, r.npre))
-                fin_step[r.idx] = s
-                n_fin += 1
-        for r, c in pre_list:
-            r.computed += c
-            r.sched = 0
-            if r.hw < r.prompt:
-                r.hw = r.computed if r.computed < r.prompt else r.prompt
-            if pc:
-                if r.pblocks and r.group not in cached_groups and r.computed >= r.pblocks * bs \
-                        and pool + r.pblocks <= pool_max:
-                    cached_groups.add(r.group)             # its prefix blocks become the cache's
-                    pool += r.pblocks
-                    r.shared = r.pblocks
-                if r.key >= 0 and r.ublocks and r.key not in cached_keys \
-                        and r.computed >= r.ublocks * bs \
-                        and (r.group in cached_groups or not r.pblocks) \
-                        and pool + r.ublocks - r.pblocks <= pool_max:
-                    cached_keys.add(r.key)                 # and so do its whole-prompt blocks
-                    pool += r.ublocks - r.pblocks
-                    free += r.pblocks - r.shared           # its duplicate of the group prefix
-                    r.shared = r.ublocks
-            if r.computed == r.total:
-                r.out += 1
-                r.total += 1
-                if r.out == 1:
-                    ev((r.idx, EV_FIRST_TOKEN, s, r.hw, 1, r.npre))
-                    first_tok[r.idx] = s
-                if r.out == r.maxt:
-                    ev((r.idx, EV_FINISHED, s, r.hw, r.out, r.npre))
-                    fin_step[r.idx] = s
-                    n_fin += 1
-        if n_fin:
-            keep = []
-            for r in running:
-                if r.out == r.maxt:
-                    free += r.nblocks - r.shared
-                    r.nblocks = r.shared = 0
-                else:
-                    keep.append(r)
-            running = keep
-        n_fin_prev = n_fin
-        t += it_ns
+    (st_i, st_f, ev_arr, ch_arr, sn_arr, first_sched, ft_step, fn_step, cache_hit,
+     npre) = run_loop(
+        rng, nc, q_sorted=np.ascontiguousarray(queued_ns[order]), arrivals=order.astype(np.int64),
+        prompt=prompt_len.copy(), maxt=max_tokens.copy(), group=groups.astype(np.int64),
+        pblocks=np.ascontiguousarray(pblocks, dtype=np.int64),
+        key=np.ascontiguousarray(keys, dtype=np.int64),
+        ublocks=np.ascontiguousarray(ublocks, dtype=np.int64),
+        n_groups=int(groups.max()) + 1 if n else 0, n_keys=int(keys.max()) + 1 if n else 0,
+        H=np.asarray(steptime.table_list, dtype=np.float64), c_dec=float(steptime.c_decode),
+        c_npre=float(sl["num_prefill_reqs"]), c_pairs=float(sl["prefill_attn_pairs"]),
+        c_pkv=float(sl["prefill_kv_tokens"]), c_ipairs=float(sl["prefill_input_pairs"]),
+        c_ndec=float(sl["num_decode_reqs"]), c_ctx=float(sl["decode_ctx_tokens"]), bs=bs,
+        budget_max=budget_max, max_seqs=int(cfg.max_num_seqs), pc=pc, chunked=chunked,
+        pool_max=int(cfg.cache_fraction * capacity), capacity=capacity,
+        cpu_base=float(nc.cpu_base_us), cpu_per=float(nc.cpu_per_request_us),
+        cpu_frac=float(nc.cpu_max_fraction), s_rate=float(nc.step_sample_rate),
+        r_rate=float(nc.rich_subsample_rate), wake_lo=float(nc.wake_min_us * 1000.0),
+        wake_span=float((nc.wake_max_us - nc.wake_min_us) * 1000.0))
 
     # ------------------------------------------------------------------ assemble
-    st = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
-    st.insert(0, "step_id", np.arange(1, len(st) + 1, dtype=np.int64))
-    for c in st.columns:
-        if c not in ("mean_us", "prefill_input_pairs", "sampled", "rich"):
-            st[c] = st[c].astype(np.int64)
-    st["sampled"] = st["sampled"].astype(bool)
-    st["rich"] = st["rich"].astype(bool)
+    if len(st_i):
+        cols: dict[str, np.ndarray] = {"step_id": np.arange(1, len(st_i) + 1, dtype=np.int64)}
+        for c in STEP_COLUMNS:
+            if c in STEP_FLOAT_COLUMNS:
+                cols[c] = st_f[:, STEP_FLOAT_COLUMNS.index(c)]
+            elif c in ("sampled", "rich"):
+                cols[c] = st_i[:, STEP_INT_COLUMNS.index(c)].astype(bool)
+            else:
+                cols[c] = st_i[:, STEP_INT_COLUMNS.index(c)]
+        st = pd.DataFrame(cols)
+    else:   # no step: the column types of an empty frame, as before
+        st = pd.DataFrame([], columns=list(STEP_COLUMNS))
+        st.insert(0, "step_id", np.arange(1, 1, dtype=np.int64))
+        for c in st.columns:
+            if c not in ("mean_us", "prefill_input_pairs", "sampled", "rich"):
+                st[c] = st[c].astype(np.int64)
+        st["sampled"] = st["sampled"].astype(bool)
+        st["rich"] = st["rich"].astype(bool)
     ts_start = st["ts_start_ns"].to_numpy()
     cpu_arr = st["cpu_ns"].to_numpy()
     it_arr = st["iteration_ns"].to_numpy()
 
-    ev_arr = np.array(events, dtype=np.int64).reshape(-1, 6)
     # QUEUED events: step = last step started at or before the queue time
     q_step = np.searchsorted(ts_start, queued_ns, side="right").astype(np.int64)
     e_req = np.concatenate([np.arange(n, dtype=np.int64), ev_arr[:, 0]])
@@ -592,8 +315,6 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
     events_out = {"req": e_req[o], "code": e_code[o], "step": e_step[o], "ts_ns": e_ts[o],
                   "prefill_done": e_pd[o], "decode_done": e_dd[o], "num_preemptions": e_np[o]}
 
-    ft_step = np.asarray(first_tok, dtype=np.int64)
-    fn_step = np.asarray(fin_step, dtype=np.int64)
     if n and (ft_step.min() < 1 or fn_step.min() < 1):
         raise RuntimeError("engine ended with unfinished requests")
     late_of = {}
@@ -606,20 +327,24 @@ def run_engine(queued_ns: np.ndarray, prompt_len: np.ndarray, max_tokens: np.nda
             late_of[key] = arr
     requests = {
         "queued_ns": queued_ns, "queued_step": q_step,
-        "first_scheduled_step": np.asarray(first_sched, dtype=np.int64),
+        "first_scheduled_step": first_sched,
         "first_token_step": ft_step, "finished_step": fn_step,
-        "num_preemptions": np.asarray([r.npre for r in reqs], dtype=np.int64),
-        "cache_hit_tokens": np.asarray(cache_hit, dtype=np.int64),
+        "num_preemptions": npre,
+        "cache_hit_tokens": cache_hit,
         "first_token_ns": late_of.get("first_token_ns", np.zeros(n, dtype=np.int64)),
         "finished_ns": late_of.get("finished_ns", np.zeros(n, dtype=np.int64)),
     }
-    chunk_df = pd.DataFrame(chunks, columns=["step_id", "req", "tokens", "offset", "recompute"],
+    chunk_df = pd.DataFrame(ch_arr, columns=["step_id", "req", "tokens", "offset", "recompute"],
                             dtype=np.int64)
     chunk_df["recompute"] = chunk_df["recompute"].astype(bool)
-    snap_df = pd.DataFrame(snaps, columns=["step_id", "req", "phase", "num_prompt_tokens",
-                                           "num_computed_tokens", "num_output_tokens",
-                                           "num_preemptions", "scheduled_tokens",
-                                           "blocks_allocated", "blocks_cached"])
+    snap_cols = ["step_id", "req", "phase", "num_prompt_tokens", "num_computed_tokens",
+                 "num_output_tokens", "num_preemptions", "scheduled_tokens", "blocks_allocated",
+                 "blocks_cached"]
+    if len(sn_arr):
+        snap_df = pd.DataFrame({c: sn_arr[:, j] for j, c in enumerate(snap_cols)})
+        snap_df["phase"] = np.where(sn_arr[:, 2] == 1, "DECODE", "PREFILL").astype(object)
+    else:
+        snap_df = pd.DataFrame([], columns=snap_cols)
     return EngineResult(steps=st, events=events_out, chunks=chunk_df, requests=requests,
                         snapshots=snap_df, kv_capacity_blocks=capacity, config=cfg)
 

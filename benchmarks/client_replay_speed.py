@@ -9,7 +9,11 @@ per iteration (at beta and 1.05 beta, for the tangent rows), the 12 normal runs 
 
 With ``--calibrate``, also the whole calibration of issue #14's study (the real step and benchmark
 rows plus the 20 client stages of the 12 normal runs: start fit, short fits, full fit, replays;
-``study.client.calibrated_fit`` at the study's settings), wall and CPU time.
+``study.client.calibrated_fit`` at the study's settings), wall and CPU time, by phase.
+
+The scheduler loop is compiled with numba (``synth/engine_loop.py``, cached on disk): the
+first call in this process loads the cache; a cold compile is timed in a subprocess with an
+empty cache directory.
 
 Writes ``results/benchmarks/client_replay_speed.{md,json}``.
 
@@ -21,10 +25,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+_TINY = ("import time; t = time.process_time(); import numpy as np; "
+         "from bayes_latency.synth.engine import EngineConfig, run_engine; "
+         "from bayes_latency.synth.steptime import StepTimeModel; "
+         "from bayes_latency.physics.architecture import load_architecture; "
+         "from bayes_latency.physics.hardware import load_gpu; "
+         "from bayes_latency.physics.serving import ServingConfig; "
+         "from bayes_latency.physics.basis import DEFAULT_TERMS; "
+         "a, g = load_architecture('llama-2-7b'), load_gpu('H100'); "
+         "st = StepTimeModel(a, g, ServingConfig(tp=1), np.ones(len(DEFAULT_TERMS)), DEFAULT_TERMS); "
+         "c0 = time.process_time(); "
+         "run_engine(np.arange(4) * 10**6, np.full(4, 100), np.full(4, 5), np.arange(4), "
+         "np.zeros(4, dtype=int), st, EngineConfig(), np.random.default_rng(0)); "
+         "print(time.process_time() - c0)")
+
+
+def _first_call_cpu_s(cache_dir: str | None) -> float:
+    """CPU seconds of the first ``run_engine`` call in a fresh process (compile or cache load)."""
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    out = subprocess.run([sys.executable, "-c", _TINY], env=env, capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -56,6 +87,9 @@ def main() -> int:
         coefs[config_id(load_architecture(r.model).name, gpu.name, r.tp)] = (
             beta, dict(zip(ALPHA_TERMS, mean.alpha, strict=True)))
     load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        cold_s = _first_call_cpu_s(tmp)
+    warm_s = _first_call_cpu_s(None)
     t0, c0 = time.perf_counter(), time.process_time()
     per = []
     for s in stages:
@@ -77,13 +111,23 @@ def main() -> int:
 
         normal = client_stages(runs)
         t0, c0 = time.perf_counter(), time.process_time()
-        cal = calibrated_fit(load_real_data(data).observations, normal, CLIENT_FIT, REAL_TERMS,
-                             start_settings=START_FIT, log=print)
+        base = load_real_data(data).observations
+        t0, c0 = time.perf_counter(), time.process_time()
+        cal = calibrated_fit(base, normal, CLIENT_FIT, REAL_TERMS, start_settings=START_FIT,
+                             log=print)
         h = cal.history
-        cal_res = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+        wall = time.perf_counter() - t0
+        tm = cal.timings
+        fit_s, rep_s = float(h["fit_s"].sum()), float(h["replay_s"].sum())
+        cal_res = {"wall_s": wall, "cpu_s": time.process_time() - c0,
                    "fits": int(len(h)), "fit_kinds": list(h["fit"]),
-                   "fit_s": float(h["fit_s"].sum()), "replay_s": float(h["replay_s"].sum()),
+                   "fits_s": [float(x) for x in h["fit_s"]], "fit_s": fit_s, "replay_s": rep_s,
+                   "start_fit_s": wall - tm["total_s"], "scale_start_s": tm["scale_start_s"],
+                   "first_replay_s": tm["first_replay_s"],
+                   "other_s": tm["total_s"] - tm["scale_start_s"] - tm["first_replay_s"]
+                   - fit_s - rep_s,
                    "converged": bool(cal.converged), "final_change": float(cal.final_change),
+                   "max_change": [float(x) for x in h["max_change"]],
                    "unfitted": list(cal.unfitted)}
     load1 = os.getloadavg()
     res = {"stages": len(stages), "runs": len(runs),
@@ -91,6 +135,7 @@ def main() -> int:
            "steps": int(sum(p["steps"] for p in per)),
            "serial_wall_s": serial_s, "serial_cpu_s": serial_cpu,
            "dask_2_workers_wall_s": dask_s, "load_before": load0, "load_after": load1,
+           "engine_first_call_cold_cpu_s": cold_s, "engine_first_call_cached_cpu_s": warm_s,
            "per_stage": per, "calibration": cal_res}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +149,8 @@ def main() -> int:
         "| how | wall (s) | CPU (s) |", "|---|---|---|",
         f"| serial, one process | {serial_s:.1f} | {serial_cpu:.1f} |",
         f"| Dask local cluster, 2 workers (incl. start) | {dask_s:.1f} | |", "",
+        f"The compiled scheduler loop's first call in a process: {cold_s:.1f} CPU-s with an empty "
+        f"numba cache (compiling, once per environment), {warm_s:.2f} CPU-s from the cache.", "",
         f"Machine load average {load0[0]:.1f} before, {load1[0]:.1f} after (2 cores, shared).",
         "Slowest stages: " + ", ".join(f"{p['stage']} {p['seconds']:.1f} s "
                                        f"({p['steps']:,} steps)" for p in slow) + ".", "",
@@ -114,11 +161,17 @@ def main() -> int:
     if cal_res:
         md += ["", "## The whole calibration (issue #14: <= 3 minutes)", "",
                f"Wall {cal_res['wall_s']:.0f} s, CPU of this process {cal_res['cpu_s']:.0f} s "
-               f"(sampler threads included): {cal_res['fits']} fits after the start fit "
-               f"({', '.join(cal_res['fit_kinds'])}; {cal_res['fit_s']:.0f} s), replays "
-               f"{cal_res['replay_s']:.0f} s (serial, one process); converged "
-               f"{cal_res['converged']}, final change {cal_res['final_change']:.2%}; not fitted: "
-               f"{', '.join(cal_res['unfitted']) or 'none'}."]
+               f"(sampler threads included); converged {cal_res['converged']}, final change "
+               f"{cal_res['final_change']:.2%}; not fitted: "
+               f"{', '.join(cal_res['unfitted']) or 'none'}.", "",
+               "| phase | wall (s) |", "|---|---|",
+               f"| start fit | {cal_res['start_fit_s']:.1f} |",
+               f"| scale_start (replays) | {cal_res['scale_start_s']:.1f} |",
+               f"| first rows (2 replays per stage) | {cal_res['first_replay_s']:.1f} |",
+               f"| {cal_res['fits']} fits ({', '.join(cal_res['fit_kinds'])}: "
+               f"{', '.join(f'{x:.0f}' for x in cal_res['fits_s'])} s) | {cal_res['fit_s']:.1f} |",
+               f"| replays after the fits (serial, one process) | {cal_res['replay_s']:.1f} |",
+               f"| rest (posterior means, rows) | {cal_res['other_s']:.1f} |"]
     out.with_suffix(".md").write_text("\n".join(md) + "\n", encoding="utf-8")
     print("\n".join(md))
     return 0

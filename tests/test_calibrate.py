@@ -180,6 +180,9 @@ def test_fast_fits_first_then_the_full_fit_decides():
     assert list(cal.history["fit"]) == calls
     assert cal.model.c == pytest.approx(1.0, abs=0.01)
     assert calls.count("full") <= 2
+    tm = cal.timings
+    assert set(tm) == {"scale_start_s", "first_replay_s", "total_s"}
+    assert 0.0 <= tm["scale_start_s"] + tm["first_replay_s"] <= tm["total_s"]
 
 
 def test_replay_all_reuses_given_replays():

@@ -38,6 +38,9 @@ Timing: step ``s`` starts at ``t_s``; its ``schedule()`` CPU time ``cpu_s`` is l
 ``cpu_base + cpu_per_request * n_scheduled`` and always below the iteration time; the iteration
 time is ``mean(batch_s) * exp(eps)`` with ``eps`` a clipped scaled Student-t draw; the next step
 starts at ``t_s + iteration_s`` or, when nothing is runnable, shortly after the next arrival.
+
+The per-step loop runs compiled (:mod:`bayes_latency.synth.engine_loop`, numba over flat
+arrays); :func:`run_engine` prepares its inputs and assembles the result.
 """
 
 from __future__ import annotations

@@ -117,6 +117,7 @@ def main() -> int:
         normal = client_stages(runs)
         t0, c0 = time.perf_counter(), time.process_time()
         base = load_real_data(data).observations
+        lc0 = os.getloadavg()
         t0, c0 = time.perf_counter(), time.process_time()
         cal = calibrated_fit(base, normal, CLIENT_FIT, REAL_TERMS, start_settings=START_FIT,
                              log=print)
@@ -133,7 +134,8 @@ def main() -> int:
                    - fit_s - rep_s,
                    "converged": bool(cal.converged), "final_change": float(cal.final_change),
                    "max_change": [float(x) for x in h["max_change"]],
-                   "unfitted": list(cal.unfitted)}
+                   "unfitted": list(cal.unfitted), "load_before": lc0,
+                   "load_after": os.getloadavg()}
     load1 = os.getloadavg()
     res = {"stages": len(stages), "runs": len(runs),
            "requests": int(sum(p["requests"] for p in per)),
@@ -167,7 +169,9 @@ def main() -> int:
     if cal_res:
         md += ["", "## The whole calibration (issue #14: <= 3 minutes)", "",
                f"Wall {cal_res['wall_s']:.0f} s, CPU of this process {cal_res['cpu_s']:.0f} s "
-               f"(sampler threads included); converged {cal_res['converged']}, final change "
+               f"(sampler threads included) at load average {cal_res['load_before'][0]:.1f} "
+               f"before, {cal_res['load_after'][0]:.1f} after (2 cores, shared: wall grows with "
+               f"the load, CPU does not); converged {cal_res['converged']}, final change "
                f"{cal_res['final_change']:.2%}; not fitted: "
                f"{', '.join(cal_res['unfitted']) or 'none'}.", "",
                "| phase | wall (s) |", "|---|---|",

@@ -41,7 +41,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from bayes_latency.checks.diagnostics import check_command
+    from bayes_latency.checks.command import check_command
 
     return check_command(args)
 

@@ -115,7 +115,8 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int | None = 
     ``draws`` per chain default to :data:`DEMO_DRAWS`.
     """
     draws = DEMO_DRAWS if draws is None else int(draws)
-    from bayes_latency.checks.diagnostics import diagnose, run_checks
+    from bayes_latency.checks.command import run_checks
+    from bayes_latency.checks.diagnostics import diagnose
     from bayes_latency.checks.ppc import FixedCoefficientModel, request_ppc, workload_ppc
     from bayes_latency.data.experiment import ingest, load_tables
     from bayes_latency.synth.fleet import simulate_fleet

@@ -35,13 +35,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from bayes_latency.model.estimator import fit_command
+    from bayes_latency.model.command import fit_command
 
     return fit_command(args)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from bayes_latency.checks.diagnostics import check_command
+    from bayes_latency.checks.command import check_command
 
     return check_command(args)
 
@@ -102,7 +102,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from bayes_latency.io import atomic_path, atomic_write_text, check_output_path
-    from bayes_latency.model.estimator import _check_sampler_args
+    from bayes_latency.model.command import _check_sampler_args
     from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.hardware import load_gpu
 
@@ -154,7 +154,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     base = pd.DataFrame()
     if args.tables:
         from bayes_latency.data.observations import validate_observations
-        from bayes_latency.model.estimator import load_observations
+        from bayes_latency.model.command import load_observations
 
         tp_ = Path(args.tables)
         f_in = tp_ / "observations.parquet" if tp_.is_dir() else tp_

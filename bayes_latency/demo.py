@@ -18,7 +18,8 @@ import pandas as pd
 import yaml
 
 from bayes_latency import __version__
-from bayes_latency.model.estimator import LatencyModel, config_id
+from bayes_latency.data.observations import config_id
+from bayes_latency.model.estimator import LatencyModel
 
 #: Configuration left out of the fit, to show what the posterior says about an unseen one
 #: (its model, GPU and TP degree are each seen elsewhere, never together).
@@ -27,7 +28,7 @@ HELD_OUT = ("llama-2-70b", "A100-80GB", 4)
 UNSEEN_MODEL = ("llama-3.1-8b", "H100-SXM", 1)
 #: Sampler settings of the demo's fit (timed as they are by ``benchmarks/demo_fit_speed.py``).
 #: Diagonal adaptation: measured 2x fewer leapfrog steps than low-rank on this fleet, whose
-#: coefficients every configuration separates (see ``estimator.NUTPIE_ADAPTATION``).
+#: coefficients every configuration separates (see ``model.sampler.NUTPIE_ADAPTATION``).
 DEMO_FIT = {"tune": 500, "chains": 2, "target_accept": 0.99, "adaptation": "diag"}
 #: Posterior draws per chain of the demo's fit (``bayes-latency demo --draws``). 2000, not 4000:
 #: half the sampling time, and the gates still pass with margin (issue 15, MODEL_VERSION 7,
@@ -114,7 +115,8 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int | None = 
     ``draws`` per chain default to :data:`DEMO_DRAWS`.
     """
     draws = DEMO_DRAWS if draws is None else int(draws)
-    from bayes_latency.checks.diagnostics import diagnose, run_checks
+    from bayes_latency.checks.command import run_checks
+    from bayes_latency.checks.diagnostics import diagnose
     from bayes_latency.checks.ppc import FixedCoefficientModel, request_ppc, workload_ppc
     from bayes_latency.data.experiment import ingest, load_tables
     from bayes_latency.synth.fleet import simulate_fleet

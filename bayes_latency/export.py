@@ -32,7 +32,8 @@ import pandas as pd
 import xarray as xr
 import yaml
 
-from bayes_latency.checks.diagnostics import is_approximate, jsonable
+from bayes_latency.checks.datatree import is_approximate
+from bayes_latency.checks.diagnostics_report import jsonable
 from bayes_latency.errors import BayesLatencyError
 
 SCHEMA_VERSION = 1

@@ -159,8 +159,8 @@ def report(doc: dict) -> str:
              "(CPU time less half the sampling threads' CPU time): the number to hold against "
              "the goal (cold <= 60 s, warm <= 30 s) when the load column shows a busy machine. "
              "Compile and sampling columns give wall time with CPU time in parentheses. Where "
-             "the time goes and what was tried: the note above `NOISE_PROXY` in "
-             "`bayes_latency/model/estimator.py`.\n"]
+             "the time goes and what was tried: the note \"Where a fit's time goes\" in "
+             "`bayes_latency/model/sampler.py`.\n"]
     parts += [report_section(doc[k]) for k in SECTIONS if k in doc]
     return "\n".join(parts)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from bayes_latency.checks.command import check_command
 from bayes_latency.checks.diagnostics import (
     Thresholds,
-    check_command,
     compare_variants,
     diagnose,
     log_likelihood_tree,

@@ -8,8 +8,9 @@ import pytensor.tensor as pt
 import pytest
 import xarray as xr
 
-from bayes_latency.model import estimator
-from bayes_latency.model.estimator import _numba_opt, _with_deterministics
+from bayes_latency.model import sampler
+from bayes_latency.model.deterministics import _with_deterministics
+from bayes_latency.model.sampler import _numba_opt
 
 
 def _model() -> pm.Model:
@@ -45,8 +46,8 @@ def test_numba_opt_is_scoped_and_yields_to_the_environment(monkeypatch):
 
     before = int(config.OPT)
     monkeypatch.delenv("NUMBA_OPT", raising=False)
-    with _numba_opt(estimator.NUMBA_OPT):
-        assert int(config.OPT) == estimator.NUMBA_OPT
+    with _numba_opt(sampler.NUMBA_OPT):
+        assert int(config.OPT) == sampler.NUMBA_OPT
     assert int(config.OPT) == before
     monkeypatch.setenv("NUMBA_OPT", "2")
     with _numba_opt(0):

@@ -105,7 +105,7 @@ class AdequacyReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
-        from bayes_latency.checks.diagnostics import jsonable
+        from bayes_latency.checks.diagnostics_report import jsonable
 
         return jsonable({"passed": self.passed, "failures": self.failures,
                          "thresholds": asdict(self.thresholds),

@@ -14,20 +14,22 @@ rebuilds the estimator from the file alone. Loading a file made by another model
 given priors that differ from the embedded ones, raises
 :class:`~bayes_latency.errors.ModelMismatchError`.
 
+The estimator's concerns live in their own modules: the sampler and compilation settings and the
+samplers (:mod:`bayes_latency.model.sampler`), the variables derived after sampling
+(:mod:`bayes_latency.model.deterministics`), the result's layout, save and load
+(:mod:`bayes_latency.model.persistence`), the convergence gates
+(:mod:`bayes_latency.model.convergence`) and the ``bayes-latency fit`` command
+(:mod:`bayes_latency.model.command`). Their public names are re-exported here.
+
 Importing this module is light (no PyMC, PyTensor or ArviZ): they are imported when a model is
 built or diagnosed.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import hashlib
 import json
 import os
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,17 +37,26 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency import MODEL_VERSION, __version__
 from bayes_latency.data.identifiability import IdentifiabilityReport, identifiability
 from bayes_latency.data.observations import DEFAULT_STACK, config_id
 from bayes_latency.data.report import IngestReport
-from bayes_latency.errors import (
-    BayesLatencyError,
-    ConfigError,
-    ConvergenceError,
-    ModelMismatchError,
-)
+from bayes_latency.errors import BayesLatencyError, ConfigError
+from bayes_latency.model import convergence as _convergence
+from bayes_latency.model import persistence as _persistence
+from bayes_latency.model.command import fit_command, load_observations  # noqa: F401 - re-exported
+from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
+from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
+from bayes_latency.model.persistence import _hash_frame, assemble
+from bayes_latency.model.sampler import (
+    ADAPTATIONS,
+    NUMBA_FASTMATH,
+    NUMBA_OPT,
+    NUTPIE_ADAPTATION,
+    SAMPLERS,
+    TARGET_ACCEPT,
+    sample,
+)
 from bayes_latency.model.summaries import (
     ConfigSummary,
     NoisePrior,
@@ -61,135 +72,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from bayes_latency.model.hierarchy import Design
 
 METHODS = ("laplace-hierarchy", "full")
-SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
-#: Convergence gates applied by :meth:`LatencyModel.convergence`.
-GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
-#: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
-#: funnel-like corners where the ARD tail meets the effect scales).
-TARGET_ACCEPT = 0.95
-#: nutpie's mass-matrix adaptation by default ("low_rank"; ``fit(adaptation="diag")`` for the
-#: other). Measured: on the demo fleet (well-separated coefficients) "diag" takes 2x fewer
-#: leapfrog steps (target_accept 0.9, 1000 draws: 5.8 s of sampling and 85 steps per draw against
-#: 24.5 s and 197), and the demo uses it; on the real data, whose coefficients are identified
-#: partly as sums (strongly correlated population parameters), "diag" failed where "low_rank"
-#: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
-NUTPIE_ADAPTATION = "low_rank"
-ADAPTATIONS = ("low_rank", "diag")
-#: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
-#: (fast-math on), code compiled fresh and the same code loaded from PyTensor's on-disk cache
-#: round differently, so the same fit with the same seed gave different chains on a machine's
-#: first run and on later runs (measured: first draw of z_pop -0.5577 fresh, -0.4990 cached,
-#: -0.5095 with only the PyTensor cache cold). Off, fresh and cached runs agree bit for bit, and
-#: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
-NUMBA_FASTMATH = False
-#: LLVM optimisation level of the Numba code nutpie compiles for the model (Numba's default is 3;
-#: a ``NUMBA_OPT`` set in the environment wins). Measured on the demo fit (issue 15, MODEL_VERSION
-#: 7, 2-core machine at load 6-7, CPU seconds): level 1 compiles on empty caches in 71-73 CPU s
-#: against 82-91 at level 3, samples the same chains (identical R-hat and ESS at 1000, 1500 and
-#: 2000 draws; fast-math is off either way) at 41.7 against 40.1 CPU s for 2 x (500 + 2000)
-#: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
-#: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
-NUMBA_OPT = 1
-#: Where a fit's time goes (demo fit, 12 configurations, measured for issue 15 on a 2-core
-#: machine shared with other jobs (load 5-7), so in CPU seconds). MODEL_VERSION 7, before the
-#: changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
-#: compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
-#: leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
-#: Warm compilation: PyTensor's graph rewrites of logp+gradient and expand ~4.5 s, the rest
-#: Numba compiling nutpie's C callbacks (not cacheable) and linking the cached Ops into them. Cold: ~660 Numba functions (the logp
-#: +gradient graph has 361 nodes, the expand graph 155), two thirds of it in LLVM.
-#: Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
-#: the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
-#: function then only returns the free variables: cold compilation 55 against 73 CPU s).
-#: Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
-#: effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
-#: for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
-#: 0.02 (``z_pop`` in sum-group coordinates); ``sigma_model`` has the lowest ESS at every seed.
-#: A centred parameterisation of the well-identified effects, or ``sigma_model`` fixed, is the
-#: model's lever (hierarchy.py), not the sampler's. Tried and not kept (demo, seed 0, 2 x
-#: (500 + 2000)): target_accept 0.95 (67 steps per draw, but ESS 403 against 826: about the
-#: same ESS per CPU s, no margin), 0.9 (6 divergences), low-rank adaptation (0.95: ESS 453,
-#: 1 divergence, 65 us per step; 0.99: R-hat 1.012), nutpie's JAX backend (4 CPU s of
-#: compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
-#: :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
-#: cold), numpyro (345 s of sampling).
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",),
                "workload_decode": ("workload_e2e",)}
-
-
-@contextlib.contextmanager
-def _numba_opt(level: int) -> Iterator[None]:
-    """Numba's LLVM optimisation level set to ``level`` for the compilations inside the block
-    (see :data:`NUMBA_OPT`); left alone when the user set ``NUMBA_OPT`` in the environment."""
-    from numba.core import config as numba_config
-
-    if "NUMBA_OPT" in os.environ:
-        yield
-        return
-    old = numba_config.OPT
-    numba_config.OPT = numba_config._OptLevel(level)
-    try:
-        yield
-    finally:
-        numba_config.OPT = old
-
-
-def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
-    """``post`` (draws of the free variables) with every deterministic of ``model`` added.
-
-    Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
-    (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
-    compilation cost ~18 CPU s on empty caches (demo fit, issue 15: 55 against 73 CPU s of
-    compilation); the values agree to 4e-15 relative. On empty caches PyTensor builds the C
-    thunks of this function with gcc, ~6 s of wall time in a subprocess (not in the fit's CPU
-    time); Python thunks only (``cxx=""``) avoid that but cost 2.2 CPU s on every fit instead of
-    0.6, so C stays.
-    """
-    import pytensor
-    import pytensor.tensor as pt
-    from pytensor.graph.replace import vectorize_graph
-
-    rvs = list(model.free_RVs)
-    dets = list(model.deterministics)
-    if not dets:
-        return post
-    batched = {rv: pt.tensor(dtype=rv.dtype, shape=(None, *rv.type.shape), name=rv.name)
-               for rv in rvs}
-    outs = vectorize_graph(dets, replace=batched)
-    fn = pytensor.function(list(batched.values()), outs, mode="FAST_COMPILE",
-                           on_unused_input="ignore")
-    C, D = post.sizes["chain"], post.sizes["draw"]
-    args = []
-    for rv in rvs:
-        a = post[rv.name].transpose("chain", "draw", ...).values
-        args.append(a.reshape(C * D, *a.shape[2:]))
-    new = {}
-    for det, out, val in zip(dets, outs, fn(*args), strict=True):
-        val = np.asarray(val)
-        if out.type.ndim == det.type.ndim:  # does not depend on the draws (a constant)
-            val = np.broadcast_to(val, (C * D, *val.shape))
-        dims = model.named_vars_to_dims.get(det.name) or [f"{det.name}_dim_{j}"
-                                                          for j in range(val.ndim - 1)]
-        new[det.name] = (("chain", "draw", *dims), val.reshape(C, D, *val.shape[1:]))
-    used = {d for dims, _ in new.values() for d in dims}
-    coords = {d: list(v) for d, v in model.coords.items()
-              if d in used and d not in post.coords and v is not None}
-    return post.assign(new).assign_coords(coords)
-
-
-def _priors_yaml(priors: object) -> str:
-    """The validated prior content as YAML (embedded in the result so a fit reloads alone)."""
-    import yaml
-
-    return yaml.safe_dump(priors.content(), sort_keys=False, allow_unicode=True)
-
-
-def _hash_frame(df: pd.DataFrame) -> str:
-    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
-    return hashlib.sha256(h.tobytes()).hexdigest()[:16]
 
 
 class LatencyModel:
@@ -336,48 +223,14 @@ class LatencyModel:
         when they are not; see :data:`NUTPIE_ADAPTATION`). ``prior_draws`` is the number of
         draws in the ``prior`` and ``prior_predictive`` groups (0: no prior groups).
         """
-        import pymc as pm
-        import pytensor
-
         if adaptation not in ADAPTATIONS:
             raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")
         t_start = time.perf_counter()
         model = self.build(observations)
         self.timings["build_s"] = time.perf_counter() - t_start
-        t0, c0 = time.perf_counter(), time.process_time()  # CPU time: all threads (chains)
-        with model:
-            if self.sampler == "laplace":
-                post = _laplace_draws(model, draws * chains, chains, seed)
-                dt = xr.DataTree.from_dict({"posterior": post})
-            elif self.sampler == "nutpie":
-                import nutpie
-
-                if progress:  # nutpie's progress table starts with sampling; say what comes first
-                    print("compiling the model (about 15 s; a minute on a machine's first fit)...",
-                          file=sys.stderr, flush=True)
-                with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), \
-                        _numba_opt(NUMBA_OPT):
-                    # the trace stores the free variables only; the deterministics are
-                    # computed afterwards (see _with_deterministics)
-                    compiled = nutpie.compile_pymc_model(
-                        model, var_names=[v.name for v in model.free_RVs])
-                self.timings["compile_s"] = time.perf_counter() - t0
-                self.timings["compile_cpu_s"] = time.process_time() - c0
-                dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
-                                   cores=min(chains, 2), seed=seed, progress_bar=progress,
-                                   adaptation=adaptation, target_accept=target_accept)
-            else:
-                if self.sampler == "numpyro":
-                    from bayes_latency.model.marginal import register_jax
-
-                    register_jax()
-                kw: dict = {"nuts_sampler": self.sampler, "target_accept": target_accept}
-                if self.sampler == "pymc":
-                    kw["compute_convergence_checks"] = False
-                dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
-                               random_seed=seed, progressbar=progress, **kw)
-        self.timings["sampling_s"] = time.perf_counter() - t0
-        self.timings["sampling_cpu_s"] = time.process_time() - c0
+        dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
+                    progress=progress, target_accept=target_accept, adaptation=adaptation,
+                    timings=self.timings)
         if self.sampler == "nutpie":
             t0 = time.perf_counter()
             dt["posterior"] = xr.DataTree(_with_deterministics(model, dt["posterior"].to_dataset()))
@@ -387,9 +240,9 @@ class LatencyModel:
                           "numba_fastmath": NUMBA_FASTMATH,
                           "numba_opt": os.environ.get("NUMBA_OPT", NUMBA_OPT),
                           "prior_draws": prior_draws}
-        self._add_config_draws(dt, seed)
+        add_config_draws(self, dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
-        self.result = self._assemble(dt, model)
+        self.result = assemble(self, dt)
         t0 = time.perf_counter()
         self._add_arviz_groups(model, seed, prior_draws)
         self.timings["arviz_groups_s"] = time.perf_counter() - t0
@@ -404,90 +257,6 @@ class LatencyModel:
 
         self.timings.update(groups.add_groups(self, model, self._rows, seed,
                                               prior_draws=prior_draws))
-
-    def _add_config_draws(self, dt: xr.DataTree, seed: int) -> None:
-        """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
-        from bayes_latency.model.hierarchy import config_draws, prior_arrays
-
-        post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
-        if "beta" in post or "theta_pop" not in post:
-            return
-        t0 = time.perf_counter()
-        tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
-        sc = post["sigma_config"].transpose("chain", "draw", "coef").values
-        Cn, Dn = tp.shape[:2]
-        pa = prior_arrays(self.priors, self.coefs, self.design.gpus)
-        theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
-                                    self.summaries, self.design, np.random.default_rng(seed + 7),
-                                    scale=np.exp(pa.mu_mean))
-        theta = theta.reshape(tp.shape)
-        if n_neg:
-            self.report.notes.append(f"{n_neg} of {Cn * Dn * len(self.design.configs)} (draw, "
-                                     "configuration) coefficient vectors drawn from the truncated "
-                                     "(theta >= 0) conditional")
-        nb = len(self.terms)
-        post = post.assign(
-            beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
-            alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
-        ).assign_coords(term=list(self.terms), alpha_term=list(self.alpha_terms))
-        dt["posterior"] = xr.DataTree(post)
-        self.timings["config_draws_s"] = time.perf_counter() - t0
-
-    def _assemble(self, dt: xr.DataTree, model: pm.Model) -> xr.DataTree:
-        from bayes_latency.model.groups import annotate, with_config_coords
-
-        groups: dict[str, xr.Dataset] = {
-            "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), self.design))}
-        if "sample_stats" in dt:
-            ss = dt["sample_stats"].to_dataset()
-            ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
-            groups["sample_stats"] = ss
-        d = self.design
-        const = xr.Dataset(
-            {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
-             "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
-             "config_tp": ("config", d.configs["tp"].to_numpy().astype(int)),
-             "config_stack": ("config", d.configs["stack"].to_numpy().astype(str))},
-            coords={"config": list(d.configs.index)})
-        groups["constant_data"] = const
-        groups["summaries"] = self._noise_dataset()
-        out = xr.DataTree.from_dict(groups)
-        out.attrs.update({
-            "bayes_latency_version": __version__, "model_version": MODEL_VERSION,
-            "priors_hash": self.priors.hash, "data_hash": self._data_hash,
-            "terms": json.dumps(list(self.terms)), "alpha_terms": json.dumps(list(self.alpha_terms)),
-            "method": self.method, "variant": self.variant, "sampler": self.sampler,
-            "approximate": "true" if self.sampler == "laplace" else "false",
-            "timings": json.dumps(self.timings), "fit_report": json.dumps(self.report.to_dict()),
-            "priors_yaml": _priors_yaml(self.priors), "priors_path": str(self.priors.path),
-            "model_config": json.dumps({"terms": list(self.terms), "method": self.method,
-                                        "variant": self.variant, "sampler": self.sampler}),
-        })
-        if self.identifiability is not None:
-            out.attrs["identifiability"] = json.dumps(self.identifiability.to_dict())
-        if self._settings:
-            out.attrs["sampler_settings"] = json.dumps(self._settings)
-        return out
-
-    def _noise_dataset(self) -> xr.Dataset:
-        """Noise parameters per (config, kind) and, on the fast path, the stage-1 summaries."""
-        cfgs = list(self.design.configs.index)
-        kinds = sorted({k for n in self._noise.values() for k in n} | set(self._rows["kind"].unique()))
-        arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
-        for i, c in enumerate(cfgs):
-            for j, k in enumerate(kinds):
-                p = self._noise.get(c, {}).get(k)
-                if p is not None:
-                    arr["sigma"][i, j], arr["tau"][i, j], arr["nu"][i, j] = p.sigma, p.tau, p.nu
-        ds = xr.Dataset({f"noise_{w}": (("config", "kind"), a) for w, a in arr.items()},
-                        coords={"config": cfgs, "kind": kinds})
-        if self.summaries:
-            by = {s.config_id: s for s in self.summaries}
-            ds["theta_hat"] = (("config", "coef"), np.stack([by[c].theta_hat for c in cfgs]))
-            ds["grad"] = (("config", "coef"), np.stack([by[c].grad for c in cfgs]))
-            ds["info"] = (("config", "coef", "coef2"), np.stack([by[c].info for c in cfgs]))
-            ds = ds.assign_coords(coef=list(self.coefs), coef2=list(self.coefs))
-        return ds
 
     # ------------------------------------------------------------------ posterior access
     def _post(self) -> xr.Dataset:
@@ -775,60 +544,7 @@ class LatencyModel:
     # ------------------------------------------------------------------ checks
     def convergence(self, gates: dict | None = None) -> dict:
         """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
-        import arviz_stats as azs
-
-        gates = {**GATES, **(gates or {})}
-        post = self._post()
-        var_names = [v for v in ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu",
-                                 "sigma_tp") if v in post]
-        # constants (effect scales fixed for factors with two levels) have no diagnostics
-        var_names = [v for v in var_names if float(post[v].std()) > 0]
-        rhat = azs.rhat(post[var_names])
-        ess = azs.ess(post[var_names], method="bulk")
-        max_rhat = float(max(float(rhat[v].max()) for v in var_names))
-        min_ess = float(min(float(ess[v].min()) for v in var_names))
-        div = 0
-        if "sample_stats" in self.result and "diverging" in self.result["sample_stats"]:
-            div = int(self.result["sample_stats"]["diverging"].values.sum())
-        approx = self.result.attrs.get("approximate") == "true"
-        failures = []
-        if not approx:
-            if not max_rhat <= gates["max_rhat"]:
-                failures.append(f"max R-hat {max_rhat:.4f} > {gates['max_rhat']}")
-            if not min_ess >= gates["min_ess_bulk"]:
-                failures.append(f"min bulk ESS {min_ess:.0f} < {gates['min_ess_bulk']:.0f}")
-            if div > gates["max_divergences"]:
-                failures.append(f"{div} divergent transitions")
-        hints = self._convergence_hints(rhat, ess, gates) if failures else []
-        return {"max_rhat": max_rhat, "min_ess_bulk": min_ess, "divergences": div,
-                "approximate": approx, "passed": not failures, "failures": failures, "hints": hints}
-
-    def _convergence_hints(self, rhat: xr.Dataset, ess: xr.Dataset, gates: dict) -> list[str]:
-        """What to do about failing gates: name the coefficients that fail and, when the data
-        identify them only jointly with others, say so (the usual cause on real traces)."""
-        bad: set[str] = set()
-        for v in ("beta", "alpha", "mu", "relevance"):
-            if v not in rhat:
-                continue
-            dim = next(d for d in rhat[v].dims if d in ("term", "alpha_term", "coef"))
-            fail = (rhat[v] > gates["max_rhat"]) | (ess[v] < gates["min_ess_bulk"])
-            other = [d for d in fail.dims if d != dim]
-            fail = fail.any(other) if other else fail
-            bad.update(str(c) for c in fail[dim].values[fail.values])
-        if not bad:
-            return []
-        hints = [f"coefficients failing the gates: {', '.join(sorted(bad))}"]
-        ident = getattr(self, "identifiability", None)
-        groups = ident.involved(sorted(bad)) if ident is not None else []
-        if groups:
-            hints.append("no configuration of the data separates "
-                         + "; ".join("+".join(g) for g in groups)
-                         + ": the posterior has corners where one of them carries the sum. Fit "
-                         "without all but one of each group (terms=...), or add configurations "
-                         "whose batches separate them (see bayes_latency.data.identifiability)")
-        else:
-            hints.append("raise target_accept (0.99) and draws; check the stage-1 notes of the fit report")
-        return hints
+        return _convergence.convergence(self, gates)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path, thin: int = 1) -> Path:
@@ -839,25 +555,7 @@ class LatencyModel:
         ``log_prior``), so they stay aligned as ArviZ needs and the file is ``thin`` times
         smaller; attrs ``thinned_by`` records it. The in-memory result is not changed.
         """
-        if self.result is None:
-            raise BayesLatencyError("nothing to save: the model is not fitted")
-        if int(thin) < 1:
-            raise ConfigError(f"thin must be >= 1, got {thin}")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out = self.result
-        if int(thin) > 1:
-            out = out.copy()
-            for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
-                      "log_prior"):
-                if g in out.children and "draw" in out[g].dims:
-                    out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(None, None, int(thin))))
-            out.attrs["thinned_by"] = int(thin)
-        if path.suffix == ".zarr":
-            out.to_zarr(path, mode="w")
-        else:
-            out.to_netcdf(path, engine="h5netcdf")
-        return path
+        return _persistence.save_result(self, path, thin)
 
     @classmethod
     def load(cls, path: str | Path, priors: object = None) -> LatencyModel:
@@ -875,55 +573,7 @@ class LatencyModel:
         BayesLatencyError
             Missing or unreadable file.
         """
-        from bayes_latency.model.hierarchy import Design
-
-        path = Path(path)
-        if not path.exists():
-            raise BayesLatencyError(f"posterior file {path} does not exist")
-        try:
-            dt = xr.open_datatree(path, engine="zarr" if path.suffix == ".zarr" else "h5netcdf").load()
-        except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-            raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
-        a = dt.attrs
-        if a.get("model_version") != MODEL_VERSION:
-            raise ModelMismatchError(
-                f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-                f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
-        terms = tuple(json.loads(a["terms"]))
-        embedded = None
-        if "priors_yaml" in a:
-            import yaml
-
-            from bayes_latency.priors import load_priors
-
-            embedded = load_priors(yaml.safe_load(a["priors_yaml"]))
-            if embedded.hash != a.get("priors_hash"):
-                raise ModelMismatchError(
-                    f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "
-                    f"{a.get('priors_hash')}: the file was altered")
-        m = cls(priors=priors if priors is not None or embedded is None else embedded,
-                terms=terms, method=a["method"], sampler=a["sampler"], variant=a["variant"])
-        if a.get("priors_hash") != m.priors.hash:
-            raise ModelMismatchError(
-                f"{path} was fitted with priors {a.get('priors_hash')}, but the priors given now hash "
-                f"to {m.priors.hash}; load without priors= (the file embeds its own) or pass the "
-                "priors file used for the fit (--priors).")
-        const = dt["constant_data"].to_dataset()
-        configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
-                                "gpu": const["config_gpu"].values.astype(str),
-                                "tp": const["config_tp"].values.astype(int)},
-                               index=pd.Index(const["config"].values.astype(str), name="config_id"))
-        if "config_stack" in const:  # Design fills in vLLM otherwise
-            configs["stack"] = const["config_stack"].values.astype(str)
-        m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
-        m.result = dt
-        m._data_hash = a.get("data_hash")
-        m.timings = json.loads(a.get("timings", "{}"))
-        m._settings = json.loads(a.get("sampler_settings", "{}"))
-        if "identifiability" in a:  # hints after loading name the confounded groups too
-            m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
-        m._noise_from_result()
-        return m
+        return _persistence.load_estimator(cls, path, priors)
 
 
 def _shared_effects(eff: np.ndarray) -> np.ndarray:
@@ -940,150 +590,3 @@ def _shared_effects(eff: np.ndarray) -> np.ndarray:
                 rep[k] = j
                 break
     return rep
-
-
-def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
-    """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
-    import pymc as pm
-    import pytensor
-
-    mode = pm.find_MAP(progressbar=False, seed=seed)
-    ip = model.initial_point()
-    vars_ = model.value_vars
-    flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
-    sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
-    shapes = [ip[v.name].shape for v in vars_]
-    dlogp = model.compile_dlogp(vars=model.free_RVs)
-
-    def unpack(x: np.ndarray) -> dict:
-        out, i = {}, 0
-        for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
-            out[v.name] = x[i:i + sz].reshape(shp)
-            i += sz
-        return out
-
-    # Hessian by central differences of the analytic gradient (the marginal-likelihood Op has a
-    # first derivative only)
-    h = 1e-5
-    H = np.empty((flat.size, flat.size))
-    for j in range(flat.size):
-        e = np.zeros(flat.size)
-        e[j] = h
-        H[:, j] = -(np.asarray(dlogp(unpack(flat + e))) - np.asarray(dlogp(unpack(flat - e)))) / (2 * h)
-    w, V = np.linalg.eigh(0.5 * (H + H.T))
-    w = np.clip(w, 1e-8, None)
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal((n, len(flat)))
-    draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
-    # map unconstrained draws to all model variables
-    names = [v.name for v in model.unobserved_RVs]
-    fn = pytensor.function(vars_, [model[nm] for nm in names], on_unused_input="ignore")
-    out = {nm: [] for nm in names}
-    for row in draws:
-        point = unpack(row)
-        for nm, val in zip(names, fn(*[point[v.name] for v in vars_]), strict=True):
-            out[nm].append(val)
-    per = n // chains
-    ds = {}
-    for nm in names:
-        arr = np.asarray(out[nm])[: per * chains]
-        arr = arr.reshape((chains, per) + arr.shape[1:])
-        dims = ["chain", "draw"] + list(model.named_vars_to_dims.get(nm, [f"{nm}_dim_{j}" for j in range(arr.ndim - 2)]))
-        ds[nm] = (dims, arr)
-    coords = {k: list(v) for k, v in model.coords.items() if v is not None}
-    return xr.Dataset(ds, coords={k: v for k, v in coords.items()
-                                  if any(k in d[0] for d in ds.values())})
-
-
-def load_observations(path: str | Path) -> pd.DataFrame:
-    """The observation table from an ingest folder (either layout) or a Parquet file."""
-    from bayes_latency.data.tables import read_table
-
-    path = Path(path)
-    if not path.exists():
-        raise BayesLatencyError(f"no observation table at {path}; run `bayes-latency ingest` first")
-    return read_table(path, "observations")
-
-
-def _check_sampler_args(args: argparse.Namespace) -> None:
-    """Sampler arguments of ``fit`` in range, before any work (exit 2 with the option named)."""
-    def bad(opt: str, value: object, need: str) -> BayesLatencyError:
-        return BayesLatencyError(f"{opt} {value!r}: must be {need}")
-
-    ints = (("--draws", "draws", 1, 1_000_000), ("--tune", "tune", 0, 1_000_000),
-            ("--chains", "chains", 1, 64))
-    for opt, name, lo, hi in ints:
-        v = getattr(args, name, None)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise bad(opt, v, f"an integer in [{lo}, {hi:,}]")
-    seed = getattr(args, "seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise bad("--seed", seed, "an integer in [0, 2**32)")
-    ta = getattr(args, "target_accept", None)
-    if ta is not None and not (isinstance(ta, (int, float)) and 0.5 <= ta < 1.0):
-        raise bad("--target-accept", ta, "a number in [0.5, 1)")
-    mr = getattr(args, "max_rhat", None)
-    if mr is not None and not (isinstance(mr, (int, float)) and 1.0 <= mr < 10.0):
-        raise bad("--max-rhat", mr, "a number in [1, 10)")
-
-
-def fit_command(args: argparse.Namespace) -> int:
-    """``bayes-latency fit``: fit, save, and exit 1 when the convergence gates fail.
-
-    The arguments, the output path and the observation table are validated before sampling; the
-    posterior is written atomically (never over an input).
-    """
-    from bayes_latency.data.observations import validate_observations
-    from bayes_latency.io import atomic_path, check_output_path
-
-    _check_sampler_args(args)
-    tables = Path(args.tables)
-    f_in = tables / "observations.parquet" if tables.is_dir() else tables
-    inputs = [tables, f_in] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
-    out_path = check_output_path(args.out, inputs,
-                                 kind="dir" if Path(args.out).suffix == ".zarr" else "file")
-    if out_path.suffix == ".zarr" and out_path.exists():
-        raise BayesLatencyError(f"--out {out_path}: zarr store exists; remove it or choose "
-                                f"another path")
-    obs = validate_observations(load_observations(args.tables), source=str(f_in))
-    terms = getattr(args, "terms", None)
-    terms = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
-    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
-                     scheduler=getattr(args, "scheduler", None))
-    t0 = time.perf_counter()
-    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
-          progress=sys.stderr.isatty(),  # sampling progress on a terminal only
-          target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
-          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION))
-    with atomic_path(out_path) as tmp:
-        m.save(tmp)
-    out = out_path
-    conv = m.convergence({"max_rhat": args.max_rhat})
-    print(m.report.format())
-    print(f"fitted {len(m.design.configs)} configurations, {len(m._rows):,} rows in "
-          f"{time.perf_counter() - t0:.1f} s ({m.method}, {m.sampler}); saved {out}")
-    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
-          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
-                                                  if conv["approximate"] else ""))
-    # adequacy gate (posterior predictive checks of the fitted rows and workload means)
-    from bayes_latency.checks.adequacy import check_fit
-
-    req_file = Path(args.tables) / "requests.parquet"
-    requests = pd.read_parquet(req_file) if req_file.is_file() else None
-    adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
-    if not conv["passed"]:
-        extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
-                 if not adq.passed else [])
-        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"] + extra))
-    if not adq.passed:
-        print("bayes-latency: the model does not explain the data (adequacy gate):\n"
-              + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
-        return 1
-    print("adequacy gate passed (LOO-PIT, band coverage, workload means)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(fit_command(argparse.Namespace()))

@@ -1,0 +1,223 @@
+"""``bayes-latency check``: diagnostics report, predictive checks and adequacy gate of a posterior.
+
+:func:`check_command` loads a posterior, prints and writes the diagnostics report
+(:func:`~bayes_latency.checks.diagnostics.diagnose`) and, with ``--tables``, runs
+:func:`run_checks`: the step, request and workload predictive checks with their tables and plots
+and the adequacy gate. The private helpers read the ingest tables and write files atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bayes_latency.checks.diagnostics import diagnose
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    """A Parquet or CSV table; a corrupt file is a one-line error naming it."""
+    from bayes_latency.errors import TraceFormatError
+    from bayes_latency.io import read_parquet
+
+    if path.suffix == ".parquet":
+        return read_parquet(path)
+    try:
+        return pd.read_csv(path)
+    except Exception as exc:  # noqa: BLE001 - any parser failure is a bad file for the user
+        raise TraceFormatError(f"cannot read CSV table: {exc}", file=str(path)) from None
+
+
+def _read_table(folder: Path, name: str) -> pd.DataFrame | None:
+    from bayes_latency.data.tables import read_table, table_files
+
+    if table_files(folder, name):  # ingest's layout (partitioned, or one Parquet file)
+        return read_table(folder, name)
+    cand = folder / f"{name}.csv"
+    return _read_file(cand) if cand.is_file() else None
+
+
+def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, Path]:
+    """Run the step, request and workload predictive checks and write tables and plots.
+
+    Parameters
+    ----------
+    model
+        A fitted :class:`~bayes_latency.model.estimator.LatencyModel`.
+    tables
+        Folder written by ``bayes-latency ingest`` (``observations``, ``requests`` and optionally
+        ``lifecycle`` tables, Parquet or CSV); a path to an observations file also works.
+    out
+        Output folder (created).
+    seed
+        Seed of the posterior predictive draws.
+
+    Returns
+    -------
+    dict
+        Name -> written file.
+    """
+    from bayes_latency.checks import adequacy, plots, ppc
+    from bayes_latency.errors import BayesLatencyError
+
+    tables = Path(tables)
+    folder = tables if tables.is_dir() else tables.parent
+    if tables.is_file():
+        obs = _read_file(tables)
+    else:
+        obs = _read_table(folder, "observations")
+    if obs is None:
+        raise BayesLatencyError(f"no observations table in {tables}")
+    from bayes_latency.data.observations import validate_observations
+
+    validate_observations(obs, source=str(tables))
+    requests = _read_table(folder, "requests")
+    lifecycle = _read_table(folder, "lifecycle")
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    from bayes_latency.checks.sanity import prediction_findings
+
+    findings: list[str] = []  # non-finite / absurd predictions: reported, never plotted
+    step_rows = obs[obs["kind"].isin(ppc.STEP_KINDS)].reset_index(drop=True)
+    if len(step_rows):
+        draws = model.sample_posterior_predictive(step_rows, seed=seed)
+        bad = prediction_findings("step rows", step_rows["value_us"], draws.values)
+        findings += bad
+        rows = ppc.ppc_rows(step_rows, draws, kinds=ppc.STEP_KINDS)
+        summary = ppc.summarize_rows(rows, by=ppc.STEP_GROUPS)
+        written["step_ppc"] = _write_csv(summary, out / "step_ppc.csv")
+        written["step_rows"] = _write_csv(rows, out / "step_ppc_rows.csv")
+    if len(step_rows) and not bad:
+        written["ppc_plot"] = plots.plot_ppc_iterations(step_rows, draws,
+                                                        out / "ppc_iterations.png")
+        written["pit_plot"] = plots.plot_pit(step_rows, draws, out / "pit.png",
+                                             kinds=ppc.STEP_KINDS)
+        written["calibration_plot"] = plots.plot_calibration(rows, out / "calibration.png")
+        written["step_scatter"] = plots.plot_observed_vs_predicted(
+            rows, out / "step_observed_vs_predicted.png", title="Steps: observed vs predicted")
+    wl = None
+    if requests is not None and len(requests):
+        req = ppc.request_ppc(model, obs, requests, seed=seed)
+        written["request_ppc"] = _write_csv(req.summary(), out / "request_ppc.csv")
+        written["request_rows"] = _write_csv(req.rows, out / "request_ppc_rows.csv")
+        wl = ppc.workload_ppc(req, lifecycle=lifecycle)
+        written["workload_ppc"] = _write_csv(wl, out / "workload_ppc.csv")
+        bad = (prediction_findings("request rows", req.rows["observed_us"],
+                                   req.rows["pred_mean_us"]) if len(req.rows) else [])
+        bad += prediction_findings("workload means", wl["observed_us"], wl["pred_mean_us"]) \
+            if len(wl) and "observed_us" in wl else []
+        findings += bad
+        if not bad:
+            written["workload_scatter"] = plots.plot_observed_vs_predicted(
+                wl, out / "workload_observed_vs_predicted.png", facet="metric",
+                predicted="pred_median_us",
+                title="Workload means: observed vs predicted (90% band)")
+    if findings:
+        written["findings"] = _write_text(out / "findings.json",
+                                          json.dumps(findings, indent=2) + "\n")
+    # adequacy gate: LOO-PIT and band coverage of the fitted rows, workload means (a model
+    # without posterior coefficient draws is judged on the in-sample PIT of the step check)
+    if hasattr(model, "design") and hasattr(model, "coefficients"):
+        fitted = obs[obs["config_id"].isin(set(model.design.configs.index))]
+        step_rows = adequacy.step_checks(model, fitted, seed=seed)
+    else:
+        step_rows = rows if len(step_rows) else None
+    adq = adequacy.assess(step_rows, wl)
+    _write_text(out / "adequacy.md", adq.to_markdown())
+    written["adequacy"] = _write_text(out / "adequacy.json",
+                                      json.dumps(adq.to_dict(), indent=2) + "\n")
+    return written
+
+
+def _write_csv(df: pd.DataFrame, path: Path) -> Path:
+    from bayes_latency.io import atomic_write
+
+    return atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def _write_text(path: Path, text: str) -> Path:
+    from bayes_latency.io import atomic_write_text
+
+    return atomic_write_text(path, text)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """``bayes-latency check posterior.nc [--tables DIR] [--out DIR]``.
+
+    Loads the posterior, prints the diagnostics report and, with ``--out``, writes
+    ``diagnostics.md`` / ``diagnostics.json`` and the coefficient forest plot ``forest.png`` there. With ``--tables`` it also runs the predictive
+    checks and writes their tables and plots (into ``--out``, default ``<posterior dir>/check``).
+
+    Returns
+    -------
+    int
+        1 when a diagnostics gate or (with ``--tables``) the adequacy gate of
+        :mod:`~bayes_latency.checks.adequacy` fails, 0 otherwise.
+    """
+    from bayes_latency.checks.sanity import coefficient_findings, load_posterior
+    from bayes_latency.io import check_output_path
+
+    out = Path(args.out) if getattr(args, "out", None) else None
+    tables = getattr(args, "tables", None)
+    priors = getattr(args, "priors", None)
+    if tables and out is None:
+        out = Path(args.posterior).resolve().parent / "check"
+    if out is not None:  # before loading: a bad --out fails at once
+        check_output_path(out, [p for p in (args.posterior, tables, priors) if p], kind="dir",
+                          names=("diagnostics.md", "diagnostics.json", "findings.json"))
+    model = load_posterior(args.posterior, priors=priors)
+    report = diagnose(model.result)
+    print(report.to_markdown())
+    findings = coefficient_findings(model.result)
+    if out is not None:
+        _write_text(out / "diagnostics.md", report.to_markdown() + "\n")
+        _write_text(out / "diagnostics.json", json.dumps(report.to_dict(), indent=2) + "\n")
+        from bayes_latency.checks.plots import plot_forest
+
+        if not findings:
+            plot_forest(model.result, out / "forest.png")
+    written: dict[str, Path] = {}
+    adequacy_failed = False
+    if tables and not findings:
+        written = run_checks(model, Path(tables), out)
+        print("\n## Predictive checks\n")
+        for name, path in written.items():
+            print(f"- {name}: {path}")
+        if "workload_ppc" in written:
+            wl = pd.read_csv(written["workload_ppc"])
+            e2e = wl[(wl["metric"] == "e2e_mean") & (wl["stage"].astype(str) == "all")]
+            print("\nmean E2E error per experiment (target < 10%):")
+            for r in e2e.itertuples():
+                vals = (r.observed_us, r.pred_mean_us, r.q05_us, r.q95_us)
+                if not (np.all(np.isfinite(vals)) and abs(r.pred_mean_us) < 1e6 * abs(
+                        r.observed_us)):
+                    print(f"- {r.experiment_id}: prediction not finite or absurd (see findings)")
+                    continue
+                print(f"- {r.experiment_id}: {r.error_pct:+.1f}% "
+                      f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
+                      f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
+        adq = json.loads(written["adequacy"].read_text())
+        adequacy_failed = not adq["passed"]
+        if adq["passed"]:
+            print("\nadequacy gate: passed (LOO-PIT, band coverage, workload means)")
+        else:
+            print("\nadequacy gate: FAILED, the model does not explain these data:")
+            for f in adq["failures"]:
+                print(f"- {f}")
+    if "findings" in written:
+        findings += json.loads(written["findings"].read_text())
+    if findings:
+        print("\n## Findings (exit 1)\n")
+        for f in findings:
+            print(f"- {f}")
+        if out is not None:
+            _write_text(out / "findings.json", json.dumps(findings, indent=2) + "\n")
+        return 1
+    if adequacy_failed:
+        return 1
+    return 0 if report.passed else 1

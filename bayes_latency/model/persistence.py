@@ -1,0 +1,179 @@
+"""The fitted result as a file: its layout and attrs, saving, loading and the checks on load.
+
+:func:`assemble` lays out the result DataTree of a fit (``posterior``, ``sample_stats``,
+``constant_data``, ``summaries``) and its attrs (versions, priors hash and YAML, data hash, model
+configuration, sampler settings); :func:`save_result` writes it (optionally thinned) and
+:func:`load_estimator` rebuilds a :class:`~bayes_latency.model.estimator.LatencyModel` from the
+file alone, refusing another model version or priors that differ from the embedded ones
+(:class:`~bayes_latency.errors.ModelMismatchError`). The public entry points are
+:meth:`LatencyModel.save <bayes_latency.model.estimator.LatencyModel.save>` and
+:meth:`LatencyModel.load <bayes_latency.model.estimator.LatencyModel.load>`.
+
+Importing this module is light (no PyMC, PyTensor or ArviZ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from bayes_latency import MODEL_VERSION, __version__
+from bayes_latency.data.identifiability import IdentifiabilityReport
+from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bayes_latency.model.estimator import LatencyModel
+
+
+def _priors_yaml(priors: object) -> str:
+    """The validated prior content as YAML (embedded in the result so a fit reloads alone)."""
+    import yaml
+
+    return yaml.safe_dump(priors.content(), sort_keys=False, allow_unicode=True)
+
+
+def _hash_frame(df: pd.DataFrame) -> str:
+    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
+    return hashlib.sha256(h.tobytes()).hexdigest()[:16]
+
+
+def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:
+    """The result DataTree of a fit from the sampler's draws ``dt``, with its attrs."""
+    from bayes_latency.model.groups import annotate, with_config_coords
+
+    groups: dict[str, xr.Dataset] = {
+        "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), est.design))}
+    if "sample_stats" in dt:
+        ss = dt["sample_stats"].to_dataset()
+        ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
+        groups["sample_stats"] = ss
+    d = est.design
+    const = xr.Dataset(
+        {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
+         "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
+         "config_tp": ("config", d.configs["tp"].to_numpy().astype(int)),
+         "config_stack": ("config", d.configs["stack"].to_numpy().astype(str))},
+        coords={"config": list(d.configs.index)})
+    groups["constant_data"] = const
+    groups["summaries"] = noise_dataset(est)
+    out = xr.DataTree.from_dict(groups)
+    out.attrs.update({
+        "bayes_latency_version": __version__, "model_version": MODEL_VERSION,
+        "priors_hash": est.priors.hash, "data_hash": est._data_hash,
+        "terms": json.dumps(list(est.terms)), "alpha_terms": json.dumps(list(est.alpha_terms)),
+        "method": est.method, "variant": est.variant, "sampler": est.sampler,
+        "approximate": "true" if est.sampler == "laplace" else "false",
+        "timings": json.dumps(est.timings), "fit_report": json.dumps(est.report.to_dict()),
+        "priors_yaml": _priors_yaml(est.priors), "priors_path": str(est.priors.path),
+        "model_config": json.dumps({"terms": list(est.terms), "method": est.method,
+                                    "variant": est.variant, "sampler": est.sampler}),
+    })
+    if est.identifiability is not None:
+        out.attrs["identifiability"] = json.dumps(est.identifiability.to_dict())
+    if est._settings:
+        out.attrs["sampler_settings"] = json.dumps(est._settings)
+    return out
+
+
+def noise_dataset(est: LatencyModel) -> xr.Dataset:
+    """Noise parameters per (config, kind) and, on the fast path, the stage-1 summaries."""
+    cfgs = list(est.design.configs.index)
+    kinds = sorted({k for n in est._noise.values() for k in n} | set(est._rows["kind"].unique()))
+    arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
+    for i, c in enumerate(cfgs):
+        for j, k in enumerate(kinds):
+            p = est._noise.get(c, {}).get(k)
+            if p is not None:
+                arr["sigma"][i, j], arr["tau"][i, j], arr["nu"][i, j] = p.sigma, p.tau, p.nu
+    ds = xr.Dataset({f"noise_{w}": (("config", "kind"), a) for w, a in arr.items()},
+                    coords={"config": cfgs, "kind": kinds})
+    if est.summaries:
+        by = {s.config_id: s for s in est.summaries}
+        ds["theta_hat"] = (("config", "coef"), np.stack([by[c].theta_hat for c in cfgs]))
+        ds["grad"] = (("config", "coef"), np.stack([by[c].grad for c in cfgs]))
+        ds["info"] = (("config", "coef", "coef2"), np.stack([by[c].info for c in cfgs]))
+        ds = ds.assign_coords(coef=list(est.coefs), coef2=list(est.coefs))
+    return ds
+
+
+def save_result(est: LatencyModel, path: str | Path, thin: int = 1) -> Path:
+    """Write ``est.result`` to ``path``: :meth:`LatencyModel.save` (which documents it)."""
+    if est.result is None:
+        raise BayesLatencyError("nothing to save: the model is not fitted")
+    if int(thin) < 1:
+        raise ConfigError(f"thin must be >= 1, got {thin}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = est.result
+    if int(thin) > 1:
+        out = out.copy()
+        for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
+                  "log_prior"):
+            if g in out.children and "draw" in out[g].dims:
+                out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(None, None, int(thin))))
+        out.attrs["thinned_by"] = int(thin)
+    if path.suffix == ".zarr":
+        out.to_zarr(path, mode="w")
+    else:
+        out.to_netcdf(path, engine="h5netcdf")
+    return path
+
+
+def load_estimator(cls: type[LatencyModel], path: str | Path,
+                   priors: object = None) -> LatencyModel:
+    """A fitted ``cls`` rebuilt from ``path``: :meth:`LatencyModel.load` (which documents it)."""
+    from bayes_latency.model.hierarchy import Design
+
+    path = Path(path)
+    if not path.exists():
+        raise BayesLatencyError(f"posterior file {path} does not exist")
+    try:
+        dt = xr.open_datatree(path, engine="zarr" if path.suffix == ".zarr" else "h5netcdf").load()
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
+        raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
+    a = dt.attrs
+    if a.get("model_version") != MODEL_VERSION:
+        raise ModelMismatchError(
+            f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
+            f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
+    terms = tuple(json.loads(a["terms"]))
+    embedded = None
+    if "priors_yaml" in a:
+        import yaml
+
+        from bayes_latency.priors import load_priors
+
+        embedded = load_priors(yaml.safe_load(a["priors_yaml"]))
+        if embedded.hash != a.get("priors_hash"):
+            raise ModelMismatchError(
+                f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "
+                f"{a.get('priors_hash')}: the file was altered")
+    m = cls(priors=priors if priors is not None or embedded is None else embedded,
+            terms=terms, method=a["method"], sampler=a["sampler"], variant=a["variant"])
+    if a.get("priors_hash") != m.priors.hash:
+        raise ModelMismatchError(
+            f"{path} was fitted with priors {a.get('priors_hash')}, but the priors given now hash "
+            f"to {m.priors.hash}; load without priors= (the file embeds its own) or pass the "
+            "priors file used for the fit (--priors).")
+    const = dt["constant_data"].to_dataset()
+    configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
+                            "gpu": const["config_gpu"].values.astype(str),
+                            "tp": const["config_tp"].values.astype(int)},
+                           index=pd.Index(const["config"].values.astype(str), name="config_id"))
+    if "config_stack" in const:  # Design fills in vLLM otherwise
+        configs["stack"] = const["config_stack"].values.astype(str)
+    m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
+    m.result = dt
+    m._data_hash = a.get("data_hash")
+    m.timings = json.loads(a.get("timings", "{}"))
+    m._settings = json.loads(a.get("sampler_settings", "{}"))
+    if "identifiability" in a:  # hints after loading name the confounded groups too
+        m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
+    m._noise_from_result()
+    return m

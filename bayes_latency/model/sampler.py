@@ -1,0 +1,196 @@
+"""Sampler and compilation settings of a fit, and the samplers themselves.
+
+What :meth:`bayes_latency.model.estimator.LatencyModel.fit` hands to the sampler: the sampler
+names, NUTS's step-size target, nutpie's mass-matrix adaptation, the Numba compilation flags
+(LLVM fast-math, optimisation level) with the measurements behind them, and :func:`sample`, which
+runs the chosen sampler (nutpie, PyMC, NumPyro, or the approximate Laplace draws of
+:func:`_laplace_draws`) on a built PyMC model.
+
+Importing this module is light (no PyMC, PyTensor, Numba or ArviZ).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import xarray as xr
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pymc as pm
+
+SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
+#: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
+#: funnel-like corners where the ARD tail meets the effect scales).
+TARGET_ACCEPT = 0.95
+#: nutpie's mass-matrix adaptation by default ("low_rank"; ``fit(adaptation="diag")`` for the
+#: other). Measured: on the demo fleet (well-separated coefficients) "diag" takes 2x fewer
+#: leapfrog steps (target_accept 0.9, 1000 draws: 5.8 s of sampling and 85 steps per draw against
+#: 24.5 s and 197), and the demo uses it; on the real data, whose coefficients are identified
+#: partly as sums (strongly correlated population parameters), "diag" failed where "low_rank"
+#: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
+NUTPIE_ADAPTATION = "low_rank"
+ADAPTATIONS = ("low_rank", "diag")
+#: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
+#: (fast-math on), code compiled fresh and the same code loaded from PyTensor's on-disk cache
+#: round differently, so the same fit with the same seed gave different chains on a machine's
+#: first run and on later runs (measured: first draw of z_pop -0.5577 fresh, -0.4990 cached,
+#: -0.5095 with only the PyTensor cache cold). Off, fresh and cached runs agree bit for bit, and
+#: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
+NUMBA_FASTMATH = False
+#: LLVM optimisation level of the Numba code nutpie compiles for the model (Numba's default is 3;
+#: a ``NUMBA_OPT`` set in the environment wins). Measured on the demo fit (issue 15, MODEL_VERSION
+#: 7, 2-core machine at load 6-7, CPU seconds): level 1 compiles on empty caches in 71-73 CPU s
+#: against 82-91 at level 3, samples the same chains (identical R-hat and ESS at 1000, 1500 and
+#: 2000 draws; fast-math is off either way) at 41.7 against 40.1 CPU s for 2 x (500 + 2000)
+#: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
+#: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
+NUMBA_OPT = 1
+# Where a fit's time goes (demo fit, 12 configurations, measured for issue 15 on a 2-core
+# machine shared with other jobs (load 5-7), so in CPU seconds). MODEL_VERSION 7, before the
+# changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
+# compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
+# leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
+# Warm compilation: PyTensor's graph rewrites of logp+gradient and expand ~4.5 s, the rest
+# Numba compiling nutpie's C callbacks (not cacheable) and linking the cached Ops into them. Cold: ~660 Numba functions (the logp
+# +gradient graph has 361 nodes, the expand graph 155), two thirds of it in LLVM.
+# Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
+# the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
+# function then only returns the free variables: cold compilation 55 against 73 CPU s).
+# Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
+# effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
+# for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
+# 0.02 (``z_pop`` in sum-group coordinates); ``sigma_model`` has the lowest ESS at every seed.
+# A centred parameterisation of the well-identified effects, or ``sigma_model`` fixed, is the
+# model's lever (hierarchy.py), not the sampler's. Tried and not kept (demo, seed 0, 2 x
+# (500 + 2000)): target_accept 0.95 (67 steps per draw, but ESS 403 against 826: about the
+# same ESS per CPU s, no margin), 0.9 (6 divergences), low-rank adaptation (0.95: ESS 453,
+# 1 divergence, 65 us per step; 0.99: R-hat 1.012), nutpie's JAX backend (4 CPU s of
+# compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
+# :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
+# cold), numpyro (345 s of sampling).
+
+
+@contextlib.contextmanager
+def _numba_opt(level: int) -> Iterator[None]:
+    """Numba's LLVM optimisation level set to ``level`` for the compilations inside the block
+    (see :data:`NUMBA_OPT`); left alone when the user set ``NUMBA_OPT`` in the environment."""
+    from numba.core import config as numba_config
+
+    if "NUMBA_OPT" in os.environ:
+        yield
+        return
+    old = numba_config.OPT
+    numba_config.OPT = numba_config._OptLevel(level)
+    try:
+        yield
+    finally:
+        numba_config.OPT = old
+
+
+def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, seed: int,
+           progress: bool, target_accept: float, adaptation: str,
+           timings: dict[str, float]) -> xr.DataTree:
+    """Draws of ``model`` by ``sampler`` (one of :data:`SAMPLERS`) as a DataTree with a
+    ``posterior`` group (and ``sample_stats`` for the NUTS samplers).
+
+    ``timings`` receives ``compile_s``/``compile_cpu_s`` (nutpie), ``sampling_s`` and
+    ``sampling_cpu_s``. nutpie's trace holds the free variables only: add the deterministics
+    with :func:`bayes_latency.model.deterministics._with_deterministics`.
+    """
+    import pymc as pm
+    import pytensor
+
+    t0, c0 = time.perf_counter(), time.process_time()  # CPU time: all threads (chains)
+    with model:
+        if sampler == "laplace":
+            post = _laplace_draws(model, draws * chains, chains, seed)
+            dt = xr.DataTree.from_dict({"posterior": post})
+        elif sampler == "nutpie":
+            import nutpie
+
+            if progress:  # nutpie's progress table starts with sampling; say what comes first
+                print("compiling the model (about 15 s; a minute on a machine's first fit)...",
+                      file=sys.stderr, flush=True)
+            with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), \
+                    _numba_opt(NUMBA_OPT):
+                # the trace stores the free variables only; the deterministics are
+                # computed afterwards (see _with_deterministics)
+                compiled = nutpie.compile_pymc_model(
+                    model, var_names=[v.name for v in model.free_RVs])
+            timings["compile_s"] = time.perf_counter() - t0
+            timings["compile_cpu_s"] = time.process_time() - c0
+            dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
+                               cores=min(chains, 2), seed=seed, progress_bar=progress,
+                               adaptation=adaptation, target_accept=target_accept)
+        else:
+            if sampler == "numpyro":
+                from bayes_latency.model.marginal import register_jax
+
+                register_jax()
+            kw: dict = {"nuts_sampler": sampler, "target_accept": target_accept}
+            if sampler == "pymc":
+                kw["compute_convergence_checks"] = False
+            dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
+                           random_seed=seed, progressbar=progress, **kw)
+    timings["sampling_s"] = time.perf_counter() - t0
+    timings["sampling_cpu_s"] = time.process_time() - c0
+    return dt
+
+
+def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
+    """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
+    import pymc as pm
+    import pytensor
+
+    mode = pm.find_MAP(progressbar=False, seed=seed)
+    ip = model.initial_point()
+    vars_ = model.value_vars
+    flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
+    sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
+    shapes = [ip[v.name].shape for v in vars_]
+    dlogp = model.compile_dlogp(vars=model.free_RVs)
+
+    def unpack(x: np.ndarray) -> dict:
+        out, i = {}, 0
+        for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
+            out[v.name] = x[i:i + sz].reshape(shp)
+            i += sz
+        return out
+
+    # Hessian by central differences of the analytic gradient (the marginal-likelihood Op has a
+    # first derivative only)
+    h = 1e-5
+    H = np.empty((flat.size, flat.size))
+    for j in range(flat.size):
+        e = np.zeros(flat.size)
+        e[j] = h
+        H[:, j] = -(np.asarray(dlogp(unpack(flat + e))) - np.asarray(dlogp(unpack(flat - e)))) / (2 * h)
+    w, V = np.linalg.eigh(0.5 * (H + H.T))
+    w = np.clip(w, 1e-8, None)
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, len(flat)))
+    draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
+    # map unconstrained draws to all model variables
+    names = [v.name for v in model.unobserved_RVs]
+    fn = pytensor.function(vars_, [model[nm] for nm in names], on_unused_input="ignore")
+    out = {nm: [] for nm in names}
+    for row in draws:
+        point = unpack(row)
+        for nm, val in zip(names, fn(*[point[v.name] for v in vars_]), strict=True):
+            out[nm].append(val)
+    per = n // chains
+    ds = {}
+    for nm in names:
+        arr = np.asarray(out[nm])[: per * chains]
+        arr = arr.reshape((chains, per) + arr.shape[1:])
+        dims = ["chain", "draw"] + list(model.named_vars_to_dims.get(nm, [f"{nm}_dim_{j}" for j in range(arr.ndim - 2)]))
+        ds[nm] = (dims, arr)
+    coords = {k: list(v) for k, v in model.coords.items() if v is not None}
+    return xr.Dataset(ds, coords={k: v for k, v in coords.items()
+                                  if any(k in d[0] for d in ds.values())})

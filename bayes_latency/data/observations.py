@@ -188,10 +188,11 @@ def _str_column(parts: Sequence[Any], n: int) -> Any:
 
 def _assemble(parts: Sequence[dict[str, Any]], terms: Sequence[str], *, experiment_id: str,
               workload: str, arch: Any, gpu: Any, serving: Any,
-              stack: str = DEFAULT_STACK) -> pd.DataFrame:
+              stack: str = DEFAULT_STACK, report: IngestReport | None = None) -> pd.DataFrame:
     """``_finish([_label(_nullable_steps(concat of the frames of parts)), ...])`` built column
     by column (``parts``: :func:`_row_dict` outputs, each of one kind): the same frame, value
-    for value and dtype for dtype, without a pandas call per part and column."""
+    for value and dtype for dtype, without a pandas call per part and column. With ``report``,
+    also :func:`drop_out_of_domain` (checked on the columns)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -245,6 +246,11 @@ def _assemble(parts: Sequence[dict[str, Any]], terms: Sequence[str], *, experime
             out[c] = np.where(np.isnan(v), 0.0, v)
         else:  # value_us, anchor_error_us
             out[c] = cat(c, float)
+    if report is not None:
+        # drop_out_of_domain's check on the columns, before the frame exists (same rows kept)
+        viol = _violations(out)
+        df = pd.DataFrame(out)
+        return _drop_rows(df, viol, report) if viol else df
     return pd.DataFrame(out)
 
 
@@ -267,11 +273,45 @@ def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gp
     return pd.concat([df, pd.DataFrame({c: labels[c] for c in new}, index=df.index)], axis=1)
 
 
+def _f64(s: pd.Series) -> np.ndarray:
+    """``s.astype("float64").to_numpy()`` (NaN for nulls) without pandas' ``astype``."""
+    return s.to_numpy(dtype=float, na_value=np.nan)
+
+
+def _clean_sorted_steps(steps: pd.DataFrame) -> bool:
+    """Whether ``steps`` has no null ``step.id`` / ``step.ts_start_ns`` and strictly increasing
+    step ids (then dropping nulls and repeats and sorting by ``step.id`` leave it as it is)."""
+    sid, ts = steps["step.id"], steps["step.ts_start_ns"]
+    if sid.hasnans or ts.hasnans:
+        return False
+    v = sid.to_numpy()
+    return v.dtype.kind in "iu" and bool((v[1:] > v[:-1]).all())
+
+
+def _all_equal(col: pd.Series, value: str) -> bool:
+    """Whether every value of a text column is ``value`` (one pyarrow pass; False when unsure,
+    e.g. a column that is not text)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pd.api.types.is_string_dtype(col.dtype) or col.dtype == object:
+        return False
+    try:
+        arr = pa.array(col)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return False
+    if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+        return False
+    return arr.null_count == 0 and bool(pc.all(pc.equal(arr, value)).as_py())
+
+
 def _steps_of(tables: Mapping[str, Any], name: str, experiment_id: str) -> pd.DataFrame | None:
     df = tables.get(name) if isinstance(tables, Mapping) else getattr(tables, name, None)
     if df is None:
         return None
     if "experiment_id" in df.columns and experiment_id is not None and len(df):
+        if _all_equal(df["experiment_id"], str(experiment_id)):
+            return df
         sel = df["experiment_id"].astype(str) == str(experiment_id)
         if sel.any() and not sel.all():  # (all rows: the frame itself, no copy)
             df = df[sel]
@@ -279,16 +319,36 @@ def _steps_of(tables: Mapping[str, Any], name: str, experiment_id: str) -> pd.Da
 
 
 # ------------------------------------------------------------------------------- timeline
-def _step_extreme(ev: pd.DataFrame, events: Sequence[str], how: str
+class _Events:
+    """The journey columns :func:`_step_extreme` reads, converted once per experiment (event
+    codes by ``factorize``, steps as float, times as int64 or float), and its results."""
+
+    def __init__(self, ev: pd.DataFrame) -> None:
+        self.codes, self.names = pd.factorize(ev["event"])
+        self.step = ev["step"].to_numpy(dtype=float, na_value=np.nan)
+        ts = ev["ts_monotonic_ns"]
+        self.ts = (ts.to_numpy(dtype=np.int64) if pd.api.types.is_integer_dtype(ts)
+                   and not ts.hasnans else ts.to_numpy(dtype=float, na_value=np.nan))
+        self.done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _step_extreme(ev: pd.DataFrame | _Events, events: Sequence[str], how: str
                   ) -> tuple[np.ndarray, np.ndarray]:
     """``ev[ev.event.isin(events)].groupby("step")["ts_monotonic_ns"].<how>()`` (``how``: min or
     max) as (ascending steps, values as float), with numpy: rows without a step are left out,
     as groupby does."""
-    sel = ev["event"].isin(events).to_numpy(dtype=bool)
-    step = ev["step"].to_numpy(dtype=float, na_value=np.nan)[sel]
-    ts = ev["ts_monotonic_ns"]
-    ts = (ts.to_numpy(dtype=np.int64) if pd.api.types.is_integer_dtype(ts)
-          and not ts.hasnans else ts.to_numpy(dtype=float, na_value=np.nan))[sel]
+    e = ev if isinstance(ev, _Events) else _Events(ev)
+    key = (tuple(events), how)
+    if key not in e.done:
+        e.done[key] = _extreme(e, events, how)
+    return e.done[key]
+
+
+def _extreme(e: _Events, events: Sequence[str], how: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_step_extreme` of converted journey columns."""
+    wanted = [i for i, name in enumerate(e.names) if name in set(events)]
+    sel = np.isin(e.codes, wanted)
+    step, ts = e.step[sel], e.ts[sel]
     ok = ~np.isnan(step)
     step, ts = step[ok].astype(np.int64), ts[ok]
     if not len(step):
@@ -301,7 +361,7 @@ def _step_extreme(ev: pd.DataFrame, events: Sequence[str], how: str
     return step[start], red.reduceat(ts, start).astype(float)
 
 
-def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int
+def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame | _Events, s0: int, n: int
                      ) -> np.ndarray:
     """``idle[i]``: no request alive across the boundary between step ``s0+i`` and the next.
 
@@ -313,10 +373,10 @@ def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n
     if requests is None or not len(requests):
         return idle
     end_step, end_ts = _step_extreme(ev, ["FIRST_TOKEN", "FINISHED"], "max")
-    q_step = requests["queued_step"].astype("float64")
-    fs = requests["first_scheduled_step"].astype("float64")
-    q_step = q_step.fillna(fs - 1).to_numpy()
-    q_ns = requests["queued_ns"].astype("float64").to_numpy()
+    q_step = _f64(requests["queued_step"])
+    fs = _f64(requests["first_scheduled_step"])
+    q_step = np.where(np.isnan(q_step), fs - 1, q_step)
+    q_ns = _f64(requests["queued_ns"])
     # each request's queued step looked up among the steps of end_ts (NaN when absent)
     e_ts = np.full(len(q_step), np.nan)
     if len(end_step):
@@ -324,7 +384,7 @@ def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n
         hit = end_step[at] == q_step
         e_ts[hit] = end_ts[at[hit]]
     start = np.where(np.isfinite(e_ts) & np.isfinite(q_ns) & (q_ns > e_ts), q_step + 1, q_step)
-    fin = requests["finished_step"].astype("float64").to_numpy()
+    fin = _f64(requests["finished_step"])
     fin = np.where(np.isfinite(fin), fin, s0 + n + 1)
     ok = np.isfinite(start)
     lo = np.clip(start[ok] - s0, 0, n).astype(np.int64)
@@ -337,7 +397,7 @@ def _idle_boundaries(requests: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n
     return carry == 0
 
 
-def _event_anchors(steps: pd.DataFrame | None, ev: pd.DataFrame, s0: int, n: int,
+def _event_anchors(steps: pd.DataFrame | None, ev: pd.DataFrame | _Events, s0: int, n: int,
                    report: IngestReport, idle_at: np.ndarray
                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Step-start estimates for indices ``0..n`` (index ``i`` = start of step ``s0 + i``).
@@ -391,6 +451,7 @@ def _timeline_rows(batches: pd.DataFrame, X: np.ndarray, steps: pd.DataFrame | N
     s0 = int(batches["step_id"].iloc[0])
     n = len(batches)
     m = n + 1
+    ev = _Events(ev)  # (the journey columns converted once for the three extremes below)
     idle = _idle_boundaries(requests, ev, s0, n)
     idle_at = np.zeros(m, dtype=bool)  # idle between index i-1 and i
     idle_at[1:] = idle
@@ -478,10 +539,10 @@ def _request_rows(requests: pd.DataFrame, cs: np.ndarray, s0: int, n: int,
     specs = (("request_prefill", "first_scheduled", "first_token", 0),
              ("request_decode", "first_token", "finished", 1))
     for kind, a_name, b_name, shift in specs:
-        ta = r[f"{a_name}_ns"].astype("float64").to_numpy()
-        tb = r[f"{b_name}_ns"].astype("float64").to_numpy()
-        first = r[f"{a_name}_step"].astype("float64").to_numpy() + shift
-        last = r[f"{b_name}_step"].astype("float64").to_numpy()
+        ta = _f64(r[f"{a_name}_ns"])
+        tb = _f64(r[f"{b_name}_ns"])
+        first = _f64(r[f"{a_name}_step"]) + shift
+        last = _f64(r[f"{b_name}_step"])
         ok = np.isfinite(ta) & np.isfinite(tb) & np.isfinite(first) & np.isfinite(last)
         if (~ok).sum():
             report.drop(f"{kind}:missing_time", int((~ok).sum()))
@@ -511,10 +572,10 @@ def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str], report: IngestRepo
                 make: Callable[..., Any] = _rows) -> list[Any]:
     """``alpha_arrival`` and ``alpha_departure`` rows."""
     out = []
-    arr = requests["arrival_s"].astype("float64").to_numpy() * 1e6
-    que = requests["queued_ns"].astype("float64").to_numpy() / 1e3
+    arr = _f64(requests["arrival_s"]) * 1e6
+    que = _f64(requests["queued_ns"]) / 1e3
     v = que - arr
-    qstep = requests["queued_step"].astype("float64").to_numpy()
+    qstep = _f64(requests["queued_step"])
     missing = ~np.isfinite(v)
     neg = ~missing & (v < 0)
     if missing.any():
@@ -525,10 +586,10 @@ def _alpha_rows(requests: pd.DataFrame, terms: Sequence[str], report: IngestRepo
     if sel.any():
         out.append(make("alpha_arrival", v[sel], None, terms, step_first=qstep[sel],
                          step_last=qstep[sel], alpha={"alpha_arrival": 1.0}))
-    dep = requests["departed_s"].astype("float64").to_numpy() * 1e6
-    fin = requests["finished_ns"].astype("float64").to_numpy() / 1e3
-    otok = requests["output_tokens"].astype("float64").to_numpy()
-    fstep = requests["finished_step"].astype("float64").to_numpy()
+    dep = _f64(requests["departed_s"]) * 1e6
+    fin = _f64(requests["finished_ns"]) / 1e3
+    otok = _f64(requests["output_tokens"])
+    fstep = _f64(requests["finished_step"])
     aborted = requests["aborted"].astype(bool).to_numpy()
     v = dep - fin
     missing = ~aborted & ~(np.isfinite(v) & np.isfinite(otok))
@@ -589,7 +650,7 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
     ev = _steps_of(tables, "journey_events", experiment_id)
     requests = _steps_of(tables, "requests", experiment_id)
     batches = _steps_of(tables, "batches", experiment_id)
-    if steps is not None and len(steps):
+    if steps is not None and len(steps) and not _clean_sorted_steps(steps):
         steps = steps.dropna(subset=["step.id", "step.ts_start_ns"]).drop_duplicates("step.id")
         steps = steps.sort_values("step.id")
     have_journeys = ev is not None and len(ev) > 0
@@ -610,7 +671,11 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
     if batches is None or not len(batches):
         batches, _, rrep = reconstruct_batches(ev, requests, serving, steps, with_members=False)
         report.notes.append(rrep.format())
-    batches = batches.sort_values("step_id").reset_index(drop=True)
+    b_sid = batches["step_id"].to_numpy()
+    if not (isinstance(batches.index, pd.RangeIndex) and batches.index.start == 0
+            and batches.index.step == 1 and b_sid.dtype.kind in "iu"
+            and bool((b_sid[1:] > b_sid[:-1]).all())):  # (else already what the sort gives)
+        batches = batches.sort_values("step_id").reset_index(drop=True)
     s0 = int(batches["step_id"].iloc[0])
     n = len(batches)
     if not np.array_equal(batches["step_id"].to_numpy(), np.arange(s0, s0 + n)):
@@ -639,8 +704,7 @@ def build_observations(tables: Mapping[str, Any], serving: Any, arch: Any, gpu: 
     if not parts:
         return empty_observations(terms), report
     df = _assemble(parts, terms, experiment_id=experiment_id, workload=workload, arch=arch,
-                   gpu=gpu, serving=serving)
-    df = drop_out_of_domain(df, report)
+                   gpu=gpu, serving=serving, report=report)
     report.kept.update(df["kind"].value_counts().to_dict())
     return df, report
 
@@ -805,12 +869,18 @@ def domain_violations(obs: pd.DataFrame) -> dict[str, np.ndarray]:
     ``value_us`` and every ``x_`` feature must be finite and >= 0, ``anchor_error_us`` null or
     finite and >= 0, ``tp`` >= 1 and the other integer columns >= 0 (nulls allowed).
     """
+    return _violations({c: obs[c] for c in obs.columns})
+
+
+def _violations(columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """:func:`domain_violations` of columns (Series, numpy or pandas arrays) by name."""
     out: dict[str, np.ndarray] = {}
-    for c in obs.columns:
-        s = obs[c]
-        if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+    for c, s in columns.items():
+        dtype = s.dtype
+        if pd.api.types.is_bool_dtype(dtype) or not pd.api.types.is_numeric_dtype(dtype):
             continue
-        v = s.to_numpy(dtype=float, na_value=np.nan)
+        v = (s.to_numpy(dtype=float, na_value=np.nan) if not isinstance(s, np.ndarray)
+             else s.astype(float, copy=False))
         if c == "value_us" or c.startswith("x_"):
             bad = ~np.isfinite(v) | (v < 0)
         else:
@@ -866,6 +936,12 @@ def drop_out_of_domain(obs: pd.DataFrame, report: IngestReport) -> pd.DataFrame:
     viol = domain_violations(obs)
     if not viol:
         return obs
+    return _drop_rows(obs, viol, report)
+
+
+def _drop_rows(obs: pd.DataFrame, viol: dict[str, np.ndarray],
+               report: IngestReport) -> pd.DataFrame:
+    """``obs`` without the rows flagged in ``viol``, counted per column."""
     bad = np.zeros(len(obs), dtype=bool)
     for c, m in viol.items():
         new = m & ~bad

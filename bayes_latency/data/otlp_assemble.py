@@ -422,7 +422,7 @@ class _Tables:
                           ("ts_backwards", int(back.sum()))):
             if cnt:
                 rep.kept[name] += cnt
-        return pd.DataFrame(out)[list(REQUEST_COLUMNS)]
+        return pd.DataFrame({c: out[c] for c in REQUEST_COLUMNS})
 
 
 def _str_series(values: Any) -> pd.Series:
@@ -459,7 +459,8 @@ def _journey_frame(j: dict[str, Any], experiment_id: str) -> pd.DataFrame:
         cols[c] = pd.array(j[c], dtype="Int64")
     for c in _JOURNEY_STR:
         cols[c] = pd.Series(j[c], dtype="object")
-    return pd.DataFrame(cols)[list(JOURNEY_COLUMNS)]
+    # built in the table's column order (a reindex afterwards copied every column)
+    return pd.DataFrame({c: cols[c] for c in JOURNEY_COLUMNS})
 
 
 def _key_order(keys: list[Any]) -> np.ndarray | None:

@@ -292,11 +292,12 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
     m_done: list[int] = []
     amb_steps: set[int] = set()
     dyn_complete: dict[int, int] = {}
-    dyn = np.zeros(s1 - s0 + 2, dtype=np.int64)
+    dyn = [0] * (s1 - s0 + 2)  # (a list: read once per step, numpy scalars cost more)
     pinned: list[int] = []
     ndec_l = ndec.tolist()
     dyn_run = 0
     active: list[int] = []
+    end_set = set(end)
     # result fields: seg, chunk, h (None before completion), completes, issue, lo, hi, guessed,
     # unsure (depends on a guess made earlier in the step or here)
     SEG, CHUNK, H, COMP, ISSUE, LO, HI, GUESS, UNSURE = range(9)
@@ -360,13 +361,17 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
 
     for s in range(s0, s1 + 1):
         i = s - s0
-        dyn_run += int(dyn[i])
+        dyn_run += dyn[i]
         new = starts.get(s)
         if new:
             active.extend(new)
         if not active:
             continue
-        if any(end[j] < s for j in active):
+        # a segment ends its last step before s: every active one has end >= s - 1 (the
+        # previous step removed the others), so only one ending at s - 1 or a new one can be
+        # past its end; the scan over the active ones runs only then
+        if ((s - 1 in end_set or (new and any(end[j] < s for j in new)))
+                and any(end[j] < s for j in active)):
             active = [j for j in active if end[j] >= s]
             if not active:
                 continue

@@ -179,11 +179,12 @@ def _segments(ev: Any, last_step: int, issues: Counter) -> _Segments:
     ``ev``: a frame or a mapping of arrays with ``_req, event, step, prefill_total,
     decode_done``, rows in journey order."""
     seg = _Segments()
-    req = np.asarray(ev["_req"])
-    kind = np.asarray(ev["event"])
-    step = np.asarray(ev["step"], dtype=np.int64)
-    ptot = np.asarray(ev["prefill_total"], dtype=np.int64)
-    ddone = np.asarray(ev["decode_done"], dtype=np.int64)
+    # Python lists: the loop below reads them one element at a time (numpy scalars cost more)
+    req = np.asarray(ev["_req"]).tolist()
+    kind = np.asarray(ev["event"]).tolist()
+    step = np.asarray(ev["step"], dtype=np.int64).tolist()
+    ptot = np.asarray(ev["prefill_total"], dtype=np.int64).tolist()
+    ddone = np.asarray(ev["decode_done"], dtype=np.int64).tolist()
     n = len(req)
     open_ = False
     s_start = s_tot = s_dr = 0

@@ -177,8 +177,11 @@ class _Tables:
                 order, row, rank = order[~bad], row[~bad], rank[~bad]
             self._je_row, self._je_rank = row, rank
             # the columns taken in that order before the frame is built (same frame as
-            # building it and taking its rows)
-            return _journey_frame({c: v[order] for c, v in j.items()}, experiment_id)
+            # building it and taking its rows); the request and event texts are taken from
+            # the sorted request ids and the event names by index (no Python strings)
+            return _journey_frame({c: v[order] for c, v in j.items() if c not in (
+                "request_id", "event")}, experiment_id,
+                texts=(sorted(self.cores), row, rank, j, order))
         df = _journey_frame(j, experiment_id)
         if n == 0:
             return df
@@ -220,14 +223,26 @@ class _Tables:
                 cols[c] = np.asarray(v, dtype=float)
             elif c == "aborted":
                 cols[c] = np.asarray(v, dtype=bool)
-            else:
-                cols[c] = pd.Series(v, dtype="object")
         cols["request_id"] = pd.Series([None] * n, dtype="object")
         order = _key_order([a["trace_id"], a["span_id"]])
         if order is not None:  # (trace, span) are unique: their order is the sort
-            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
-                drop=True)
-        df = pd.DataFrame(cols)
+            # (the rows taken before the columns become Series: the same frame)
+            out: dict[str, Any] = {"experiment_id": cols["experiment_id"]}
+            for c in API_SPAN_COLUMNS[1:-1]:
+                v = a[c]
+                if c in ("prompt_tokens", "max_tokens", "n", "status_code"):
+                    out[c] = cols[c].take(order)
+                elif c in ("temperature", "top_p", "arrival_s", "handoff_s",
+                           "first_response_s", "departed_s", "aborted_s", "aborted"):
+                    out[c] = cols[c][order]
+                else:
+                    out[c] = pd.Series(np.asarray(v, dtype=object)[order], dtype="object")
+            out["request_id"] = cols["request_id"]
+            return pd.DataFrame(out)
+        for c in API_SPAN_COLUMNS[1:-1]:
+            if c not in cols:  # the text columns
+                cols[c] = pd.Series(a[c], dtype="object")
+        df = pd.DataFrame({c: cols[c] for c in API_SPAN_COLUMNS})
         if n:
             df = df.sort_values(["trace_id", "span_id"], kind="stable").reset_index(drop=True)
         return df
@@ -446,21 +461,45 @@ def _str_repeat(value: str, n: int) -> pd.Series:
                      copy=False)
 
 
-def _journey_frame(j: dict[str, Any], experiment_id: str) -> pd.DataFrame:
-    """The journey_events frame of typed journey columns, in their order."""
-    n = len(j["event"])
-    cols: dict[str, Any] = {
-        "experiment_id": _str_repeat(experiment_id, n),
-        "request_id": _str_series(j["request_id"]),
-        "event": _str_series(j["event"]),
-        "ts_monotonic_ns": np.asarray(j["ts_monotonic_ns"], dtype=np.int64),
-    }
+def _journey_frame(j: dict[str, Any], experiment_id: str,
+                   texts: tuple | None = None) -> pd.DataFrame:
+    """The journey_events frame of typed journey columns, in their order. ``texts``: ``(sorted
+    request ids, request index, event rank, unsorted columns, order)`` of sorted rows whose
+    ``request_id`` and ``event`` columns ``j`` leaves out."""
+    n = len(j["ts_monotonic_ns"])
+    cols: dict[str, Any] = {"experiment_id": _str_repeat(experiment_id, n)}
+    if texts is not None:
+        cols["request_id"], cols["event"] = _taken_texts(*texts)
+    else:
+        cols["request_id"] = _str_series(j["request_id"])
+        cols["event"] = _str_series(j["event"])
+    cols["ts_monotonic_ns"] = np.asarray(j["ts_monotonic_ns"], dtype=np.int64)
     for c in _JOURNEY_INT:
         cols[c] = pd.array(j[c], dtype="Int64")
     for c in _JOURNEY_STR:
         cols[c] = pd.Series(j[c], dtype="object")
     # built in the table's column order (a reindex afterwards copied every column)
     return pd.DataFrame({c: cols[c] for c in JOURNEY_COLUMNS})
+
+
+def _taken_texts(rids: list[str], row: np.ndarray, rank: np.ndarray, j: dict[str, Any],
+                 order: np.ndarray) -> tuple[pd.Series, pd.Series]:
+    """``request_id`` and ``event`` columns of the sorted journey rows: ``rids[row]`` and
+    ``JOURNEY_EVENTS[rank]`` by one Arrow ``take`` each (the values :func:`_str_series` makes
+    of ``j[...][order]``, which it falls back on for an index outside the lists or a text
+    Arrow refuses)."""
+    import pyarrow as pa
+
+    if len(row) and (row.min() < 0 or rank.min() < 0):
+        return _str_series(j["request_id"][order]), _str_series(j["event"][order])
+    try:
+        req = pa.array(rids, type=pa.string()).take(row)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeError):
+        req = None
+    ev = pa.array(JOURNEY_EVENTS, type=pa.string()).take(rank)
+    return (pd.Series(pd.array(req, dtype="str"), copy=False) if req is not None
+            else _str_series(j["request_id"][order]),
+            pd.Series(pd.array(ev, dtype="str"), copy=False))
 
 
 def _key_order(keys: list[Any]) -> np.ndarray | None:

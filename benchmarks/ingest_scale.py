@@ -181,6 +181,9 @@ BEFORE_55528C4 = {"total": 3.793, "read_otlp": 1.409, "observations": 0.832,
                   "write_parquet": 0.628, "reconstruct": 0.465, "lifecycle": 0.209,
                   "iterations": 0.150, "other": 0.101}
 LOAD_55528C4 = "5.4 (2026-11-24 12:56 UTC)"
+#: Part 3 of the previous run (fourth pass, main 7840784's code; 2026-11-24 13:18 UTC, load
+#: average 6.1-7.7): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
+BEFORE_SCALE_FOURTH = {"mb_s_per_core": (14.2, 8.7), "mb_per_cpu_s": (22.8, 23.3)}
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -235,6 +238,55 @@ def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> d
         for mod, name, f in patched:
             setattr(mod, name, f)
     return {k: round(v, 3) for k, v in best.items()}
+
+
+def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
+    """:func:`_stage_cpu` in a fresh process importing ``bayes_latency`` from ``pkg``."""
+    import subprocess
+
+    code = ("import importlib.util, json, sys\n"
+            f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
+            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
+            "bayes_latency.__file__\n"
+            "from pathlib import Path\n"
+            "demo = [Path(x) for x in json.loads(sys.argv[2])]\n"
+            "print(json.dumps(b._stage_cpu(demo, Path(sys.argv[3]))))\n")
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    run = subprocess.run([sys.executable, "-c", code, str(pkg), json.dumps([str(d) for d in demo]),
+                          str(out)], capture_output=True, text=True, env=env, cwd=str(pkg),
+                         check=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def stage_cpu_ab(demo: list[Path], work: Path, base: str, rounds: int = 3) -> dict:
+    """CPU per stage of this tree and of git commit ``base`` (its ``bayes_latency`` extracted
+    with ``git archive``), each in a fresh process, alternating ``rounds`` times; the best total
+    of each (the shared machine's load moves single runs by 10-30%)."""
+    import subprocess
+    import tarfile
+    from io import BytesIO
+
+    pkg = work / f"base_{base}"
+    shutil.rmtree(pkg, ignore_errors=True)
+    pkg.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", base, "bayes_latency"],
+                         capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as tf:
+        tf.extractall(pkg, filter="data")
+    best: dict[str, dict] = {}
+    loads = []
+    for k in range(rounds):
+        for name, where in (("base", pkg), ("this", REPO)):
+            r = _stage_cpu_in(where, demo, work / f"ab_{name}_{k}")
+            if name not in best or r["total"] < best[name]["total"]:
+                best[name] = r
+        loads.append(round(os.getloadavg()[0], 2))
+    shutil.rmtree(pkg, ignore_errors=True)
+    return {"base_ref": base, "base": best["base"], "this": best["this"], "rounds": rounds,
+            "load_average": f"{min(loads)}-{max(loads)}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def json_path(demo: list[Path], work: Path) -> dict:
@@ -447,6 +499,29 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
 def _markdown(r: dict) -> str:
     j, s, c = r["json"], r["same"], r["scale"]
     r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
+    ab = j.get("ab")
+    # CPU per stage shown: the alternating A/B against the base commit when measured
+    stages = ab["this"] if ab else j["stage_cpu_s"]
+    before = ab["base"] if ab else BEFORE_55528C4
+    before_name = f"main {ab['base_ref']}" if ab else "55528c4"
+    if ab:
+        stage_text = (
+            "Ingest of the demo fleet inline, CPU seconds per stage of this tree and of main "
+            f"{ab['base_ref']} (before this pass), each `_stage_cpu` (best of 2) in a fresh "
+            f"process, the two alternating {ab['rounds']} times, best total of each (load average "
+            f"{ab['load_average']}, {ab['date']}); the line-by-line column is this tree with every "
+            "line read line by line (this run's part 1; 9ab4453: the commit before issue #17's "
+            "fast paths, MB per CPU-s). CPU time per stage moves by 10-30% with the load of the "
+            f"shared machine, so only the alternating columns compare: {stages['total']:.2f} "
+            f"against {before['total']:.2f} CPU-s in all ({j['trace_mb'] / stages['total']:.1f} "
+            f"against {j['trace_mb'] / before['total']:.1f} MB per CPU-s).")
+    else:
+        stage_text = (
+            "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path "
+            "(the default), with every line read line by line (this branch's tables, "
+            "observations and Parquet included), main before this pass (55528c4, measured "
+            "alternating with this branch at load average " + LOAD_55528C4 + ") and the commit "
+            "before issue #17's fast paths (9ab4453); MB per CPU-s.")
     lines = [
         "# Ingest and stage 1 on Dask distributed (`benchmarks/ingest_scale.py`)",
         "",
@@ -482,25 +557,18 @@ def _markdown(r: dict) -> str:
         "lines with pyarrow.json and builds the columns with pyarrow.compute / numpy; a chunk "
         "it refuses is read line by line.",
         "",
-        "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path (the "
-        "default), with every line read line by line (this branch's tables, observations and "
-        "Parquet included), main before this pass (55528c4, measured alternating with this "
-        "branch at load average " + LOAD_55528C4 + ") and the commit before issue #17's fast "
-        "paths (9ab4453); MB per CPU-s. CPU time per stage moves by 10-30% with the load of "
-        "the shared machine, so compare within a column: main 55528c4 and this branch, run "
-        "alternately in the same minutes, took 3.79 and 2.68 CPU-s in all "
-        "(docs/ARCHITECTURE.md, \"Fourth pass\"):",
+        stage_text,
         "",
-        "| stage | CPU s | share | MB per CPU-s | line by line: CPU s (MB per CPU-s) | "
-        "55528c4: CPU s (MB per CPU-s) | 9ab4453 |",
+        "| stage | CPU s | share | MB per CPU-s | " + before_name + ": CPU s (MB per CPU-s) | "
+        "line by line: CPU s (MB per CPU-s) | 9ab4453 |",
         "|---|---|---|---|---|---|---|",
-        *[f"| {k} | {v:.2f} | {100 * v / j['stage_cpu_s']['total']:.0f}% | "
+        *[f"| {k} | {v:.2f} | {100 * v / stages['total']:.0f}% | "
           f"{j['trace_mb'] / v:.1f} | "
-          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | "
-          f"{b4:.2f} ({j['trace_mb'] / b4:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
-          for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1]) if v > 0
+          f"{b4:.2f} ({j['trace_mb'] / b4:.1f}) | "
+          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
+          for k, v in sorted(stages.items(), key=lambda kv: -kv[1]) if v > 0
           for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]
-          for b4 in [max(BEFORE_55528C4.get(k, float("nan")), 1e-9)]],
+          for b4 in [max(before.get(k, float("nan")), 1e-9)]],
         "",
         "## 2. Same results (demo fleet)",
         "",
@@ -550,7 +618,11 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
-        f"- Before this pass (main 55528c4, load average 9-10): "
+        f"- The previous run (fourth pass, main 7840784's code, load average 6-8): "
+        f"{BEFORE_SCALE_FOURTH['mb_s_per_core'][0]} / {BEFORE_SCALE_FOURTH['mb_s_per_core'][1]} "
+        f"MB/s per core and {BEFORE_SCALE_FOURTH['mb_per_cpu_s'][0]} / "
+        f"{BEFORE_SCALE_FOURTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
+        f"- Before the fourth pass (main 55528c4, load average 9-10): "
         f"{BEFORE_SCALE_55528C4['mb_s_per_core'][0]} / "
         f"{BEFORE_SCALE_55528C4['mb_s_per_core'][1]} MB/s per core and "
         f"{BEFORE_SCALE_55528C4['mb_per_cpu_s'][0]} / {BEFORE_SCALE_55528C4['mb_per_cpu_s'][1]} "
@@ -564,12 +636,12 @@ def _markdown(r: dict) -> str:
         f" and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
         f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]}.",
         "- Where the rest goes (section 1, inline): "
-        + ", ".join(f"{k} {100 * v / j['stage_cpu_s']['total']:.0f}%"
-                    for k, v in sorted(j["stage_cpu_s"].items(), key=lambda kv: -kv[1])
+        + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
+                    for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
                     if k != "total" and v > 0)
         + f". pyarrow.json's parse alone runs at {j['decode_mb_per_cpu_s[pyarrow.json]']} MB "
         f"per CPU-s ({j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f} CPU-s of the "
-        f"{j['stage_cpu_s']['total']:.2f}), so 50 MB per CPU-s ("
+        f"{stages['total']:.2f}), so 50 MB per CPU-s ("
         f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s) leaves "
         f"{j['trace_mb'] / TARGET_MB_S_PER_CORE - j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}"
         " CPU-s for everything after the parse: the span columns, the tables, the batch "
@@ -591,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--keep", action="store_true", help="keep the generated fleets and tables")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ingest_scale"))
+    ap.add_argument("--base", default="7840784",
+                    help="git commit whose ingest CPU per stage part 1 measures alternating with "
+                         "this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",
                     help="parts to run (json, same, scale); the others are kept from OUT.json")
     args = ap.parse_args(argv)
@@ -622,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         r["uptime"] = {"start": _uptime()}
         if "json" in parts:
             r["json"] = json_path(demo, work)
+            if args.base:
+                r["json"]["ab"] = stage_cpu_ab(demo, work, args.base)
             r["dates"]["json"] = stamp
             print("json:", r["json"], file=sys.stderr)
         if "same" in parts:

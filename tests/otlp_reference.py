@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.otlp import (
+from bayes_latency.data.otlp_assemble import _sort_all
+from bayes_latency.data.otlp_fields import (
     _EVENT_RANK, _FINISH_STATUS, _JOURNEY_INT, _JOURNEY_STR, _ONCE_EVENTS, _RE_HEX8, _RE_INDEX,
-    JOURNEY_COLUMNS, REQUEST_COLUMNS, _sort_all,
+    JOURNEY_COLUMNS, REQUEST_COLUMNS,
 )
 
 

@@ -126,3 +126,26 @@ def test_a_failing_task_raises_the_package_error(client, tmp_path):
     other.write_text("also not json\n")
     with pytest.raises(TraceFormatError, match="no valid OTLP"):
         ingest([bad, other], tmp_path / "out", scheduler=client)
+
+
+def test_arrow_table_equals_from_pandas():
+    """Partitions are written from ``tables._arrow_table``: the same Arrow table (values, schema,
+    pandas metadata) as ``Table.from_pandas``, also when the schema comes from its cache and
+    when an object column's Arrow type changes with its values."""
+    import pyarrow as pa
+
+    from bayes_latency.data.tables import _arrow_table
+
+    def frame(n: int, obj: list) -> pd.DataFrame:
+        return pd.DataFrame({
+            "experiment_id": pd.Series(["e"] * n, dtype="str"),
+            "i": np.arange(n, dtype=np.int64), "f": np.where(np.arange(n) % 2, np.nan, 1.5),
+            "b": np.arange(n) % 3 == 0, "I": pd.array([None] + list(range(n - 1)), dtype="Int64"),
+            "o": pd.Series(obj, dtype=object), "u": np.arange(n, dtype=np.uint8),
+        })
+
+    for df in (frame(4, ["a", None, "b", "c"]), frame(3, ["x", "y", None]),
+               frame(3, [None, None, None]), frame(2, [1, 2])):
+        for _ in range(2):
+            ref = pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
+            assert _arrow_table(df).equals(ref, check_metadata=True)

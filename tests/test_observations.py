@@ -149,7 +149,7 @@ def test_alpha_rows_values_and_drops():
         "departed_s": [101.002, 101.5015, 101.61, 101.9],
         "aborted": [False, False, False, True],
     })
-    from bayes_latency.data.observations import _alpha_rows
+    from bayes_latency.data.observations_journey import _alpha_rows
     from bayes_latency.data.report import IngestReport
 
     rep = IngestReport()

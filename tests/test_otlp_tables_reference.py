@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bayes_latency.data import otlp
+from bayes_latency.data import otlp_rows
+from bayes_latency.data.otlp_fields import JOURNEY_EVENTS
 from bayes_latency.data.report import IngestReport
 
 _RIDS = ["r1", "r2", "cmpl-x-0-0123abcd", "cmpl-x-1-0123abcd", "r3-89abcdef", "cmpl-y"]
@@ -26,8 +27,8 @@ _STRS = st.sampled_from([None, "a", "b"])
 
 
 @st.composite
-def _acc(draw: st.DrawFn) -> otlp._Acc:
-    acc = otlp._Acc("gen", IngestReport())
+def _acc(draw: st.DrawFn) -> otlp_rows._Acc:
+    acc = otlp_rows._Acc("gen", IngestReport())
     rids = draw(st.lists(st.sampled_from(_RIDS), max_size=5, unique=True))
     for i, rid in enumerate(rids):
         acc.cores[rid] = (draw(st.sampled_from(["t1", "t2"])), f"s{i}",
@@ -37,7 +38,7 @@ def _acc(draw: st.DrawFn) -> otlp._Acc:
     je = acc.je
     for _ in range(draw(st.integers(0, 25)) if rids else 0):
         je["request_id"].append(draw(st.sampled_from(rids)))
-        je["event"].append(draw(st.sampled_from(otlp.JOURNEY_EVENTS)))
+        je["event"].append(draw(st.sampled_from(JOURNEY_EVENTS)))
         je["step"].append(draw(st.sampled_from([None, 0, 1, 2, 3])))
         je["ts_monotonic_ns"].append(draw(st.integers(0, 4)))
         for c in ("prefill_done", "prefill_total", "decode_done", "decode_max",
@@ -69,12 +70,12 @@ def _acc(draw: st.DrawFn) -> otlp._Acc:
 @settings(max_examples=150, deadline=timedelta(seconds=5), database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(acc=_acc())
-def test_tables_equal_the_pandas_reference(acc: otlp._Acc) -> None:
+def test_tables_equal_the_pandas_reference(acc: otlp_rows._Acc) -> None:
     fast_acc, ref_acc = copy.deepcopy(acc), copy.deepcopy(acc)
     fast = fast_acc.tables("e")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(otlp._Acc, "_journey_table", ref._journey_table)
-        mp.setattr(otlp._Acc, "_requests_table", ref._requests_table)
+        mp.setattr(otlp_rows._Acc, "_journey_table", ref._journey_table)
+        mp.setattr(otlp_rows._Acc, "_requests_table", ref._requests_table)
         slow = ref_acc.tables("e")
     for name in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
         pd.testing.assert_frame_equal(getattr(fast, name), getattr(slow, name), check_exact=True)

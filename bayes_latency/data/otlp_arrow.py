@@ -33,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from bayes_latency.data import otlp as _o
+from bayes_latency.data import otlp_fields as _o
+from bayes_latency.data.otlp_rows import _int_column
 
 __all__ = ["ChunkColumns", "read_chunk"]
 
@@ -73,9 +74,9 @@ class _Fallback(Exception):
 
 @dataclass
 class ChunkColumns:
-    """Columns of one chunk, in file order, typed as :func:`otlp._typed_column` makes them.
+    """Columns of one chunk, in file order, typed as :func:`otlp_rows._typed_column` makes them.
 
-    ``steps``, ``snaps``, ``je`` and ``api`` are segments for :meth:`otlp._Acc.add_segment`;
+    ``steps``, ``snaps``, ``je`` and ``api`` are segments for :meth:`otlp_rows._Acc.add_segment`;
     ``cores`` lists ``(request_id, trace_id, span_id, parent_span_id or None, first journey row,
     end journey row)`` per core span (rows counted within the chunk); ``span_keys`` the
     ``(traceId, spanId)`` of every span; ``read`` the counts for ``report.read``.
@@ -203,7 +204,7 @@ def _int(attrs: _Attrs, key: str, rows: np.ndarray) -> Any:
     data, present = attrs.get(key, rows)
     if data.dtype == object:  # pragma: no cover - integer keys only
         raise _Fallback
-    return _o._int_column(data.astype(np.int64), present)
+    return _int_column(data.astype(np.int64), present)
 
 
 def _obj(attrs: _Attrs, key: str, rows: np.ndarray) -> np.ndarray:
@@ -400,7 +401,7 @@ def _columns(rs_lists: pa.Array) -> ChunkColumns:
     reason[at_ab] = _obj(ev_attrs, "reason", rows_ab)
     api["abort_reason"] = reason
     valid = status_valid[api_sp]
-    api["status_code"] = _o._int_column(code[api_sp], valid)
+    api["status_code"] = _int_column(code[api_sp], valid)
     api["aborted"] = (valid & (code[api_sp] == 2)) | has_ab
     return ChunkColumns(steps=steps, snaps=snaps, je=je, api=api, cores=cores, span_keys=keys,
                         read=read)

@@ -179,11 +179,12 @@ def _segments(ev: Any, last_step: int, issues: Counter) -> _Segments:
     ``ev``: a frame or a mapping of arrays with ``_req, event, step, prefill_total,
     decode_done``, rows in journey order."""
     seg = _Segments()
-    req = np.asarray(ev["_req"])
-    kind = np.asarray(ev["event"])
-    step = np.asarray(ev["step"], dtype=np.int64)
-    ptot = np.asarray(ev["prefill_total"], dtype=np.int64)
-    ddone = np.asarray(ev["decode_done"], dtype=np.int64)
+    # Python lists: the loop below reads them one element at a time (numpy scalars cost more)
+    req = np.asarray(ev["_req"]).tolist()
+    kind = np.asarray(ev["event"]).tolist()
+    step = np.asarray(ev["step"], dtype=np.int64).tolist()
+    ptot = np.asarray(ev["prefill_total"], dtype=np.int64).tolist()
+    ddone = np.asarray(ev["decode_done"], dtype=np.int64).tolist()
     n = len(req)
     open_ = False
     s_start = s_tot = s_dr = 0
@@ -292,11 +293,12 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
     m_done: list[int] = []
     amb_steps: set[int] = set()
     dyn_complete: dict[int, int] = {}
-    dyn = np.zeros(s1 - s0 + 2, dtype=np.int64)
+    dyn = [0] * (s1 - s0 + 2)  # (a list: read once per step, numpy scalars cost more)
     pinned: list[int] = []
     ndec_l = ndec.tolist()
     dyn_run = 0
     active: list[int] = []
+    end_set = set(end)
     # result fields: seg, chunk, h (None before completion), completes, issue, lo, hi, guessed,
     # unsure (depends on a guess made earlier in the step or here)
     SEG, CHUNK, H, COMP, ISSUE, LO, HI, GUESS, UNSURE = range(9)
@@ -360,13 +362,17 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
 
     for s in range(s0, s1 + 1):
         i = s - s0
-        dyn_run += int(dyn[i])
+        dyn_run += dyn[i]
         new = starts.get(s)
         if new:
             active.extend(new)
         if not active:
             continue
-        if any(end[j] < s for j in active):
+        # a segment ends its last step before s: every active one has end >= s - 1 (the
+        # previous step removed the others), so only one ending at s - 1 or a new one can be
+        # past its end; the scan over the active ones runs only then
+        if ((s - 1 in end_set or (new and any(end[j] < s for j in new)))
+                and any(end[j] < s for j in active)):
             active = [j for j in active if end[j] >= s]
             if not active:
                 continue

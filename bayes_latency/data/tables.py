@@ -22,6 +22,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 import pandas as pd
@@ -83,11 +84,44 @@ def _write_parquet(df: pd.DataFrame, path: str | Path) -> None:
     0.26: larger pages to write; dictionary encoding 0.37), files 15.6 / 13.4 MB. The Arrow
     conversion (0.18 CPU-s) is per column; building the arrays and the pandas metadata by hand
     saved 0.01."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False, nthreads=1), path,
-                   compression="lz4", use_dictionary=False, write_statistics=False)
+    pq.write_table(_arrow_table(df), path, compression="lz4", use_dictionary=False,
+                   write_statistics=False)
+
+
+#: Arrow schemas (with their pandas metadata) of the frames written so far, by column names,
+#: dtypes and Arrow types: :func:`_arrow_table` builds the metadata once per table layout.
+_SCHEMAS: dict[tuple, Any] = {}
+
+
+def _arrow_table(df: pd.DataFrame) -> Any:
+    """``pa.Table.from_pandas(df, preserve_index=False, nthreads=1)``, the same table (schema,
+    pandas metadata and values), with the schema of an earlier frame of the same columns,
+    dtypes and Arrow types reused (the metadata depends on nothing else: no index is kept,
+    no ``attrs``, no categoricals) and numpy columns converted from their arrays (pyarrow's
+    per-Series entry costs more). Demo fleet, 182 partitions: 0.3 -> 0.25 CPU-s."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = list(df.columns)
+    if (not names or df.attrs or df.columns.has_duplicates
+            or not all(type(c) is str for c in names)
+            or any(isinstance(d, pd.CategoricalDtype) for d in df.dtypes)):
+        return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
+    arrays = []
+    for _, col in df.items():
+        values = col.to_numpy() if isinstance(col.dtype, np.dtype) and col.dtype.kind in "biuf" \
+            else col
+        arrays.append(pa.array(values, from_pandas=True, safe=True))
+    key = (tuple(names), tuple(str(d) for d in df.dtypes), tuple(a.type for a in arrays))
+    schema = _SCHEMAS.get(key)
+    if schema is None:
+        table = pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
+        if len(_SCHEMAS) < 256 and table.schema.types == [a.type for a in arrays]:
+            _SCHEMAS[key] = table.schema
+        return table
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def clear_table(tables_dir: str | Path, name: str) -> None:

@@ -47,7 +47,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from bayes_latency.export import export_command
+    from bayes_latency.export_command import export_command
 
     return export_command(args)
 

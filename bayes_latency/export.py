@@ -15,14 +15,13 @@ The input is the coefficient Dataset of one configuration, as returned by
   (``moe_dispatch``) or not exportable (``cpu_offload``, ``kv_pressure``) are left out with a note.
 
 Every exported value must be finite and >= 0, otherwise :class:`~bayes_latency.errors.BayesLatencyError`
-names the coefficient. :func:`export_command` is the ``bayes-latency export`` subcommand.
+names the coefficient. The ``bayes-latency export`` subcommand is
+:func:`bayes_latency.export_command.export_command`.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import xarray as xr
-import yaml
 
 from bayes_latency.checks.datatree import is_approximate
 from bayes_latency.checks.diagnostics_report import jsonable
@@ -523,81 +521,3 @@ def _check_finite(doc: Any, where: str = "") -> None:
     elif isinstance(doc, float) and not np.isfinite(doc):
         raise BayesLatencyError(f"the export would hold a non-finite number at {where} "
                                 f"({doc}): the posterior is unusable for this configuration")
-
-
-MAX_EXPORT_DRAWS = 100_000
-"""Upper bound of ``export --draws`` (each draw is a full coefficient vector in the output)."""
-
-
-def check_export_args(args: argparse.Namespace) -> None:
-    """Validate ``export`` arguments before loading anything (same rules for every format).
-
-    ``--tp`` must be a positive integer that divides the model's attention heads and whose KV
-    heads divide evenly (or are replicated: ``tp`` a multiple of the KV heads); ``--draws`` in
-    ``[0, MAX_EXPORT_DRAWS]``.
-
-    Raises
-    ------
-    BayesLatencyError
-        Naming the option (``ConfigError`` / ``UnknownArchitectureError`` for the model).
-    """
-    from bayes_latency.errors import ConfigError
-    from bayes_latency.physics.architecture import load_architecture
-
-    draws = getattr(args, "draws", 0)
-    if draws is None:
-        draws = 0
-    if isinstance(draws, bool) or not isinstance(draws, int) or not 0 <= draws <= MAX_EXPORT_DRAWS:
-        raise BayesLatencyError(f"--draws {draws!r}: must be an integer in "
-                                f"[0, {MAX_EXPORT_DRAWS:,}]")
-    tp = args.tp
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"--tp {tp!r}: must be a positive integer")
-    arch = load_architecture(args.model)
-    if arch.attention != "mla":
-        if arch.n_heads % tp:
-            raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads "
-                              f"of {arch.name!r}")
-        if arch.n_kv_heads % tp and tp % arch.n_kv_heads:
-            raise ConfigError(f"--tp {tp} neither divides nor is a multiple of the "
-                              f"{arch.n_kv_heads} KV heads of {arch.name!r}")
-    elif tp > arch.n_heads or arch.n_heads % tp:
-        raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads of "
-                          f"{arch.name!r}")
-
-
-def export_command(args: argparse.Namespace) -> int:
-    """``bayes-latency export posterior.nc --model M --gpu G --tp N [--draws N] --format json|blis
-    --out FILE``: writes the JSON document or the BLIS YAML of the configuration; returns 0."""
-    from bayes_latency.checks.sanity import load_posterior
-    from bayes_latency.io import atomic_write_text, check_output_path
-
-    check_export_args(args)
-    inputs = [Path(args.posterior)] + [Path(p) for p in (args.model, args.gpu,
-                                                         getattr(args, "priors", None))
-                                       if p and Path(p).exists()]
-    out = check_output_path(args.out, inputs, kind="file")
-    model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
-    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
-    try:
-        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
-        prov = provenance(model.result.attrs, args.posterior)
-        n_draws = int(getattr(args, "draws", 0) or 0)
-        if args.format == "blis":
-            text = blis_yaml(coefs, config, prov, n_draws=n_draws)
-            _check_finite(yaml.safe_load(text))
-        elif args.format == "json":
-            doc = export_document(coefs, config, prov, n_draws=n_draws)
-            _check_finite(doc)
-            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-        else:
-            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
-    except BayesLatencyError as exc:  # name the posterior the bad coefficients come from
-        if str(args.posterior) in str(exc):
-            raise
-        raise type(exc)(f"{args.posterior}: {exc}") from exc
-    atomic_write_text(out, text)
-    for note in blis_notes(coefs, config):
-        print(f"note: {note}")
-    print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
-    return 0

@@ -18,11 +18,11 @@ from bayes_latency.export import (
     blis_draws,
     blis_flags,
     blis_notes,
-    export_command,
     export_document,
     predict_reference,
     summarize_coefficients,
 )
+from bayes_latency.export_command import export_command
 from bayes_latency.physics import ALPHA_TERMS, BLIS_BETA_ORDER, DEFAULT_TERMS
 
 CONFIG = {"model": "llama-2-7b", "gpu": "H100", "tp": 1}

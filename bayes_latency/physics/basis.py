@@ -67,7 +67,7 @@ is what keeps it right.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,26 +76,27 @@ import pandas as pd
 
 from bayes_latency.errors import ConfigError
 from bayes_latency.physics.architecture import Architecture, load_architecture
+from bayes_latency.physics.batches import (  # the batch table, re-exported (see __all__)
+    BATCH_COLUMNS,
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    input_pairs_fallback,  # noqa: F401 - re-exported: physics.basis.input_pairs_fallback
+    prefill_chunk_stats,
+    validate_batches,
+)
 from bayes_latency.physics.blis import KV_BYTES
+from bayes_latency.physics.capacity import (  # engine memory, re-exported (see __all__)
+    ACTIVATION_RESERVE,
+    fits,
+    kv_capacity_tokens,
+    weight_bytes_per_gpu,
+)
 from bayes_latency.physics.hardware import GPU, load_gpu
 from bayes_latency.physics.serving import ServingConfig
 
 US_PER_S = 1e6
 HOST_LINK_BANDWIDTH = 25e9
 """Effective GPU<->host bandwidth (bytes/s, PCIe Gen4/5 x16 achievable) used by ``cpu_offload``."""
-ACTIVATION_RESERVE = 0.10
-"""Fraction of the vLLM memory budget kept for activations / CUDA graphs in :func:`kv_capacity_tokens`."""
-
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "num_prefill_reqs", "prefill_tokens", "prefill_attn_pairs", "prefill_kv_tokens",
-    "num_decode_reqs", "decode_tokens", "decode_ctx_tokens",
-)
-"""Batch-table columns every batch table must have."""
-OPTIONAL_COLUMNS: tuple[str, ...] = ("prefill_input_pairs", "offload_tokens")
-"""Batch-table columns that may be absent: ``offload_tokens`` defaults to 0,
-``prefill_input_pairs`` to :func:`input_pairs_fallback`."""
-BATCH_COLUMNS: tuple[str, ...] = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
-"""All batch-table columns, in order."""
 
 
 # ----------------------------------------------------------------------------- context
@@ -510,115 +511,6 @@ def term_names(terms: Sequence[str | Term] = DEFAULT_TERMS) -> list[str]:
     return names
 
 
-# ----------------------------------------------------------------------------- batches
-def _as_frame(batches: Any) -> pd.DataFrame:
-    if isinstance(batches, pd.DataFrame):
-        return batches
-    if isinstance(batches, pd.Series):
-        return batches.to_frame().T
-    if isinstance(batches, Mapping):
-        vals = list(batches.values())
-        if vals and all(np.ndim(v) == 0 for v in vals):
-            return pd.DataFrame({k: [v] for k, v in batches.items()})
-        return pd.DataFrame(dict(batches))
-    if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
-        return pd.DataFrame(list(batches))
-    raise ConfigError(f"batch table must be a pandas DataFrame or mapping of columns, "
-                      f"got {type(batches).__name__}")
-
-
-def validate_batches(batches: Any) -> dict[str, np.ndarray]:
-    """Check a batch table and return its columns as float64 arrays.
-
-    Missing optional columns are filled in: ``offload_tokens`` with 0, ``prefill_input_pairs``
-    with :func:`input_pairs_fallback`.
-
-    Raises
-    ------
-    ConfigError
-        Missing required column, non-numeric, negative or NaN value (names column and row index).
-    """
-    df = _as_frame(batches)
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise ConfigError(f"batch table: missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)}")
-    cols: dict[str, np.ndarray] = {}
-    n = len(df)
-    for c in BATCH_COLUMNS:
-        if c not in df.columns:
-            cols[c] = np.zeros(n)
-            continue
-        try:
-            arr = pd.to_numeric(df[c], errors="raise").to_numpy(dtype=float, na_value=np.nan)
-        except (TypeError, ValueError):
-            raise ConfigError(f"batch table: column {c!r} is not numeric") from None
-        bad = ~np.isfinite(arr) | (arr < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"batch table: column {c!r} has invalid value {arr[i]!r} at row index "
-                              f"{df.index[i]!r} (must be finite and >= 0; {int(bad.sum())} bad rows)")
-        cols[c] = arr
-    if "prefill_input_pairs" not in df.columns:
-        cols["prefill_input_pairs"] = input_pairs_fallback(
-            cols["num_prefill_reqs"], cols["prefill_tokens"], cols["prefill_attn_pairs"])
-    return cols
-
-
-def input_pairs_fallback(num_prefill_reqs: Any, prefill_tokens: Any,
-                         prefill_attn_pairs: Any) -> np.ndarray:
-    """``prefill_input_pairs`` of a batch table that lacks the column.
-
-    BLIS charges prefill attention as ``Σ_i c_i·(S_i + c_i/2)`` with ``S_i`` the request's input
-    length. Without per-request input lengths we assume each chunk finishes its prompt
-    (``S_i = o_i + c_i``) and chunks of equal size: ``pairs + P²/n − P/2`` where
-    ``pairs = Σ c_i·(o_i + (c_i+1)/2)``. Exact for one whole prompt per request (static
-    batches, unchunked prefills); producers that know the requests give the column itself.
-    """
-    n = np.asarray(num_prefill_reqs, dtype=float)
-    p = np.asarray(prefill_tokens, dtype=float)
-    pairs = np.asarray(prefill_attn_pairs, dtype=float)
-    out = pairs + np.where(n > 0, p * p / np.maximum(n, 1.0), 0.0) - p / 2.0
-    return np.where(p > 0, np.maximum(out, 0.0), 0.0)
-
-
-def prefill_chunk_stats(chunk_tokens: Any, chunk_offsets: Any,
-                        per_chunk: bool = False) -> tuple[Any, Any]:
-    """Attention pairs and KV tokens of the prefill chunks of one step.
-
-    Parameters
-    ----------
-    chunk_tokens : array-like
-        ``c_i``: tokens of each chunk computed in the step.
-    chunk_offsets : array-like
-        ``o_i``: tokens already in the KV cache before chunk ``i`` (earlier chunks, prefix-cache
-        hits, recomputed tokens).
-    per_chunk : bool
-        Return per-chunk arrays instead of the sums.
-
-    Returns
-    -------
-    pairs, kv_tokens
-        ``Σ c_i·(o_i + (c_i + 1)/2)`` (causal query-key pairs) and ``Σ (o_i + c_i)``.
-
-    Examples
-    --------
-    >>> prefill_chunk_stats([512], [0])
-    (131328.0, 512.0)
-    """
-    c = np.asarray(chunk_tokens, dtype=float)
-    o = np.asarray(chunk_offsets, dtype=float)
-    if c.shape != o.shape:
-        raise ConfigError(f"prefill_chunk_stats: chunk_tokens shape {c.shape} != chunk_offsets "
-                          f"shape {o.shape}")
-    if (c < 0).any() or (o < 0).any() or not (np.isfinite(c).all() and np.isfinite(o).all()):
-        raise ConfigError("prefill_chunk_stats: chunk sizes and offsets must be finite and >= 0")
-    pairs = c * (o + (c + 1.0) / 2.0)
-    kv = np.where(c > 0, o + c, 0.0)
-    if per_chunk:
-        return pairs, kv
-    return float(pairs.sum()), float(kv.sum())
-
-
 # ----------------------------------------------------------------------------- main API
 def basis_matrix(batches: Any, arch: Architecture, gpu: GPU,
                  serving: ServingConfig | None = None,
@@ -669,37 +561,6 @@ def basis_frame(batches: Any, arch: Architecture, gpu: GPU,
     m = basis_matrix(batches, arch, gpu, serving, terms)
     idx = batches.index if isinstance(batches, pd.DataFrame) else None
     return pd.DataFrame(m, columns=term_names(terms), index=idx)
-
-
-def weight_bytes_per_gpu(arch: Architecture, serving: ServingConfig) -> float:
-    """Bytes of weights resident on one GPU (non-expert / TP + routed experts / (TP·EP))."""
-    routed = arch.params_routed_experts
-    return ((arch.params_total - routed) * arch.weight_bytes / serving.tp
-            + routed * arch.weight_bytes / (serving.tp * serving.ep))
-
-
-def kv_capacity_tokens(arch: Architecture, gpu: GPU, serving: ServingConfig | None = None,
-                       activation_reserve: float = ACTIVATION_RESERVE) -> int:
-    """KV-cache capacity in tokens of one engine.
-
-    Per GPU: ``floor((memory·gpu_memory_utilization·(1 − reserve) − weight bytes per GPU)
-    / KV bytes per token per GPU)``, i.e. with ``TP`` GPUs and no KV-head replication
-    ``floor((memory·util·TP − weight bytes total − reserve·memory·util·TP) / kv_bytes_per_token)``.
-    Returns 0 when the weights do not fit.
-    """
-    serving = serving if serving is not None else ServingConfig()
-    budget = gpu.memory_bytes * serving.gpu_memory_utilization * (1.0 - activation_reserve)
-    free = budget - weight_bytes_per_gpu(arch, serving)
-    per_tok = arch.kv_bytes_per_token_gpu(serving.tp)
-    if free <= 0 or per_tok <= 0:
-        return 0
-    return int(np.floor(free / per_tok))
-
-
-def fits(arch: Architecture, gpu: GPU, serving: ServingConfig | None = None) -> bool:
-    """True when the weights fit and the KV cache holds at least one ``max_model_len`` request."""
-    serving = serving if serving is not None else ServingConfig()
-    return kv_capacity_tokens(arch, gpu, serving) >= serving.max_model_len
 
 
 __all__ = [

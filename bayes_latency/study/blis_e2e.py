@@ -39,6 +39,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bayes_latency.study.blis_metrics import (  # noqa: F401 - re-exported (see __all__)
+    SimStats,
+    StageResult,
+    band,
+    parse_metrics,
+    pool_stages,
+    rel_err,
+)
 from bayes_latency.study.blis_spec import (
     CLIENT_TIMEOUT_S,
     PUBLISHED,
@@ -129,121 +137,6 @@ def blis_command(setup: BlisSetup, run: RealRun, coeffs: Coefficients, spec_path
            *blis_flags(coeffs), "--workload-spec", str(spec_path),
            "--metrics-path", str(metrics_path)]
     return cmd
-
-
-# ----------------------------------------------------------------------------- metrics
-@dataclass
-class StageResult:
-    """Per-request results of one BLIS invocation (completed requests; seconds, tokens)."""
-
-    ttft_s: np.ndarray
-    e2e_s: np.ndarray
-    output_tokens: np.ndarray
-    injected: int
-    completed: int
-    timed_out: int
-    unfinished: int
-    seconds: float = math.nan
-    cpu_seconds: float = math.nan
-
-
-def parse_metrics(path: str | Path) -> StageResult:
-    """Read BLIS's ``--metrics-path`` JSON (``requests`` records in ms): completed requests.
-
-    Requests that hit the deadline are listed with ``e2e_ms == 0``; they are left out, as the
-    real client's statistics cover successes only.
-
-    Raises
-    ------
-    BlisSetupError
-        When the file is missing, not JSON, or has no ``requests`` list.
-    """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise BlisSetupError(f"BLIS metrics {path}: {exc}") from exc
-    reqs = doc.get("requests") if isinstance(doc, dict) else None
-    if not isinstance(reqs, list):
-        raise BlisSetupError(f"BLIS metrics {path}: no requests list")
-    try:
-        ttft = np.array([r["ttft_ms"] for r in reqs], dtype=float) / 1e3
-        e2e = np.array([r["e2e_ms"] for r in reqs], dtype=float) / 1e3
-        out = np.array([r.get("num_decode_tokens", 0) for r in reqs], dtype=float)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BlisSetupError(f"BLIS metrics {path}: bad request record ({exc})") from exc
-    done = e2e > 0  # timed-out requests are listed with e2e_ms = 0 (and their TTFT, if any)
-    return StageResult(ttft_s=ttft[done], e2e_s=e2e[done], output_tokens=out[done],
-                       injected=int(doc.get("injected_requests", len(reqs))),
-                       completed=int(doc.get("completed_requests", len(reqs))),
-                       timed_out=int(doc.get("timed_out_requests", 0)),
-                       unfinished=int(doc.get("still_queued", 0)) + int(doc.get("still_running", 0)))
-
-
-@dataclass
-class SimStats:
-    """A run's simulated statistics, pooled over its stages (seconds, tokens)."""
-
-    e2e_mean: float
-    e2e_p90: float
-    ttft_mean: float
-    ttft_p90: float
-    decode_interval: float
-    output_len_mean: float
-    completed: int
-    injected: int
-    timed_out: int
-    unfinished: int
-    seconds: float
-    cpu_seconds: float = math.nan
-
-
-def _p90(x: np.ndarray) -> float:
-    return float(np.percentile(x, 90)) if x.size else math.nan
-
-
-def pool_stages(stages: Sequence[StageResult], real_output_len_mean: float) -> SimStats:
-    """Pool the per-request results of a run's stages, as the client's summary does.
-
-    The mean decode interval is ``(mean E2E - mean TTFT) / (L - 1)`` with ``L`` the REAL mean
-    output length (the same denominator on both sides).
-    """
-    ttft = np.concatenate([s.ttft_s for s in stages])
-    e2e = np.concatenate([s.e2e_s for s in stages])
-    out = np.concatenate([s.output_tokens for s in stages])
-    e_m = float(e2e.mean()) if e2e.size else math.nan
-    t_m = float(ttft.mean()) if ttft.size else math.nan
-    di = (e_m - t_m) / (real_output_len_mean - 1.0) if real_output_len_mean > 1 else math.nan
-    return SimStats(e2e_mean=e_m, e2e_p90=_p90(e2e), ttft_mean=t_m, ttft_p90=_p90(ttft),
-                    decode_interval=di,
-                    output_len_mean=float(out.mean()) if out.size else math.nan,
-                    completed=sum(s.completed for s in stages),
-                    injected=sum(s.injected for s in stages),
-                    timed_out=sum(s.timed_out for s in stages),
-                    unfinished=sum(s.unfinished for s in stages),
-                    seconds=float(sum(s.seconds for s in stages)),
-                    cpu_seconds=float(sum(s.cpu_seconds for s in stages)))
-
-
-def rel_err(sim: float, real: float) -> float:
-    """Signed relative error ``sim / real - 1`` (NaN when ``real`` is not positive)."""
-    if not (real > 0) or not math.isfinite(sim):
-        return math.nan
-    return sim / real - 1.0
-
-
-def band(values: Sequence[float], real: float, prob: float = 0.9) -> dict[str, float]:
-    """Central ``prob`` band of simulated means over posterior draws, and whether ``real`` is in.
-
-    Returns ``lo, hi`` (the ``(1 - prob) / 2`` and ``(1 + prob) / 2`` quantiles), ``inside``
-    (1.0 / 0.0) and ``width`` = ``(hi - lo) / ((hi + lo) / 2)`` (relative full width).
-    """
-    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    if v.size < 2:
-        return {"lo": math.nan, "hi": math.nan, "inside": math.nan, "width": math.nan}
-    lo, hi = np.quantile(v, [(1 - prob) / 2, (1 + prob) / 2])
-    return {"lo": float(lo), "hi": float(hi), "inside": float(lo <= real <= hi),
-            "width": float((hi - lo) / ((hi + lo) / 2))}
 
 
 # ----------------------------------------------------------------------------- running

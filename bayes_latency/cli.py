@@ -346,7 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
                    help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    s.add_argument("--draws", type=int, default=1000)
+    # model.sampler.DEFAULT_DRAWS / TARGET_ACCEPT (literal here: the CLI imports no model code
+    # before a command runs; tests/test_fit_defaults.py checks they agree)
+    s.add_argument("--draws", type=int, default=2000,
+                   help="posterior draws per chain (default %(default)s)")
     s.add_argument("--tune", type=int, default=500)
     s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
                    help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "
@@ -355,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)
     s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
-    s.add_argument("--target-accept", type=float, default=0.95,
-                   help="NUTS step-size target; 0.99 when a few divergences remain")
+    s.add_argument("--target-accept", type=float, default=0.99,
+                   help="NUTS step-size target (default %(default)s)")
     s.add_argument("--scheduler", default=None,
                    help=_SCHEDULER_HELP + " (stage 1 only; the hierarchy runs here)")
     s.set_defaults(func=_cmd_fit)

@@ -50,6 +50,7 @@ from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_dr
 from bayes_latency.model.persistence import _hash_frame, assemble
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
+    DEFAULT_DRAWS,
     NUMBA_FASTMATH,
     NUMBA_OPT,
     NUTPIE_ADAPTATION,
@@ -212,7 +213,7 @@ class LatencyModel:
         return tuple(sorted(off))
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, observations: pd.DataFrame, draws: int = 1000, tune: int = 500, chains: int = 2,
+    def fit(self, observations: pd.DataFrame, draws: int = DEFAULT_DRAWS, tune: int = 500, chains: int = 2,
             seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
             adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500) -> LatencyModel:
         """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.

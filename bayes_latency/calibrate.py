@@ -408,6 +408,8 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
     -------
     Calibration
     """
+    from bayes_latency.model.estimator import posterior_only
+
     if not stages:
         raise ConfigError("calibrate: no client stage to replay")
     if not (tol > 0) or max_iter < 1:
@@ -436,8 +438,9 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         xcols = [c for c in obs.columns if c.startswith("x_")]
         obs[xcols] = obs[xcols].fillna(0.0)
         t = time.perf_counter()
-        if fast:
-            model, n_fast = fast_fit(obs), n_fast + 1
+        if fast:  # only its posterior means are used: no ArviZ groups beyond the posterior
+            with posterior_only():
+                model, n_fast = fast_fit(obs), n_fast + 1
         else:
             model, n_full = fit(obs), n_full + 1
         fit_s = time.perf_counter() - t
@@ -456,7 +459,10 @@ def calibrate(base: pd.DataFrame, stages: Sequence[ClientStage],
         # a row has settled when it moved less than tol, or less than tol_noise of its noise
         open_rows = ch[(ch["change"] >= tol) & ~(ch["change_sigma"] < tol_noise)]
         max_e = float(el[[f"e_{k}" for k in FITTED_KINDS]].to_numpy().max())
+        tm = getattr(model, "timings", {}) or {}
         hist.append({"iteration": it, "fit": "fast" if fast else "full", "fit_s": fit_s,
+                     "compile_s": float(tm.get("compile_s", math.nan)),
+                     "arviz_groups_s": float(tm.get("arviz_groups_s", math.nan)),
                      "max_change": change, "worst_row": where,
                      "max_change_sigma": float(ch["change_sigma"].max()),
                      "rows_moving": len(open_rows), "damping": lam, "max_elasticity": max_e,

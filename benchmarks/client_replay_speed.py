@@ -128,6 +128,8 @@ def main() -> int:
         cal_res = {"wall_s": wall, "cpu_s": time.process_time() - c0,
                    "fits": int(len(h)), "fit_kinds": list(h["fit"]),
                    "fits_s": [float(x) for x in h["fit_s"]], "fit_s": fit_s, "replay_s": rep_s,
+                   "compiles_s": [float(x) for x in h.get("compile_s", [])],
+                   "groups_s": [float(x) for x in h.get("arviz_groups_s", [])],
                    "start_fit_s": wall - tm["total_s"], "scale_start_s": tm["scale_start_s"],
                    "first_replay_s": tm["first_replay_s"],
                    "other_s": tm["total_s"] - tm["scale_start_s"] - tm["first_replay_s"]
@@ -179,7 +181,9 @@ def main() -> int:
                f"| scale_start (replays) | {cal_res['scale_start_s']:.1f} |",
                f"| first rows (2 replays per stage) | {cal_res['first_replay_s']:.1f} |",
                f"| {cal_res['fits']} fits ({', '.join(cal_res['fit_kinds'])}: "
-               f"{', '.join(f'{x:.0f}' for x in cal_res['fits_s'])} s) | {cal_res['fit_s']:.1f} |",
+               f"{', '.join(f'{x:.0f}' for x in cal_res['fits_s'])} s; compiling "
+               f"{', '.join(f'{x:.1f}' for x in cal_res.get('compiles_s', []))} s, ArviZ groups "
+               f"{', '.join(f'{x:.1f}' for x in cal_res.get('groups_s', []))} s) | {cal_res['fit_s']:.1f} |",
                f"| replays after the fits (serial, one process) | {cal_res['replay_s']:.1f} |",
                f"| rest (posterior means, rows) | {cal_res['other_s']:.1f} |"]
     out.with_suffix(".md").write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -164,13 +164,17 @@ def test_fast_fits_first_then_the_full_fit_decides():
     start = {"llama-2-7b|" + GPU.name + "|tp1": (2.0 * BETA, ALPHA)}
     calls = []
 
+    from bayes_latency.model.estimator import _ARVIZ_GROUPS
+
     def fast(obs):   # a slightly biased cheap fit, as a Laplace mean is to a NUTS mean
         calls.append("fast")
+        assert not _ARVIZ_GROUPS.get()  # intermediate fits skip the ArviZ groups
         m = _fit_scale(obs)
         return _Scaled(m.c * 1.003)
 
     def full(obs):
         calls.append("full")
+        assert _ARVIZ_GROUPS.get()
         return _fit_scale(obs)
 
     cal = calibrate(pd.DataFrame(), [st], full, start=start, tol=0.002, max_iter=4, log=None,

@@ -55,3 +55,70 @@ def test_numba_opt_is_scoped_and_yields_to_the_environment(monkeypatch):
     with pytest.raises(RuntimeError), _numba_opt(0):
         raise RuntimeError
     assert int(config.OPT) == before
+
+
+def _data_model(y: np.ndarray, prior_sd: float = 1.0) -> pm.Model:
+    with pm.Model(coords={"obs": np.arange(len(y))}) as model:
+        data = pm.Data("y", y)
+        mu = pm.Normal("mu", 0.0, prior_sd)
+        s = pm.HalfNormal("s", 1.0)
+        pm.Potential("lik", pm.logp(pm.Normal.dist(mu, s), data).sum())
+    return model
+
+
+def _draws(model: pm.Model) -> np.ndarray:
+    timings: dict[str, float] = {}
+    dt = sampler.sample(model, "nutpie", draws=30, tune=30, chains=1, seed=3, progress=False,
+                        target_accept=0.9, adaptation="diag", timings=timings)
+    return dt["posterior"]["mu"].values
+
+
+def test_compiled_model_is_reused_for_new_data_with_the_draws_of_a_fresh_compile(monkeypatch):
+    monkeypatch.setattr(sampler, "_COMPILED", [])
+    a, b = _data_model(np.array([0.1, 0.4, -0.2])), _data_model(np.array([1.1, 1.5, 0.9]))
+    assert sampler._same_structure(a, b)
+    assert not sampler._same_structure(a, _data_model(np.array([0.1, 0.4, -0.2]), prior_sd=2.0))
+    assert not sampler._same_structure(a, _data_model(np.array([0.1, 0.4])))  # other coords
+    _draws(a)
+    first = sampler._COMPILED[0][1]
+    reused = _draws(b)
+    assert len(sampler._COMPILED) == 1 and sampler._COMPILED[0][1] is first  # not recompiled
+    sampler._COMPILED.clear()
+    fresh = _draws(b)
+    np.testing.assert_array_equal(reused, fresh)
+    assert abs(reused.mean() - 1.17) < 0.5  # b's data, not a's
+
+
+def test_latency_models_of_new_values_share_their_structure():
+    """A calibration's refits (same configurations, new values) compile once: the stage-1
+    summaries are data, everything else the same graph."""
+    from obs_factory import make_observations
+
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.hierarchy import SUMMARY_DATA
+
+    configs = [("llama-2-7b", "H100", 1), ("llama-2-70b", "H100", 4), ("llama-2-70b", "A100", 4)]
+    obs, _ = make_observations(configs, n_iter=120, n_win=60, n_alpha=40, seed=3)
+    moved = obs.assign(value_us=obs["value_us"] * np.where(np.arange(len(obs)) % 3 == 0, 1.03, 1.0))
+    a, b = LatencyModel().build(obs), LatencyModel().build(moved)
+    assert all(n in a.named_vars for n in SUMMARY_DATA)
+    assert not np.array_equal(a["summary_theta_hat"].get_value(), b["summary_theta_hat"].get_value())
+    assert sampler._same_structure(a, b)
+    fewer = obs[obs["config_id"] != obs["config_id"].iloc[0]]
+    assert not sampler._same_structure(a, LatencyModel().build(fewer))
+
+
+def test_posterior_only_fits_skip_the_arviz_groups():
+    from obs_factory import make_observations
+
+    from bayes_latency.model.estimator import LatencyModel, posterior_only
+
+    obs, _ = make_observations([("llama-2-7b", "H100", 1), ("llama-2-70b", "H100", 4)],
+                               n_iter=80, n_win=40, n_alpha=30, seed=4)
+    with posterior_only():
+        m = LatencyModel(sampler="laplace").fit(obs, draws=20, chains=2, prior_draws=10)
+    assert "posterior" in m.result.children and "summaries" in m.result.children
+    assert not {"log_likelihood", "posterior_predictive", "prior", "log_prior"} & set(m.result.children)
+    assert m.result.attrs["arviz_groups"].startswith("skipped")
+    m = LatencyModel(sampler="laplace").fit(obs, draws=20, chains=2, prior_draws=10)
+    assert {"log_likelihood", "posterior_predictive", "prior", "log_prior"} <= set(m.result.children)

@@ -27,9 +27,12 @@ built or diagnosed.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,6 +81,28 @@ NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",),
                "workload_decode": ("workload_e2e",)}
+
+
+#: Whether :meth:`LatencyModel.fit` adds the observation-level and prior groups
+#: (:mod:`bayes_latency.model.groups`); off inside :func:`posterior_only`.
+_ARVIZ_GROUPS: contextvars.ContextVar[bool] = contextvars.ContextVar("arviz_groups", default=True)
+
+
+@contextlib.contextmanager
+def posterior_only() -> Iterator[None]:
+    """Fits inside the block skip the ArviZ groups beyond ``posterior``, ``sample_stats`` and the
+    package's own (``constant_data``, ``summaries``): no ``observed_data``, ``log_likelihood``,
+    ``posterior_predictive``, ``prior``, ``prior_predictive`` or ``log_prior``; attrs
+    ``arviz_groups`` says so. For intermediate fits whose posterior means are all that is used
+    (a calibration's fast iterations, :func:`bayes_latency.calibrate.calibrate`), which saves
+    their cost (3-6 s a fit: the log-likelihood and replicated rows, the prior draws, the log
+    prior). Not for a fit that is checked, saved or returned to a user.
+    """
+    token = _ARVIZ_GROUPS.set(False)
+    try:
+        yield
+    finally:
+        _ARVIZ_GROUPS.reset(token)
 
 
 class LatencyModel:
@@ -245,7 +270,10 @@ class LatencyModel:
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = assemble(self, dt)
         t0 = time.perf_counter()
-        self._add_arviz_groups(model, seed, prior_draws)
+        if _ARVIZ_GROUPS.get():
+            self._add_arviz_groups(model, seed, prior_draws)
+        else:
+            self.result.attrs["arviz_groups"] = "skipped (posterior_only)"
         self.timings["arviz_groups_s"] = time.perf_counter() - t0
         self.result.attrs["timings"] = json.dumps(self.timings)
         self.result.attrs["fit_report"] = json.dumps(self.report.to_dict())

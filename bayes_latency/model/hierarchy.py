@@ -274,11 +274,21 @@ def marginal_loglik(m: pt.TensorVariable, sig_c: pt.TensorVariable,
     ``A``'s condition number is the ratio of prior to posterior variance (1e4-1e6 here), so the
     solve is accurate in float64. Computed by one Op with an analytic gradient
     (:mod:`.marginal`).
+
+    The summary arrays enter as data (``pm.Data`` :data:`SUMMARY_DATA`), not constants: models
+    of the same structure differ only in their values, so a compiled model is reused for new
+    data (:func:`bayes_latency.model.sampler.compiled_model`).
     """
     from bayes_latency.model.marginal import marginal_loglik_op
 
-    theta_hat, grad, info = _stacked(summaries, design, scale)
-    return marginal_loglik_op(m, sig_c, theta_hat, grad, info)
+    arrays = _stacked(summaries, design, scale)
+    th, g, info = (pm.Data(name, a) for name, a in zip(SUMMARY_DATA, arrays, strict=True))
+    return marginal_loglik_op(m, sig_c, th, g, info)
+
+
+#: Names of the stage-1 summary arrays ``(theta_hat, grad, info)`` as ``pm.Data`` of the
+#: marginal likelihood (:func:`marginal_loglik`).
+SUMMARY_DATA = ("summary_theta_hat", "summary_grad", "summary_info")
 
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,

@@ -35,6 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 _TINY = ("import time; t = time.process_time(); import numpy as np; "
          "from bayes_latency.synth.engine import EngineConfig, run_engine; "
          "from bayes_latency.synth.steptime import StepTimeModel; "
@@ -53,6 +56,8 @@ _TINY = ("import time; t = time.process_time(); import numpy as np; "
 def _first_call_cpu_s(cache_dir: str | None) -> float:
     """CPU seconds of the first ``run_engine`` call in a fresh process (compile or cache load)."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(  # the child imports this checkout's package too
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = cache_dir
     out = subprocess.run([sys.executable, "-c", _TINY], env=env, capture_output=True, text=True,

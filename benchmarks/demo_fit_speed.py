@@ -40,6 +40,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bayes_latency.demo import DEMO_DRAWS, DEMO_FIT
 
 CHILD = r"""
@@ -69,6 +72,8 @@ print("RESULT " + json.dumps({"seed": seed, "wall_s": wall, "cpu_s": cpu, "timin
 
 def run_one(tables: str, draws: int, tune: int, ta: float, seed: int, cold: bool) -> dict:
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(  # the child imports this checkout's package too
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     tmp = None
     if cold:
         tmp = tempfile.TemporaryDirectory(prefix="bl_cold_")

@@ -58,6 +58,9 @@ import arviz as az
 import numpy as np
 import pandas as pd
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.summaries import _ConfigProblem, feature_columns, fit_rows
 from bayes_latency.physics.basis import DEFAULT_TERMS

@@ -46,6 +46,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 REPO = Path(__file__).resolve().parents[1]
 MEM_BUDGET_GB = 3.0
 TARGET_MB_S_PER_CORE = 50.0

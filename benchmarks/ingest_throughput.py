@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bayes_latency.data.otlp import read_otlp
 
 SPEC = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-trace-format.example.jsonl"

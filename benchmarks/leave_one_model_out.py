@@ -33,6 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 def fleet_tables(fleet: str, seed: int, work: Path) -> pd.DataFrame:
     """The fleet's observation table (simulated and ingested once, cached under ``work``)."""

@@ -8,11 +8,15 @@ steps in <= 60 s on 2 cores).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+# this checkout's package, also when the installed one is another worktree's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bayes_latency.synth.fleet import simulate_fleet
 

@@ -77,6 +77,41 @@ def _room(a: np.ndarray, used: int, extra: int) -> np.ndarray:
 
 
 @njit(cache=True)
+def _event(evs: np.ndarray, n_ev: int, r: int, code: int, s: int, prefill: int, decode: int,
+           npre: int) -> int:
+    """Write the event ``(r, code, s, prefill, decode, npre)`` at row ``n_ev``; the next row."""
+    evs[n_ev, 0] = r
+    evs[n_ev, 1] = code
+    evs[n_ev, 2] = s
+    evs[n_ev, 3] = prefill
+    evs[n_ev, 4] = decode
+    evs[n_ev, 5] = npre
+    return n_ev + 1
+
+
+@njit(cache=True)
+def _preempt_last(running: np.ndarray, nrun: int, nblocks: np.ndarray, shared: np.ndarray,
+                  computed: np.ndarray, npre: np.ndarray, resumed: np.ndarray, hw: np.ndarray,
+                  out: np.ndarray, wq: np.ndarray, whead: int, wcap: int, wcount: int, free: int,
+                  evs: np.ndarray, n_ev: int, s: int) -> tuple[int, int, int, int, int, int]:
+    """Preempt the last running request (recompute later): free its blocks, requeue it first,
+    record the event. Returns ``(v, nrun, free, whead, wcount, n_ev)``."""
+    v = running[nrun - 1]
+    nrun -= 1
+    free += nblocks[v] - shared[v]
+    nblocks[v] = 0
+    shared[v] = 0
+    computed[v] = 0
+    npre[v] += 1
+    resumed[v] = True
+    whead = whead - 1 if whead > 0 else wcap - 1
+    wq[whead] = v
+    wcount += 1
+    n_ev = _event(evs, n_ev, v, _EV_PREEMPTED, s, hw[v], out[v], npre[v])
+    return v, nrun, free, whead, wcount, n_ev
+
+
+@njit(cache=True)
 def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks, n_groups,
                   n_keys, H, c_dec, c_npre, c_pairs, c_pkv, c_ipairs, c_ndec, c_ctx, bs,
                   budget_max, max_seqs, pc, chunked, pool_max, capacity, cpu_base, cpu_per,
@@ -174,25 +209,9 @@ def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks
                 if computed[r] // bs + 1 > nblocks[r]:
                     ok = True
                     while free < 1:
-                        # preempt the last running request
-                        v = running[nrun - 1]
-                        nrun -= 1
-                        free += nblocks[v] - shared[v]
-                        nblocks[v] = 0
-                        shared[v] = 0
-                        computed[v] = 0
-                        npre[v] += 1
-                        resumed[v] = True
-                        whead = whead - 1 if whead > 0 else wcap - 1
-                        wq[whead] = v
-                        wcount += 1
-                        evs[n_ev, 0] = v
-                        evs[n_ev, 1] = _EV_PREEMPTED
-                        evs[n_ev, 2] = s
-                        evs[n_ev, 3] = hw[v]
-                        evs[n_ev, 4] = out[v]
-                        evs[n_ev, 5] = npre[v]
-                        n_ev += 1
+                        v, nrun, free, whead, wcount, n_ev = _preempt_last(
+                            running, nrun, nblocks, shared, computed, npre, resumed, hw, out,
+                            wq, whead, wcap, wcount, free, evs, n_ev, s)
                         n_preempted += 1
                         if v == r:
                             ok = False
@@ -233,24 +252,9 @@ def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks
                 need = -(-(computed[r] + c) // bs) - nblocks[r]
                 if need <= free:
                     break
-                v = running[nrun - 1]
-                nrun -= 1
-                free += nblocks[v] - shared[v]
-                nblocks[v] = 0
-                shared[v] = 0
-                computed[v] = 0
-                npre[v] += 1
-                resumed[v] = True
-                whead = whead - 1 if whead > 0 else wcap - 1
-                wq[whead] = v
-                wcount += 1
-                evs[n_ev, 0] = v
-                evs[n_ev, 1] = _EV_PREEMPTED
-                evs[n_ev, 2] = s
-                evs[n_ev, 3] = hw[v]
-                evs[n_ev, 4] = out[v]
-                evs[n_ev, 5] = npre[v]
-                n_ev += 1
+                v, nrun, free, whead, wcount, n_ev = _preempt_last(
+                    running, nrun, nblocks, shared, computed, npre, resumed, hw, out, wq, whead,
+                    wcap, wcount, free, evs, n_ev, s)
                 n_preempted += 1
                 if sched[v] != 0:                      # withdraw its decode of this step
                     j = 0
@@ -308,13 +312,8 @@ def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks
                     break
                 whead = whead + 1 if whead + 1 < wcap else 0
                 wcount -= 1
-                evs[n_ev, 0] = r
-                evs[n_ev, 1] = _EV_SCHED_RESUME if resumed[r] else _EV_SCHED_FIRST
-                evs[n_ev, 2] = s
-                evs[n_ev, 3] = hw[r]
-                evs[n_ev, 4] = out[r]
-                evs[n_ev, 5] = npre[r]
-                n_ev += 1
+                code = _EV_SCHED_RESUME if resumed[r] else _EV_SCHED_FIRST
+                n_ev = _event(evs, n_ev, r, code, s, hw[r], out[r], npre[r])
                 if not resumed[r]:
                     first_sched[r] = s
                     cache_hit[r] = o
@@ -411,13 +410,7 @@ def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks
             out[r] += 1
             total[r] += 1
             if out[r] == maxt[r]:
-                evs[n_ev, 0] = r
-                evs[n_ev, 1] = _EV_FINISHED
-                evs[n_ev, 2] = s
-                evs[n_ev, 3] = hw[r]
-                evs[n_ev, 4] = out[r]
-                evs[n_ev, 5] = npre[r]
-                n_ev += 1
+                n_ev = _event(evs, n_ev, r, _EV_FINISHED, s, hw[r], out[r], npre[r])
                 fin_step[r] = s
                 n_fin += 1
         for k in range(npl):
@@ -446,22 +439,10 @@ def schedule_loop(q_sorted, arrivals, prompt, maxt, group, pblocks, key, ublocks
                 out[r] += 1
                 total[r] += 1
                 if out[r] == 1:
-                    evs[n_ev, 0] = r
-                    evs[n_ev, 1] = _EV_FIRST_TOKEN
-                    evs[n_ev, 2] = s
-                    evs[n_ev, 3] = hw[r]
-                    evs[n_ev, 4] = 1
-                    evs[n_ev, 5] = npre[r]
-                    n_ev += 1
+                    n_ev = _event(evs, n_ev, r, _EV_FIRST_TOKEN, s, hw[r], 1, npre[r])
                     first_tok[r] = s
                 if out[r] == maxt[r]:
-                    evs[n_ev, 0] = r
-                    evs[n_ev, 1] = _EV_FINISHED
-                    evs[n_ev, 2] = s
-                    evs[n_ev, 3] = hw[r]
-                    evs[n_ev, 4] = out[r]
-                    evs[n_ev, 5] = npre[r]
-                    n_ev += 1
+                    n_ev = _event(evs, n_ev, r, _EV_FINISHED, s, hw[r], out[r], npre[r])
                     fin_step[r] = s
                     n_fin += 1
         if n_fin:

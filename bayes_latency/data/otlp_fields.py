@@ -252,6 +252,42 @@ def _to_float(raw: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _typed_value(raw: Any, kind: int, key: str) -> Any:
+    """An attribute's raw OTLP value as the field's type (``_INT``: an int64, ``_FLOAT``: a finite
+    float, else a str), the one conversion of :func:`_parse_attrs` and
+    :func:`_parse_attrs_typed`.
+
+    Raises
+    ------
+    _Bad
+        With ``key`` when the value does not convert.
+    """
+    t = type(raw)
+    if kind == _INT:
+        if t is str:
+            try:
+                v = int(raw)
+            except ValueError:
+                v = _to_int(raw)
+        elif t is int:
+            v = raw
+        else:
+            v = _to_int(raw)
+        if v is None or v < _INT64_MIN or v > _INT64_MAX:
+            raise _Bad(key)
+        return v
+    if kind == _FLOAT:
+        if t is float and raw - raw == 0.0:  # finite
+            return raw
+        v = _to_float(raw)
+        if v is None:
+            raise _Bad(key)
+        return v
+    if t is str:
+        return raw
+    raise _Bad(key)
+
+
 def _parse_attrs(attrs: Any, spec: dict[str, int], report: IngestReport) -> dict[str, Any]:
     """Extract the attributes named in ``spec`` from an OTLP attribute list.
 
@@ -296,31 +332,7 @@ def _parse_attrs(attrs: Any, spec: dict[str, int], report: IngestReport) -> dict
                 continue
             else:
                 raise _Bad(key)
-        t = type(raw)
-        if kind == _INT:
-            if t is str:
-                try:
-                    v = int(raw)
-                except ValueError:
-                    v = _to_int(raw)
-            elif t is int:
-                v = raw
-            else:
-                v = _to_int(raw)
-            if v is None or v < _INT64_MIN or v > _INT64_MAX:
-                raise _Bad(key)
-        elif kind == _FLOAT:
-            if t is float and raw - raw == 0.0:  # finite
-                v = raw
-            else:
-                v = _to_float(raw)
-                if v is None:
-                    raise _Bad(key)
-        elif t is str:
-            v = raw
-        else:
-            raise _Bad(key)
-        out[key] = v
+        out[key] = _typed_value(raw, kind, key)
     return out
 
 
@@ -354,31 +366,7 @@ def _parse_attrs_typed(attrs: list[_KeyValue], spec: dict[str, int],
             else:
                 report.drop("non_scalar_attribute")
                 continue
-        t = type(raw)
-        if kind == _INT:
-            if t is str:
-                try:
-                    v = int(raw)
-                except ValueError:
-                    v = _to_int(raw)
-            elif t is int:
-                v = raw
-            else:
-                v = _to_int(raw)
-            if v is None or v < _INT64_MIN or v > _INT64_MAX:
-                raise _Bad(key)
-        elif kind == _FLOAT:
-            if t is float and raw - raw == 0.0:  # finite
-                v = raw
-            else:
-                v = _to_float(raw)
-                if v is None:
-                    raise _Bad(key)
-        elif t is str:
-            v = raw
-        else:
-            raise _Bad(key)
-        out[key] = v
+        out[key] = _typed_value(raw, kind, key)
     return out
 
 

@@ -346,10 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
                    help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    # model.sampler.DEFAULT_DRAWS / TARGET_ACCEPT (literal here: the CLI imports no model code
+    # model.sampler.DEFAULT_DRAWS / DEFAULT_MAX_DRAWS / TARGET_ACCEPT (literal here: the CLI imports no model code
     # before a command runs; tests/test_fit_defaults.py checks they agree)
     s.add_argument("--draws", type=int, default=2000,
                    help="posterior draws per chain (default %(default)s)")
+    s.add_argument("--max-draws", type=int, default=None,
+                   help="while the convergence gates fail, keep sampling up to this many draws "
+                        "per chain, checking every --draws/2 (default: 4 x --draws, 8000; "
+                        "--max-draws 0: exactly --draws)")
     s.add_argument("--tune", type=int, default=500)
     s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
                    help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bayes_latency.model.estimator import GATES, LatencyModel, load_observations  # noqa: E402
+from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS  # noqa: E402
 
 
 def tables(work: Path, fleet: str, seed: int) -> Path:
@@ -108,7 +109,7 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
 
     m = LatencyModel()
     t0 = time.perf_counter()
-    m.fit(obs)
+    m.fit(obs, max_draws=DEFAULT_MAX_DRAWS)  # what `bayes-latency fit` does
     dt = time.perf_counter() - t0
     load = os.getloadavg()[0]  # 1-minute load average at the end of the fit (2 cores)
     if save is not None:
@@ -118,6 +119,8 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
     row = {"case": name, "configs": len(m.design.configs), "rows": len(m._rows),
            "max_rhat": round(c["max_rhat"], 4), "min_ess_bulk": round(c["min_ess_bulk"], 0),
            "divergences": c["divergences"], "passed": c["passed"], "seconds": round(dt, 1),
+           "draws": int(m._post().sizes["draw"]),
+           "stopped": (c.get("extension") or [{}])[-1].get("decision", ""),
            "load": round(load, 1), "commit": _commit(),
            "worst": worst_variables(m), "adequate": adq.passed,
            "adequacy_failures": adq.failures[:3]}
@@ -188,12 +191,17 @@ def main() -> None:
              f"{GATES['min_ess_bulk']:.0f}, divergences <= {GATES['max_divergences']}. "
              "`worst`: posterior variables with the worst R-hat / bulk ESS (all variables).", "",
              "`s`: wall time of the fit; `load`: 1-minute load average when it ended (2 cores).", "",
-             "| case | configs | rows | max R-hat | min bulk ESS | divergences | passed | s | load "
-             "| worst | adequate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "`draws`: draws per chain kept; `stopped`: why sampling stopped (`pass`: the gates "
+             "passed at that checkpoint; `max_draws`: the cap, "
+             f"{DEFAULT_MAX_DRAWS}; otherwise the reason more draws would not help).", "",
+             "| case | configs | rows | max R-hat | min bulk ESS | divergences | passed | draws "
+             "| stopped | s | load | worst | adequate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['configs']} | {r['rows']:,} | {r['max_rhat']:.4f} | "
                      f"{r['min_ess_bulk']:.0f} | {r['divergences']} | "
-                     f"{'yes' if r['passed'] else 'NO'} | {r['seconds']} | {r.get('load', '')} | "
+                     f"{'yes' if r['passed'] else 'NO'} | {r.get('draws', '')} | "
+                     f"{r.get('stopped', '')} | {r['seconds']} | {r.get('load', '')} | "
                      f"{r['worst']} | "
                      f"{'yes' if r['adequate'] else 'NO: ' + '; '.join(r['adequacy_failures'])} |")
     lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: commit(s) "

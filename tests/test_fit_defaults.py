@@ -16,3 +16,19 @@ def test_cli_fit_defaults_match_the_estimator():
     assert args.target_accept == TARGET_ACCEPT == sig.parameters["target_accept"].default == 0.99
     assert args.tune == sig.parameters["tune"].default
     assert args.chains == sig.parameters["chains"].default
+
+
+def test_cli_extends_sampling_by_default():
+    from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
+
+    from bayes_latency.model.command import _max_draws
+
+    args = build_parser().parse_args(["fit", "tables", "--out", "p.nc"])
+    assert _max_draws(args) == DEFAULT_MAX_DRAWS == 4 * DEFAULT_DRAWS == 8000
+    assert _max_draws(build_parser().parse_args(["fit", "t", "--out", "p", "--draws", "20"])) == 80
+    assert _max_draws(build_parser().parse_args(["fit", "t", "--out", "p",
+                                                 "--max-draws", "0"])) is None
+    # the estimator samples exactly `draws` unless asked
+    assert inspect.signature(LatencyModel.fit).parameters["max_draws"].default is None
+    assert checkpoints(2000, 8000) == [2000, 3000, 4000, 5000, 6000, 7000, 8000]
+    assert checkpoints(100, 120) == [100, 120]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from bayes_latency.errors import BayesLatencyError, ConvergenceError
-from bayes_latency.model.sampler import NUTPIE_ADAPTATION, TARGET_ACCEPT
+from bayes_latency.model.sampler import MAX_DRAWS_FACTOR, NUTPIE_ADAPTATION, TARGET_ACCEPT
 from bayes_latency.physics.basis import DEFAULT_TERMS
 
 
@@ -36,7 +36,7 @@ def _check_sampler_args(args: argparse.Namespace) -> None:
         return BayesLatencyError(f"{opt} {value!r}: must be {need}")
 
     ints = (("--draws", "draws", 1, 1_000_000), ("--tune", "tune", 0, 1_000_000),
-            ("--chains", "chains", 1, 64))
+            ("--chains", "chains", 1, 64), ("--max-draws", "max_draws", 0, 10_000_000))
     for opt, name, lo, hi in ints:
         v = getattr(args, name, None)
         if v is None:
@@ -52,6 +52,15 @@ def _check_sampler_args(args: argparse.Namespace) -> None:
     mr = getattr(args, "max_rhat", None)
     if mr is not None and not (isinstance(mr, (int, float)) and 1.0 <= mr < 10.0):
         raise bad("--max-rhat", mr, "a number in [1, 10)")
+
+
+def _max_draws(args: argparse.Namespace) -> int | None:
+    """``--max-draws``: 4 x ``--draws`` when not given (:data:`DEFAULT_MAX_DRAWS` at the
+    defaults), ``None`` (no extension) for 0."""
+    md = getattr(args, "max_draws", None)
+    if md is None:
+        return MAX_DRAWS_FACTOR * int(args.draws)
+    return int(md) or None
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -82,7 +91,9 @@ def fit_command(args: argparse.Namespace) -> int:
     m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
           progress=sys.stderr.isatty(),  # sampling progress on a terminal only
           target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
-          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION))
+          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION),
+          max_draws=_max_draws(args),
+          gates={"max_rhat": args.max_rhat})
     with atomic_path(out_path) as tmp:
         m.save(tmp)
     out = out_path
@@ -93,6 +104,9 @@ def fit_command(args: argparse.Namespace) -> int:
     print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
           f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
                                                   if conv["approximate"] else ""))
+    if conv.get("extension"):
+        print("sampling extended while the gates failed: "
+              + ", ".join(f"{e['draws']} draws: {e['decision']}" for e in conv["extension"]))
     # adequacy gate (posterior predictive checks of the fitted rows and workload means)
     from bayes_latency.checks.adequacy import check_fit
 

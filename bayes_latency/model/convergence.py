@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import xarray as xr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,35 +22,57 @@ if TYPE_CHECKING:  # pragma: no cover
 GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
 
 
-def convergence(est: LatencyModel, gates: dict | None = None) -> dict:
-    """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
+#: Posterior variables the gates are measured on (those present with non-zero spread).
+GATE_VARS = ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu", "sigma_tp")
+
+
+def gate_stats(post: xr.Dataset, divergences: int, gates: dict | None = None,
+               approximate: bool = False) -> tuple[dict, xr.Dataset, xr.Dataset]:
+    """Max R-hat and min bulk ESS of :data:`GATE_VARS` in ``post``, and which gates fail.
+
+    Returns ``(stats, rhat, ess)``: ``stats`` has ``max_rhat``, ``min_ess_bulk``,
+    ``divergences``, ``approximate``, ``passed`` and ``failures`` (one line per failing gate).
+    """
     import arviz_stats as azs
 
     gates = {**GATES, **(gates or {})}
-    post = est._post()
-    var_names = [v for v in ("beta", "alpha", "mu", "relevance", "sigma_model", "sigma_gpu",
-                             "sigma_tp") if v in post]
+    var_names = [v for v in GATE_VARS if v in post]
     # constants (effect scales fixed for factors with two levels) have no diagnostics
     var_names = [v for v in var_names if float(post[v].std()) > 0]
-    rhat = azs.rhat(post[var_names])
-    ess = azs.ess(post[var_names], method="bulk")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rhat = azs.rhat(post[var_names])
+        ess = azs.ess(post[var_names], method="bulk")
     max_rhat = float(max(float(rhat[v].max()) for v in var_names))
     min_ess = float(min(float(ess[v].min()) for v in var_names))
-    div = 0
-    if "sample_stats" in est.result and "diverging" in est.result["sample_stats"]:
-        div = int(est.result["sample_stats"]["diverging"].values.sum())
-    approx = est.result.attrs.get("approximate") == "true"
     failures = []
-    if not approx:
+    if not approximate:
         if not max_rhat <= gates["max_rhat"]:
             failures.append(f"max R-hat {max_rhat:.4f} > {gates['max_rhat']}")
         if not min_ess >= gates["min_ess_bulk"]:
             failures.append(f"min bulk ESS {min_ess:.0f} < {gates['min_ess_bulk']:.0f}")
-        if div > gates["max_divergences"]:
-            failures.append(f"{div} divergent transitions")
-    hints = _convergence_hints(est, rhat, ess, gates) if failures else []
-    return {"max_rhat": max_rhat, "min_ess_bulk": min_ess, "divergences": div,
-            "approximate": approx, "passed": not failures, "failures": failures, "hints": hints}
+        if divergences > gates["max_divergences"]:
+            failures.append(f"{divergences} divergent transitions")
+    stats = {"max_rhat": max_rhat, "min_ess_bulk": min_ess, "divergences": int(divergences),
+             "approximate": approximate, "passed": not failures, "failures": failures}
+    return stats, rhat, ess
+
+
+def convergence(est: LatencyModel, gates: dict | None = None) -> dict:
+    """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
+    gates = {**GATES, **(gates or {})}
+    post = est._post()
+    div = 0
+    if "sample_stats" in est.result and "diverging" in est.result["sample_stats"]:
+        div = int(est.result["sample_stats"]["diverging"].values.sum())
+    approx = est.result.attrs.get("approximate") == "true"
+    stats, rhat, ess = gate_stats(post, div, gates, approximate=approx)
+    stats["hints"] = _convergence_hints(est, rhat, ess, gates) if stats["failures"] else []
+    ext = est.result.attrs.get("extension")
+    if ext:
+        import json
+
+        stats["extension"] = json.loads(ext)
+    return stats
 
 
 def _convergence_hints(est: LatencyModel, rhat: xr.Dataset, ess: xr.Dataset,

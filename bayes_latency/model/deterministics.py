@@ -66,14 +66,14 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     return post.assign(new).assign_coords(coords)
 
 
-def add_config_draws(est: LatencyModel, dt: xr.DataTree, seed: int) -> None:
-    """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
+def config_draws_posterior(est: LatencyModel, post: xr.Dataset, seed: int) -> tuple[xr.Dataset, int]:
+    """``post`` with the fast path's configuration coefficients drawn (``beta``, ``alpha``), per
+    posterior draw, and how many (draw, configuration) vectors came from the truncated
+    conditional; ``post`` unchanged when it has them already or is not the fast path's."""
     from bayes_latency.model.hierarchy import config_draws, prior_arrays
 
-    post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
     if "beta" in post or "theta_pop" not in post:
-        return
-    t0 = time.perf_counter()
+        return post, 0
     tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
     sc = post["sigma_config"].transpose("chain", "draw", "coef").values
     Cn, Dn = tp.shape[:2]
@@ -82,14 +82,25 @@ def add_config_draws(est: LatencyModel, dt: xr.DataTree, seed: int) -> None:
                                 est.summaries, est.design, np.random.default_rng(seed + 7),
                                 scale=np.exp(pa.mu_mean))
     theta = theta.reshape(tp.shape)
-    if n_neg:
-        est.report.notes.append(f"{n_neg} of {Cn * Dn * len(est.design.configs)} (draw, "
-                                 "configuration) coefficient vectors drawn from the truncated "
-                                 "(theta >= 0) conditional")
     nb = len(est.terms)
     post = post.assign(
         beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
         alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
     ).assign_coords(term=list(est.terms), alpha_term=list(est.alpha_terms))
+    return post, n_neg
+
+
+def add_config_draws(est: LatencyModel, dt: xr.DataTree, seed: int) -> None:
+    """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
+    post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
+    if "beta" in post or "theta_pop" not in post:
+        return
+    t0 = time.perf_counter()
+    post, n_neg = config_draws_posterior(est, post, seed)
+    if n_neg:
+        Cn, Dn = post.sizes["chain"], post.sizes["draw"]
+        est.report.notes.append(f"{n_neg} of {Cn * Dn * len(est.design.configs)} (draw, "
+                                 "configuration) coefficient vectors drawn from the truncated "
+                                 "(theta >= 0) conditional")
     dt["posterior"] = xr.DataTree(post)
     est.timings["config_draws_s"] = time.perf_counter() - t0

@@ -32,7 +32,7 @@ import contextvars
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +48,11 @@ from bayes_latency.model import convergence as _convergence
 from bayes_latency.model import persistence as _persistence
 from bayes_latency.model.command import fit_command, load_observations  # noqa: F401 - re-exported
 from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
-from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
+from bayes_latency.model.deterministics import (
+    _with_deterministics,
+    add_config_draws,
+    config_draws_posterior,
+)
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
 from bayes_latency.model.persistence import _hash_frame, assemble
 from bayes_latency.model.sampler import (
@@ -58,7 +62,9 @@ from bayes_latency.model.sampler import (
     NUMBA_OPT,
     NUTPIE_ADAPTATION,
     SAMPLERS,
+    HOPELESS_RHAT,
     TARGET_ACCEPT,
+    Until,
     sample,
 )
 from bayes_latency.model.summaries import (
@@ -240,7 +246,8 @@ class LatencyModel:
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = DEFAULT_DRAWS, tune: int = 500, chains: int = 2,
             seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
-            adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500) -> LatencyModel:
+            adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500,
+            max_draws: int | None = None, gates: dict | None = None) -> LatencyModel:
         """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.
 
         ``target_accept`` is NUTS's step-size target (nutpie and PyMC); raise it towards 0.99 when
@@ -248,15 +255,29 @@ class LatencyModel:
         (default; needed when coefficients are identified only jointly) or ``"diag"`` (cheaper
         when they are not; see :data:`NUTPIE_ADAPTATION`). ``prior_draws`` is the number of
         draws in the ``prior`` and ``prior_predictive`` groups (0: no prior groups).
+
+        ``max_draws`` (nutpie only; ``None``: exactly ``draws``) lets sampling go on past
+        ``draws``, checking the convergence gates (``gates``, default :data:`GATES`) at fixed
+        checkpoints (``draws``, then every ``draws / 2`` more) and stopping at the first that
+        passes, or when more draws cannot help (divergences, or chains in different places:
+        R-hat above :data:`HOPELESS_RHAT`). The checks and where it stopped are in the result's
+        ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this by
+        default (``--max-draws``).
         """
         if adaptation not in ADAPTATIONS:
             raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")
         t_start = time.perf_counter()
         model = self.build(observations)
         self.timings["build_s"] = time.perf_counter() - t_start
+        until = None
+        if max_draws is not None and max_draws > draws and self.sampler == "nutpie":
+            until = Until(max_draws, self._gate_check(model, seed, gates))
         dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
                     progress=progress, target_accept=target_accept, adaptation=adaptation,
-                    timings=self.timings)
+                    timings=self.timings, until=until)
+        extension = self.timings.pop("extension", None)
+        if extension is not None:
+            draws = int(dt["posterior"].sizes["draw"])
         if self.sampler == "nutpie":
             t0 = time.perf_counter()
             dt["posterior"] = xr.DataTree(_with_deterministics(model, dt["posterior"].to_dataset()))
@@ -266,9 +287,13 @@ class LatencyModel:
                           "numba_fastmath": NUMBA_FASTMATH,
                           "numba_opt": os.environ.get("NUMBA_OPT", NUMBA_OPT),
                           "prior_draws": prior_draws}
+        if extension is not None:
+            self._settings["max_draws"] = max_draws
         add_config_draws(self, dt, seed)
         self.timings["total_s"] = time.perf_counter() - t_start
         self.result = assemble(self, dt)
+        if extension is not None:
+            self.result.attrs["extension"] = json.dumps(extension)
         t0 = time.perf_counter()
         if _ARVIZ_GROUPS.get():
             self._add_arviz_groups(model, seed, prior_draws)
@@ -278,6 +303,28 @@ class LatencyModel:
         self.result.attrs["timings"] = json.dumps(self.timings)
         self.result.attrs["fit_report"] = json.dumps(self.report.to_dict())
         return self
+
+    def _gate_check(self, model: pm.Model, seed: int,
+                    gates: dict | None) -> Callable[[xr.Dataset, int], str]:
+        """The check of :class:`~bayes_latency.model.sampler.Until` for :meth:`fit`: the
+        convergence gates of :meth:`convergence` on the draws so far (deterministics and, on
+        the fast path, the configuration draws added as after sampling)."""
+        gates = {**GATES, **(gates or {})}
+
+        def check(post: xr.Dataset, divergences: int) -> str:
+            post = _with_deterministics(model, post)
+            post, _ = config_draws_posterior(self, post, seed)
+            stats, _, _ = _convergence.gate_stats(post, divergences, gates)
+            if stats["passed"]:
+                return "pass"
+            if divergences > gates["max_divergences"]:
+                return f"{divergences} divergent transitions: more draws do not remove them"
+            if stats["max_rhat"] > HOPELESS_RHAT:
+                return (f"max R-hat {stats['max_rhat']:.3f}: the chains sit in different places; "
+                        "more draws do not join them")
+            return "continue"
+
+        return check
 
     def _add_arviz_groups(self, model: pm.Model, seed: int, prior_draws: int) -> None:
         """``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,

@@ -15,7 +15,8 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +44,15 @@ DEFAULT_DRAWS = 2000
 #: partly as sums (strongly correlated population parameters), "diag" failed where "low_rank"
 #: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
 NUTPIE_ADAPTATION = "low_rank"
+#: ``fit(max_draws=...)`` (the CLI's ``--max-draws``): the most draws per chain the CLI's ``fit``
+#: samples by default while the gates fail, four times :data:`DEFAULT_DRAWS` (see
+#: :func:`_sample_until`; issue 15).
+MAX_DRAWS_FACTOR = 4
+DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
+#: Max R-hat above which sampling is not extended: the chains explore different regions (on the
+#: real data's bimodal cross-validation splits R-hat was 1.5-1.6 with ESS 3-4), and more draws of
+#: the same chains do not join them.
+HOPELESS_RHAT = 1.1
 ADAPTATIONS = ("low_rank", "diag")
 #: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
 #: (fast-math on), code compiled fresh and the same code loaded from PyTensor's on-disk cache
@@ -183,9 +193,13 @@ def compiled_model(model: pm.Model) -> object:
 
 def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, seed: int,
            progress: bool, target_accept: float, adaptation: str,
-           timings: dict[str, float]) -> xr.DataTree:
+           timings: dict[str, float], until: Until | None = None) -> xr.DataTree:
     """Draws of ``model`` by ``sampler`` (one of :data:`SAMPLERS`) as a DataTree with a
     ``posterior`` group (and ``sample_stats`` for the NUTS samplers).
+
+    With ``until`` (nutpie only), sampling goes on past ``draws`` at the checkpoints of
+    :func:`checkpoints` until ``until.check`` says stop or ``until.max_draws`` is reached
+    (:func:`_sample_until`); ``timings["extension"]`` then lists each check.
 
     ``timings`` receives ``compile_s``/``compile_cpu_s`` (nutpie), ``sampling_s`` and
     ``sampling_cpu_s``. nutpie's trace holds the free variables only: add the deterministics
@@ -207,9 +221,13 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
             compiled = compiled_model(model)
             timings["compile_s"] = time.perf_counter() - t0
             timings["compile_cpu_s"] = time.process_time() - c0
-            dt = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains,
-                               cores=min(chains, 2), seed=seed, progress_bar=progress,
-                               adaptation=adaptation, target_accept=target_accept)
+            kw = {"tune": tune, "chains": chains, "cores": min(chains, 2), "seed": seed,
+                  "progress_bar": progress, "adaptation": adaptation,
+                  "target_accept": target_accept}
+            if until is not None and until.max_draws > draws:
+                dt = _sample_until(compiled, draws, until, kw, timings)
+            else:
+                dt = nutpie.sample(compiled, draws=draws, **kw)
         else:
             if sampler == "numpyro":
                 from bayes_latency.model.marginal import register_jax
@@ -223,6 +241,109 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
     timings["sampling_s"] = time.perf_counter() - t0
     timings["sampling_cpu_s"] = time.process_time() - c0
     return dt
+
+
+@dataclass
+class Until:
+    """Sample past the requested draws until a check passes (see :func:`_sample_until`).
+
+    ``check(post, divergences)`` gets the free variables' draws of every chain, truncated to
+    the same length, and the divergences among them; it returns ``"pass"`` (stop: the gates
+    pass), ``"continue"`` or any other string (stop: more draws will not help; the reason).
+    """
+
+    max_draws: int
+    check: Callable[[xr.Dataset, int], str]
+
+
+def checkpoints(draws: int, max_draws: int) -> list[int]:
+    """Draw counts at which :func:`_sample_until` checks the gates: ``draws``, then every
+    ``draws / 2`` more, up to ``max_draws`` (2000, 3000, ..., 8000 at the CLI defaults).
+
+    A few fixed checkpoints, not a check after every draw: stopping the first time R-hat dips
+    under its threshold would bias it low (optional stopping), and the draws kept are those up
+    to a checkpoint, so a fit is reproducible from its seed.
+    """
+    step = max(1, draws // 2)
+    out = list(range(draws, max_draws, step))
+    return out + [max_draws]
+
+
+def _truncate(dt: xr.DataTree, n: int) -> xr.DataTree:
+    """A copy of ``dt`` with the first ``n`` posterior draws of every chain (``posterior`` and
+    ``sample_stats``)."""
+    out = dt.copy(deep=False)
+    for g in ("posterior", "sample_stats"):
+        if g in out and "draw" in out[g].dims:
+            out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(0, n)))
+    return out
+
+
+def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
+                  timings: dict) -> xr.DataTree:
+    """nutpie sampling of up to ``until.max_draws`` draws per chain, stopped at the first
+    checkpoint (:func:`checkpoints`) where ``until.check`` does not say ``"continue"``.
+
+    The sampler runs in the background; at each checkpoint the trace so far is read
+    (``inspect``), cut to the checkpoint's draw count in every chain and checked. The result
+    holds exactly the draws up to the checkpoint that stopped it (all ``max_draws`` when none
+    did). ``timings["extension"]`` records each check: draws, decision and check time.
+    """
+    import nutpie
+
+    state: dict[str, list] = {}
+
+    def on_progress(chains: list) -> None:  # nutpie's background thread
+        state["done"] = [(int(c.finished_draws), bool(c.tuning)) for c in chains]
+
+    tune = int(kw["tune"])
+    s = nutpie.sample(compiled, draws=until.max_draws, blocking=False,
+                      progress_callback=on_progress, progress_rate=200, **kw)
+    log: list[dict] = []
+    cps = checkpoints(draws, until.max_draws)
+    keep = until.max_draws
+    total = tune + until.max_draws
+
+    def reached(n: int) -> bool:
+        done = state.get("done")
+        return bool(done) and all(not tuning and d - tune >= n for d, tuning in done)
+
+    def finished() -> bool:
+        done = state.get("done")
+        return bool(done) and all(d >= total for d, _ in done)
+
+    final = None  # the whole trace, once every chain has finished
+    try:
+        for n in cps[:-1]:
+            if final is None:
+                # nutpie's is_finished() can raise TimeoutError while the chains run: the
+                # progress callback's counts tell instead
+                while not reached(n) and not finished():
+                    time.sleep(0.2)
+                if finished():
+                    final = s.wait()
+            # every checkpoint is checked on the draws up to it, whether or not the chains have
+            # run ahead meanwhile: the draws kept depend on the seed only
+            t0 = time.perf_counter()
+            part = _truncate(final if final is not None else s.inspect(), n)
+            div = int(part["sample_stats"]["diverging"].values.sum()) \
+                if "diverging" in part["sample_stats"] else 0
+            decision = until.check(part["posterior"].to_dataset(), div)
+            log.append({"draws": n, "decision": decision,
+                        "check_s": round(time.perf_counter() - t0, 2)})
+            if decision != "continue":
+                keep = n
+                break
+        if final is None:
+            final = s.abort() if keep < until.max_draws else s.wait()
+        if keep == until.max_draws:
+            log.append({"draws": keep, "decision": "max_draws", "check_s": 0.0})
+    except BaseException:
+        if final is None:
+            s.cancel()
+        raise
+    timings["extension"] = log
+    return _truncate(final, keep)
 
 
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:

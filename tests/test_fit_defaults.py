@@ -19,9 +19,8 @@ def test_cli_fit_defaults_match_the_estimator():
 
 
 def test_cli_extends_sampling_by_default():
-    from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
-
     from bayes_latency.model.command import _max_draws
+    from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
 
     args = build_parser().parse_args(["fit", "tables", "--out", "p.nc"])
     assert _max_draws(args) == DEFAULT_MAX_DRAWS == 4 * DEFAULT_DRAWS == 8000

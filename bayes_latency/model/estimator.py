@@ -58,11 +58,11 @@ from bayes_latency.model.persistence import _hash_frame, assemble
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
+    HOPELESS_RHAT,
     NUMBA_FASTMATH,
     NUMBA_OPT,
     NUTPIE_ADAPTATION,
     SAMPLERS,
-    HOPELESS_RHAT,
     TARGET_ACCEPT,
     Until,
     sample,

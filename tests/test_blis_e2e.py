@@ -188,11 +188,26 @@ def test_pool_stages_errors_and_bands() -> None:
     assert be.rel_err(0.8, 1.0) == pytest.approx(-0.2)
     assert math.isnan(be.rel_err(1.0, 0.0)) and math.isnan(be.rel_err(math.nan, 1.0))
     vals = np.linspace(0.9, 1.1, 21)
-    bd = be.band(vals, 1.0)
-    assert bd["lo"] == pytest.approx(0.91) and bd["hi"] == pytest.approx(1.09)
-    assert bd["inside"] == 1.0 and bd["width"] == pytest.approx(0.18)
+    bd = be.band(vals, 1.0)  # 21 values: k = floor(22 x 0.05) = 1, the extremes
+    assert bd["lo"] == pytest.approx(0.9) and bd["hi"] == pytest.approx(1.1)
+    assert bd["inside"] == 1.0 and bd["width"] == pytest.approx(0.2)
+    assert bd["nominal"] == pytest.approx(20 / 22)
     assert be.band(vals, 1.2)["inside"] == 0.0
     assert math.isnan(be.band([1.0], 1.0)["lo"])
+    # 59 values: k = 3, the 3rd smallest and largest, 90% exactly
+    b59 = be.band(np.arange(1.0, 60.0), 30.0)
+    assert (b59["lo"], b59["hi"], b59["nominal"]) == (3.0, 57.0, pytest.approx(0.9))
+
+
+def test_band_covers_a_new_exchangeable_value_at_its_nominal_rate() -> None:
+    """20 draws: the band holds a 21st draw of the same distribution 90.5% of the time (the
+    interpolated 5%-95% quantiles held it 81%)."""
+    rng = np.random.default_rng(0)
+    x = rng.lognormal(0.0, 0.2, size=(4000, 21))
+    inside = [be.band(r[:20], r[20])["inside"] for r in x]
+    assert 0.88 <= np.mean(inside) <= 0.93
+    q = np.quantile(x[:, :20], [0.05, 0.95], axis=1)
+    assert np.mean((q[0] <= x[:, 20]) & (x[:, 20] <= q[1])) < 0.85
 
 
 def test_summarize_errors_medians_over_normal_runs_only() -> None:
@@ -334,7 +349,13 @@ def test_table_and_report_from_recorded_metrics(tmp_path: Path) -> None:
     m = t.iloc[1]
     assert m["n_draws"] == 3 and m["sim_completed"] == 38 and m["blis_cpu_seconds"] == 4.0
     draws_e2e = [rec.e2e_s.mean() * (1 + 0.05 * (i + 1)) for i in range(3)]
-    assert m["band_e2e_mean_lo_s"] == pytest.approx(np.quantile(draws_e2e, 0.05))
+    assert m["band_e2e_mean_lo_s"] == pytest.approx(min(draws_e2e))  # 3 draws: the extremes
+    assert m["band_e2e_mean_hi_s"] == pytest.approx(max(draws_e2e))
+    dr = be._draw_table(runs, jobs, seed=42, draw_seeds=True)
+    assert len(dr) == 6  # 2 runs x 3 draws
+    first = dr[dr["run_id"] == m["run_id"]]
+    assert list(first["workload_seed"]) == [43, 44, 45]
+    assert first["e2e_mean_s"].tolist() == pytest.approx(draws_e2e)
     assert m["e2e_mean_in_band"] == 0.0  # real 0.5 s is outside
     res = be.StudyResult(table=t, runs=runs, setup=be.BlisSetup(Path("b"), Path("d"), Path("h")),
                          kv_blocks=kv, wall_s=1.0, invocations=len(jobs),

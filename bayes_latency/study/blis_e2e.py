@@ -7,7 +7,7 @@ workload specs), ``blis run --latency-model trained-physics`` with
 (a) BLIS's published coefficients (:data:`~bayes_latency.study.blis_spec.PUBLISHED`), and
 (b) when ``--exports`` is given, the package's export ``<model>-h100-tp<N>.yaml`` of the run's
     configuration: its mean block, and ``--draws`` of its posterior draws, whose simulated means
-    give a 90% band (5th-95th percentile over draws) for the mean E2E and TTFT.
+    give a 90% prediction band (order statistics of the draws, :func:`band`) for the mean E2E and TTFT.
 
 Each load stage is one BLIS invocation (open-loop Poisson arrivals at the rate the real client
 achieved, the stage's request count, real output lengths, explicit per-GPU KV blocks); the
@@ -167,6 +167,9 @@ class StudyResult:
     parallel: int = 2
     seed: int = 42
     draw_seeds: bool = True
+    #: One row per (run, posterior draw): its workload seed and simulated means (s), so bands
+    #: can be recomputed without simulating again.
+    draws: pd.DataFrame | None = None
 
 
 def draw_seed(seed: int, draw: int, draw_seeds: bool = True) -> int:
@@ -311,7 +314,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                     f.cancel()
                 raise
     table = _table(runs, jobs, kv)
-    return StudyResult(table=table, runs=list(runs), setup=setup, kv_blocks=kv,
+    return StudyResult(table=table, draws=_draw_table(runs, jobs, seed, draw_seeds), runs=list(runs), setup=setup, kv_blocks=kv,
                        wall_s=time.perf_counter() - t_start, invocations=len(jobs),
                        invocation_s=[j.result.seconds for j in jobs if j.result is not None],
                        invocation_cpu_s=[j.result.cpu_seconds for j in jobs
@@ -373,6 +376,28 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
                 row["blis_seconds"] += sum(d.seconds for d in draws)
                 row["blis_cpu_seconds"] += sum(d.cpu_seconds for d in draws)
             rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _draw_table(runs: Sequence[RealRun], jobs: Sequence[_Job], seed: int,
+                draw_seeds: bool) -> pd.DataFrame:
+    """Per (run, posterior draw): workload seed and pooled simulated means (s)."""
+    by: dict[tuple[str, int], list[StageResult]] = {}
+    for j in jobs:
+        if j.result is not None and j.source == "export-draw":
+            by.setdefault((j.run.run_id, j.draw), []).append(j.result)
+    rows = []
+    for r in runs:
+        for (rid, i), v in sorted(by.items()):
+            if rid != r.run_id:
+                continue
+            st = pool_stages(v, r.real["output_len_mean"])
+            rows.append({"run_id": rid, "run": r.short_id, "draw": i,
+                         "workload_seed": draw_seed(seed, i, draw_seeds),
+                         "e2e_mean_s": st.e2e_mean, "ttft_mean_s": st.ttft_mean,
+                         "decode_interval_s": st.decode_interval,
+                         "real_e2e_mean_s": r.real["e2e_mean_s"],
+                         "real_ttft_mean_s": r.real["ttft_mean_s"]})
     return pd.DataFrame(rows)
 
 
@@ -457,7 +482,9 @@ def render_markdown(res: StudyResult) -> str:
     ]
     if res.exports:
         lines += [f"Exports: `{res.exports}`, mean block and {res.n_draws} posterior draws per run "
-                  "(90% band = 5th-95th percentile of the draws' simulated means; width = "
+                  "(90% band = the order-statistic prediction interval of the draws' simulated "
+                  "means, with 20 draws their smallest and largest, which a new exchangeable "
+                  "value falls in with probability 19/21 (`blis_metrics.band`); width = "
                   "(hi - lo) / mid).", ""]
     else:
         lines += ["Exports: none given, BLIS's published coefficients only.", ""]

@@ -312,9 +312,11 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if setup is not None:
         log("[client] in-sample: all runs in BLIS")
         src = sources_for(model, configs, n_draws, replayed=pred)
-        res["insample"] = run_study(setup, runs, n_draws=n_draws, sources=src,
-                                    progress=log).table
+        st = run_study(setup, runs, n_draws=n_draws, sources=src, progress=log)
+        res["insample"] = st.table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
+        if st.draws is not None:
+            st.draws.to_csv(out / "insample_draws.csv", index=False, float_format="%.6g")
         write_readme()
     if setup is not None and lomo:
         parts = []
@@ -330,13 +332,18 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             write_readme()
             log(f"[client] leave-one-model-out {name}: done")
     if setup is not None and loro:
-        parts = []
+        parts, draw_parts = [], []
         for r in normal:
             t = time.perf_counter()
             m, _ = fit(drop_run(observations, r.short_id))
             fits.append(_conv_row(m, f"without run {r.short_id}", time.perf_counter() - t))
             src = sources_for(m, [(r.model, r.tp)], n_draws, replayed=pred)
-            parts.append(run_study(setup, [r], n_draws=n_draws, sources=src).table)
+            st = run_study(setup, [r], n_draws=n_draws, sources=src)
+            parts.append(st.table)
+            if st.draws is not None:
+                draw_parts.append(st.draws)
+                pd.concat(draw_parts, ignore_index=True).to_csv(
+                    out / "loro_draws.csv", index=False, float_format="%.6g")
             res["loro"] = pd.concat(parts, ignore_index=True)
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
             write_readme()

@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while the convergence gates fail, keep sampling up to this many draws "
                         "per chain, checking every --draws/2 (default: 4 x --draws, 8000; "
                         "--max-draws 0: exactly --draws)")
-    s.add_argument("--tune", type=int, default=500)
+    s.add_argument("--tune", type=int, default=1000,
+                   help="tuning steps per chain (default %(default)s)")
     s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
                    help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "
                         "identified only jointly)")

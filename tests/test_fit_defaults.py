@@ -6,7 +6,7 @@ import inspect
 
 from bayes_latency.cli import build_parser
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.sampler import DEFAULT_DRAWS, TARGET_ACCEPT
+from bayes_latency.model.sampler import DEFAULT_DRAWS, DEFAULT_TUNE, TARGET_ACCEPT
 
 
 def test_cli_fit_defaults_match_the_estimator():
@@ -14,7 +14,7 @@ def test_cli_fit_defaults_match_the_estimator():
     sig = inspect.signature(LatencyModel.fit)
     assert args.draws == DEFAULT_DRAWS == sig.parameters["draws"].default == 2000
     assert args.target_accept == TARGET_ACCEPT == sig.parameters["target_accept"].default == 0.99
-    assert args.tune == sig.parameters["tune"].default
+    assert args.tune == sig.parameters["tune"].default == DEFAULT_TUNE == 1000
     assert args.chains == sig.parameters["chains"].default
 
 

@@ -12,6 +12,7 @@ Importing this module is light (no PyMC or PyTensor).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,8 +24,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from bayes_latency.model.estimator import LatencyModel
 
 
-def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
-    """``post`` (draws of the free variables) with every deterministic of ``model`` added.
+def _with_deterministics(model: pm.Model, post: xr.Dataset, names: Sequence[str] | None = None,
+                         cache: dict | None = None) -> xr.Dataset:
+    """``post`` (draws of the free variables) with every deterministic of ``model`` added
+    (only those in ``names`` when given; ``cache``, a dict kept by the caller, holds the
+    compiled function for later calls with the same ``names``).
 
     Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
     (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
@@ -39,14 +43,19 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     from pytensor.graph.replace import vectorize_graph
 
     rvs = list(model.free_RVs)
-    dets = list(model.deterministics)
+    dets = [d for d in model.deterministics if names is None or d.name in names]
     if not dets:
         return post
-    batched = {rv: pt.tensor(dtype=rv.dtype, shape=(None, *rv.type.shape), name=rv.name)
-               for rv in rvs}
-    outs = vectorize_graph(dets, replace=batched)
-    fn = pytensor.function(list(batched.values()), outs, mode="FAST_COMPILE",
-                           on_unused_input="ignore")
+    if cache is not None and "fn" in cache:
+        outs, fn = cache["outs"], cache["fn"]
+    else:
+        batched = {rv: pt.tensor(dtype=rv.dtype, shape=(None, *rv.type.shape), name=rv.name)
+                   for rv in rvs}
+        outs = vectorize_graph(dets, replace=batched)
+        fn = pytensor.function(list(batched.values()), outs, mode="FAST_COMPILE",
+                               on_unused_input="ignore")
+        if cache is not None:
+            cache.update(outs=outs, fn=fn)
     C, D = post.sizes["chain"], post.sizes["draw"]
     args = []
     for rv in rvs:

@@ -58,6 +58,7 @@ from bayes_latency.model.persistence import _hash_frame, assemble
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
+    DEFAULT_TUNE,
     HOPELESS_RHAT,
     NUMBA_FASTMATH,
     NUMBA_OPT,
@@ -244,7 +245,8 @@ class LatencyModel:
         return tuple(sorted(off))
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, observations: pd.DataFrame, draws: int = DEFAULT_DRAWS, tune: int = 500, chains: int = 2,
+    def fit(self, observations: pd.DataFrame, draws: int = DEFAULT_DRAWS, tune: int = DEFAULT_TUNE,
+            chains: int = 2,
             seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
             adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500,
             max_draws: int | None = None, gates: dict | None = None) -> LatencyModel:
@@ -310,9 +312,11 @@ class LatencyModel:
         convergence gates of :meth:`convergence` on the draws so far (deterministics and, on
         the fast path, the configuration draws added as after sampling)."""
         gates = {**GATES, **(gates or {})}
+        names = [*_convergence.GATE_VARS, "theta_pop", "sigma_config"]
+        cache: dict = {}  # the deterministics' function, compiled at the first check
 
         def check(post: xr.Dataset, divergences: int) -> str:
-            post = _with_deterministics(model, post)
+            post = _with_deterministics(model, post, names=names, cache=cache)
             post, _ = config_draws_posterior(self, post, seed)
             stats, _, _ = _convergence.gate_stats(post, divergences, gates)
             if stats["passed"]:

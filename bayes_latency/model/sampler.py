@@ -302,10 +302,14 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
         state["done"] = [(int(c.finished_draws), bool(c.tuning)) for c in chains]
 
     tune = int(kw["tune"])
+    cps = checkpoints(draws, until.max_draws)
+    if kw.get("progress_bar"):
+        print(f"sampling {draws} draws per chain, and up to {until.max_draws} while the "
+              f"convergence gates fail (checked at {', '.join(map(str, cps[:-1]))}); the bar "
+              f"counts to the most", file=sys.stderr, flush=True)
     s = nutpie.sample(compiled, draws=until.max_draws, blocking=False,
                       progress_callback=on_progress, progress_rate=200, **kw)
     log: list[dict] = []
-    cps = checkpoints(draws, until.max_draws)
     keep = until.max_draws
     total = tune + until.max_draws
 

@@ -92,10 +92,12 @@ class MemorySampler:
 
 
 def _cluster(n: int):
-    from distributed import Client, LocalCluster
+    """The local cluster ``ingest --scheduler local`` starts (:func:`parallel.local_cluster`)."""
+    from distributed import Client
 
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=50, memory_limit="6GB")
+    from bayes_latency.parallel import local_cluster
+
+    cluster = local_cluster(n, memory_limit="6GB")
     client = Client(cluster)
     # warm the workers (imports), so that timings are of the work
     client.run(lambda: __import__("bayes_latency.data.experiment")

@@ -155,6 +155,10 @@ def test_arrow_table_equals_from_pandas():
             "i": np.arange(n, dtype=np.int64), "f": np.where(np.arange(n) % 2, np.nan, 1.5),
             "b": np.arange(n) % 3 == 0, "I": pd.array([None] + list(range(n - 1)), dtype="Int64"),
             "o": pd.Series(obj, dtype=object), "u": np.arange(n, dtype=np.uint8),
+            "s": pd.Series(["a", None] * (n // 2) + ["b"] * (n % 2), dtype="str"),
+            "t": pd.date_range("2026-01-01", periods=n, freq="s", tz="UTC"),
+            "d": pd.date_range("2026-01-01", periods=n, freq="ms"),
+            "g": np.linspace(0.0, 1.0, n, dtype=np.float32),
         })
 
     for df in (frame(4, ["a", None, "b", "c"]), frame(3, ["x", "y", None]),

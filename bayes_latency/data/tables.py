@@ -99,22 +99,29 @@ def _arrow_table(df: pd.DataFrame) -> Any:
     """``pa.Table.from_pandas(df, preserve_index=False, nthreads=1)``, the same table (schema,
     pandas metadata and values), with the schema of an earlier frame of the same columns,
     dtypes and Arrow types reused (the metadata depends on nothing else: no index is kept,
-    no ``attrs``, no categoricals) and numpy columns converted from their arrays (pyarrow's
-    per-Series entry costs more). Demo fleet, 182 partitions: 0.3 -> 0.25 CPU-s."""
+    no ``attrs``, no categoricals) and each column converted from its array (pyarrow's
+    per-Series entry costs more). The arrays are taken from the frame's blocks
+    (``_mgr.iget_values``) when pandas has them: ``DataFrame.items`` builds a Series per
+    column, 0.054 of the 0.143 CPU-s this took for the demo fleet's 182 partitions (4,082
+    columns); now 0.063."""
     import numpy as np
     import pyarrow as pa
 
     names = list(df.columns)
     if (not names or df.attrs or df.columns.has_duplicates
-            or not all(type(c) is str for c in names)
-            or any(isinstance(d, pd.CategoricalDtype) for d in df.dtypes)):
+            or not all(type(c) is str for c in names)):
         return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
-    arrays = []
-    for _, col in df.items():
-        values = col.to_numpy() if isinstance(col.dtype, np.dtype) and col.dtype.kind in "biuf" \
-            else col
-        arrays.append(pa.array(values, from_pandas=True, safe=True))
-    key = (tuple(names), tuple(str(d) for d in df.dtypes), tuple(a.type for a in arrays))
+    dtypes = list(df.dtypes)
+    if any(isinstance(d, pd.CategoricalDtype) for d in dtypes):
+        return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
+    values = getattr(df._mgr, "iget_values", None)
+    if values is not None:
+        arrays = [pa.array(values(i), from_pandas=True, safe=True) for i in range(len(names))]
+    else:  # pragma: no cover - another pandas
+        arrays = [pa.array(col.to_numpy() if isinstance(col.dtype, np.dtype)
+                           and col.dtype.kind in "biuf" else col, from_pandas=True, safe=True)
+                  for _, col in df.items()]
+    key = (tuple(names), tuple(str(d) for d in dtypes), tuple(a.type for a in arrays))
     schema = _SCHEMAS.get(key)
     if schema is None:
         table = pa.Table.from_pandas(df, preserve_index=False, nthreads=1)

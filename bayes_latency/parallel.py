@@ -47,6 +47,7 @@ SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 #: only win when ``t / 2 + overhead < t``, i.e. above about 10-16 s of serial work.
 INLINE_MAX_SECONDS = 10.0
 _INLINE = ("inline", "none", "sync", "synchronous")
+_TRIM, _DASK_TRIM = "MALLOC_TRIM_THRESHOLD_", "65536"
 #: Dask settings of the local clusters started here (:func:`local_cluster`). Dask spawns its
 #: workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also switches off glibc's dynamic mmap
 #: threshold: every array above 128 kB is then a fresh ``mmap`` and its pages faulted in again.
@@ -57,7 +58,8 @@ _INLINE = ("inline", "none", "sync", "synchronous")
 #: alternating: 15.7-15.9 worker CPU-s with Dask's defaults, 13.2-14.6 with these (peak RSS per
 #: worker stays far below the 3 GB budget: ``results/benchmarks/ingest_scale.md``). An existing
 #: cluster (``--scheduler``) keeps its own settings; ``MALLOC_TRIM_THRESHOLD_`` set in the
-#: environment is kept as well.
+#: environment is kept as well, unless it is Dask's 65536 (which a Dask nanny started with
+#: Dask's defaults leaves in ``os.environ``).
 LOCAL_WORKER_CONFIG: dict[str, Any] = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.worker.profile.enabled": False,
@@ -82,8 +84,17 @@ def local_cluster(n_workers: int, **kwargs: Any) -> Any:
     opts: dict[str, Any] = {"threads_per_worker": 1, "processes": True,
                             "dashboard_address": None, "silence_logs": 50}
     opts.update(kwargs)
-    with dask.config.set(LOCAL_WORKER_CONFIG):
-        return LocalCluster(n_workers=n_workers, **opts)
+    # a Dask nanny started earlier in this process (Dask's defaults) leaves its value in
+    # os.environ, which the workers spawned here would inherit: hidden while they start
+    leaked = os.environ.get(_TRIM) == _DASK_TRIM
+    if leaked:
+        del os.environ[_TRIM]
+    try:
+        with dask.config.set(LOCAL_WORKER_CONFIG):
+            return LocalCluster(n_workers=n_workers, **opts)
+    finally:
+        if leaked:
+            os.environ[_TRIM] = _DASK_TRIM
 
 
 def resolve_scheduler(scheduler: Any = None) -> Any:

@@ -258,6 +258,7 @@ def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
     code = ("import importlib.util, json, sys\n"
             f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
             "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
             "bayes_latency.__file__\n"
             "from pathlib import Path\n"

@@ -55,8 +55,9 @@ _TRIM, _DASK_TRIM = "MALLOC_TRIM_THRESHOLD_", "65536"
 #: and 0.4-0.55 system CPU-s against 0.18-0.25 (inline, same minutes). The statistical profiler
 #: (a thread sampling the task thread every 10 ms) and the 0.5 s system monitor are for the
 #: dashboard, which these clusters do not start. 130 experiments (431 MB) on one worker,
-#: alternating: 15.7-15.9 worker CPU-s with Dask's defaults, 13.2-14.6 with these (peak RSS per
-#: worker stays far below the 3 GB budget: ``results/benchmarks/ingest_scale.md``). An existing
+#: alternating, best of 2 (``results/benchmarks/ingest_scale.md``, load 8-10): 15.95 worker
+#: CPU-s with Dask's defaults, 13.36 with these (27.0 -> 32.3 MB per CPU-s; system CPU 1.98 ->
+#: 1.17 s), peak RSS 0.25 -> 0.28 GB (budget 3 GB). An existing
 #: cluster (``--scheduler``) keeps its own settings; ``MALLOC_TRIM_THRESHOLD_`` set in the
 #: environment is kept as well, unless it is Dask's 65536 (which a Dask nanny started with
 #: Dask's defaults leaves in ``os.environ``).

@@ -789,6 +789,14 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
+        f"- Idle-machine estimate: a worker that never waits for a core turns its CPU time into "
+        f"wall time one for one (at load 2, before this pass's settings, the demo fleet on one "
+        f"worker took 2.8-3.2 s wall for 2.8-2.9 worker CPU-s, the client and scheduler on the "
+        f"other core), so about {r1['ingest_mb_per_cpu_s']} MB/s per core with one worker "
+        f"(its MB per worker CPU-second, which waiting does not change) and a little under "
+        f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
+        "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
+        "2.23-2.38 against 2.33-2.40 CPU-s).",
         *_defaults_lines(c),
         f"- The previous run (fifth pass, main ef08d5c's code with Dask's default worker "
         f"settings, load average 7-8): {BEFORE_SCALE_FIFTH['mb_s_per_core'][0]} / "

@@ -63,7 +63,9 @@ class MemorySampler:
         self.procs = {k: psutil.Process(p) for k, p in pids.items()}
         self.peak = dict.fromkeys(pids, 0)
         self.cpu0 = {k: sum(p.cpu_times()[:2]) for k, p in self.procs.items()}
+        self.sys0 = {k: p.cpu_times()[1] for k, p in self.procs.items()}
         self.cpu = dict.fromkeys(pids, 0.0)
+        self.sys = dict.fromkeys(pids, 0.0)
         self.interval = interval
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -87,15 +89,18 @@ class MemorySampler:
         for k, p in self.procs.items():
             try:
                 self.cpu[k] = sum(p.cpu_times()[:2]) - self.cpu0[k]
+                self.sys[k] = p.cpu_times()[1] - self.sys0[k]
             except Exception:  # noqa: BLE001
                 pass
 
 
 def _cluster(n: int):
-    from distributed import Client, LocalCluster
+    """The local cluster ``ingest --scheduler local`` starts (:func:`parallel.local_cluster`)."""
+    from distributed import Client
 
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=50, memory_limit="6GB")
+    from bayes_latency.parallel import local_cluster
+
+    cluster = local_cluster(n, memory_limit="6GB")
     client = Client(cluster)
     # warm the workers (imports), so that timings are of the work
     client.run(lambda: __import__("bayes_latency.data.experiment")
@@ -187,6 +192,9 @@ LOAD_55528C4 = "5.4 (2026-11-24 12:56 UTC)"
 #: Part 3 of the previous run (fourth pass, main 7840784's code; 2026-11-24 13:18 UTC, load
 #: average 6.1-7.7): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
 BEFORE_SCALE_FOURTH = {"mb_s_per_core": (14.2, 8.7), "mb_per_cpu_s": (22.8, 23.3)}
+#: Part 3 of the fifth pass (main ef08d5c's code, Dask's default worker settings; 2026-11-24
+#: 16:45 UTC, load average 7.2-8.2).
+BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0)}
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -250,6 +258,7 @@ def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
     code = ("import importlib.util, json, sys\n"
             f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
             "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
             "bayes_latency.__file__\n"
             "from pathlib import Path\n"
@@ -363,6 +372,76 @@ def json_path(demo: list[Path], work: Path) -> dict:
     del tabs
     res["stage_cpu_s"] = _stage_cpu(demo, work / "stages")
     res["stage_cpu_s_line_path"] = _stage_cpu(demo, work / "stages_lines", chunk_bytes=0)
+    res["parquet"] = parquet_options(demo, work)
+    res["load_average"] = round(os.getloadavg()[0], 2)
+    return res
+
+
+#: Parquet writer options compared by :func:`parquet_options` (``pq.write_table`` keywords; the
+#: first is what ``tables._write_parquet`` writes).
+PARQUET_VARIANTS = {
+    "lz4, no dictionary, no statistics (written)": {"compression": "lz4"},
+    "uncompressed": {"compression": "none"},
+    "snappy": {"compression": "snappy"},
+    "zstd level 1": {"compression": "zstd", "compression_level": 1},
+    "zstd level 3": {"compression": "zstd", "compression_level": 3},
+    "lz4 + dictionary encoding": {"compression": "lz4", "use_dictionary": True},
+    "lz4 + statistics": {"compression": "lz4", "write_statistics": True},
+    "lz4, 1M-row write batches and 8 MB pages": {"compression": "lz4", "data_page_size": 8 << 20,
+                                                  "write_batch_size": 1 << 20},
+    "lz4, one row group per file (2^24 rows)": {"compression": "lz4", "row_group_size": 1 << 24},
+    "lz4, no Arrow schema in the file (store_schema=False)": {"compression": "lz4",
+                                                              "store_schema": False},
+}
+
+
+def parquet_options(demo: list[Path], work: Path, rounds: int = 3) -> dict:
+    """CPU seconds and bytes of writing the demo fleet's partitions (the frames one inline
+    ingest writes) with each of :data:`PARQUET_VARIANTS`, best of ``rounds``, and whether every
+    file reads back (``pd.read_parquet``) exactly as the written variant's does; the Arrow
+    conversion (``tables._arrow_table``, shared by all) separately."""
+    import pyarrow.parquet as pq
+
+    from bayes_latency.data import tables as tbl
+    from bayes_latency.data.experiment import _inputs, ingest_experiment
+
+    frames = []
+    for trace, cfg, folder, eid in _inputs(demo, None):
+        tabs, _, _ = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+        frames += [df.reset_index(drop=True) for df in tabs.values()
+                   if df is not None and len(df)]
+    conv = float("inf")
+    for _ in range(rounds):
+        c0 = time.process_time()
+        arrow = [tbl._arrow_table(df) for df in frames]
+        conv = min(conv, time.process_time() - c0)
+    res: dict = {"files": len(frames), "arrow_conversion_cpu_s": round(conv, 3), "variants": {}}
+    ref = None
+    for name, kw in PARQUET_VARIANTS.items():
+        opts = {"use_dictionary": False, "write_statistics": False, **kw}
+        d = work / "parquet_options"
+        best = float("inf")
+        for _ in range(rounds):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            c0 = time.process_time()
+            for i, t in enumerate(arrow):
+                pq.write_table(t, d / f"{i}.parquet", **opts)
+            best = min(best, time.process_time() - c0)
+        size = sum((d / f"{i}.parquet").stat().st_size for i in range(len(arrow)))
+        back = [pd.read_parquet(d / f"{i}.parquet") for i in range(len(arrow))]
+        if ref is None:
+            ref = back
+        same = True
+        for x, y in zip(ref, back, strict=True):
+            try:
+                pd.testing.assert_frame_equal(x, y, check_exact=True)
+            except AssertionError:
+                same = False
+        res["variants"][name] = {"cpu_s": round(best, 3), "mb": round(size / 1e6, 2),
+                                 "reads_back_identical": same}
+        del back
+    shutil.rmtree(work / "parquet_options", ignore_errors=True)
     res["load_average"] = round(os.getloadavg()[0], 2)
     return res
 
@@ -438,6 +517,49 @@ def make_scale_fleet(demo: list[Path], dest: Path, factor: int) -> list[Path]:
     return out
 
 
+def dask_defaults_ab(folders: list[Path], work: Path, rounds: int = 2) -> dict:
+    """Worker CPU seconds (user + system, and system) of ingesting ``folders`` on one worker
+    started with Dask's defaults and with :func:`parallel.local_cluster`'s settings, the two
+    alternating ``rounds`` times; the best of each."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from bayes_latency.data.experiment import ingest
+    from bayes_latency.parallel import _DASK_TRIM, _TRIM
+
+    mb = _trace_bytes(folders) / 1e6
+    best: dict[str, dict] = {}
+    loads = []
+    for _ in range(rounds):
+        for name in ("dask_defaults", "local_cluster"):
+            if name == "dask_defaults":
+                with dask.config.set({f"distributed.nanny.pre-spawn-environ.{_TRIM}": _DASK_TRIM}):
+                    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, silence_logs=50,
+                                           memory_limit="6GB")
+                client = Client(cluster)
+                client.run(lambda: __import__("bayes_latency.data.experiment"))
+            else:
+                cluster, client = _cluster(1)
+            try:
+                pids = client.run(os.getpid)
+                out = work / f"ab_tables_{name}"
+                with MemorySampler(pids) as mem:
+                    ingest(folders, out, scheduler=client)
+                cpu, sys_ = sum(mem.cpu.values()), sum(mem.sys.values())
+                if name not in best or cpu < best[name]["cpu_s"]:
+                    best[name] = {"cpu_s": round(cpu, 2), "system_cpu_s": round(sys_, 2),
+                                  "mb_per_cpu_s": round(mb / cpu, 1),
+                                  "peak_rss_gb": round(max(mem.peak.values()) / 1e9, 3)}
+                shutil.rmtree(out, ignore_errors=True)
+            finally:
+                client.close()
+                cluster.close()
+            loads.append(round(os.getloadavg()[0], 2))
+    return {"experiments": len(folders), "trace_mb": round(mb, 1), "rounds": rounds, **best,
+            "load_average": f"{min(loads)}-{max(loads)}"}
+
+
 def scale(demo: list[Path], work: Path, factor: int) -> dict:
     from bayes_latency.data.experiment import ingest
     from bayes_latency.data.tables import read_table
@@ -471,6 +593,7 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
                 "ingest_mb_s_per_core": round(mb / t_ingest / n, 1),
                 "ingest_worker_cpu_s": round(cpu_i, 1),
                 "ingest_mb_per_cpu_s": round(mb / max(cpu_i, 1e-9), 1),
+                "ingest_worker_system_cpu_s": round(sum(mem_i.sys.values()), 1),
                 "ingest_peak_rss_gb": {k: round(v / 1e9, 3) for k, v in mem_i.peak.items()},
                 "observation_rows": len(obs),
                 "stage1_rows": n_rows,
@@ -492,11 +615,52 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
     res["stage1_speedup_2_over_1"] = round(r1["stage1_s"] / r2["stage1_s"], 3)
     res["tables_1w_vs_2w"] = _compare_tables(work / "scale_tables_1w", work / "scale_tables_2w")
     res["stage1_1w_vs_2w_max_rel_diff"] = _summary_diff(summaries[1], summaries[2])
+    res["dask_defaults_ab"] = dask_defaults_ab(folders[:5 * len(demo)], work)
     peak = max(max(r["ingest_peak_rss_gb"].values()) for r in res["runs"].values())
     peak = max(peak, max(max(r["stage1_peak_rss_gb"].values()) for r in res["runs"].values()))
     res["peak_rss_per_worker_gb"] = peak
     res["within_memory_budget"] = peak <= MEM_BUDGET_GB
     return res
+
+
+def _parquet_lines(j: dict) -> list[str]:
+    """Section 1's table of Parquet writer options (when measured)."""
+    pq_ = j.get("parquet")
+    if not pq_:
+        return []
+    conv = pq_["arrow_conversion_cpu_s"]
+    return [
+        f"Parquet writer options: the demo fleet's {pq_['files']} partitions written with "
+        "`pyarrow.parquet.write_table` (best of 3, CPU seconds; the Arrow conversion "
+        f"`tables._arrow_table`, {conv:.3f} CPU-s, is shared by all and not included; load "
+        f"average {pq_['load_average']}); MB of traces per CPU-s of conversion + write; "
+        "\"reads back identical\": every file read with `pd.read_parquet` equals the written "
+        "variant's (exact).",
+        "",
+        "| options | write CPU s | MB of traces per CPU-s | files MB | reads back identical |",
+        "|---|---|---|---|---|",
+        *[f"| {name} | {v['cpu_s']:.3f} | {j['trace_mb'] / (conv + v['cpu_s']):.0f} | "
+          f"{v['mb']:.2f} | {v['reads_back_identical']} |"
+          for name, v in pq_["variants"].items()],
+        "",
+    ]
+
+
+def _defaults_lines(c: dict) -> list[str]:
+    """Section 3's comparison of Dask's default worker settings with ``local_cluster``'s."""
+    ab = c.get("dask_defaults_ab")
+    if not ab:
+        return []
+    d, lc = ab["dask_defaults"], ab["local_cluster"]
+    return [
+        f"- One worker with Dask's default settings against `parallel.local_cluster`'s (no "
+        f"`MALLOC_TRIM_THRESHOLD_`, no profiler), on the first {ab['experiments']} experiments "
+        f"({ab['trace_mb']} MB), alternating {ab['rounds']} times, best of each (load average "
+        f"{ab['load_average']}): {d['cpu_s']} against {lc['cpu_s']} worker CPU-s "
+        f"({d['mb_per_cpu_s']} against {lc['mb_per_cpu_s']} MB per CPU-s), of which system "
+        f"{d['system_cpu_s']} against {lc['system_cpu_s']}; peak RSS {d['peak_rss_gb']} against "
+        f"{lc['peak_rss_gb']} GB.",
+    ]
 
 
 def _markdown(r: dict) -> str:
@@ -573,6 +737,7 @@ def _markdown(r: dict) -> str:
           for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]
           for b4 in [max(before.get(k, float("nan")), 1e-9)]],
         "",
+        *_parquet_lines(j),
         "## 2. Same results (demo fleet)",
         "",
         f"- Ingest inline {s['ingest_inline_s']} s, on LocalCluster(2 workers) "
@@ -605,6 +770,9 @@ def _markdown(r: dict) -> str:
         f"| ingest MB/s per core | {r1['ingest_mb_s_per_core']} | {r2['ingest_mb_s_per_core']} |",
         f"| ingest MB per worker CPU-second | {r1['ingest_mb_per_cpu_s']} | "
         f"{r2['ingest_mb_per_cpu_s']} |",
+        f"| ingest worker CPU-s (of which system) | {r1['ingest_worker_cpu_s']} "
+        f"({r1.get('ingest_worker_system_cpu_s', '')}) | {r2['ingest_worker_cpu_s']} "
+        f"({r2.get('ingest_worker_system_cpu_s', '')}) |",
         f"| ingest peak RSS per worker (GB) | {max(r1['ingest_peak_rss_gb'].values())} | "
         f"{max(r2['ingest_peak_rss_gb'].values())} |",
         f"| stage 1 ({r1['stage1_configs']} configurations, {r1['stage1_rows']:,} rows) | "
@@ -621,7 +789,21 @@ def _markdown(r: dict) -> str:
         f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
-        f"- The previous run (fourth pass, main 7840784's code, load average 6-8): "
+        f"- Idle-machine estimate: a worker that never waits for a core turns its CPU time into "
+        f"wall time one for one (at load 2, before this pass's settings, the demo fleet on one "
+        f"worker took 2.8-3.2 s wall for 2.8-2.9 worker CPU-s, the client and scheduler on the "
+        f"other core), so about {r1['ingest_mb_per_cpu_s']} MB/s per core with one worker "
+        f"(its MB per worker CPU-second, which waiting does not change) and a little under "
+        f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
+        "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
+        "2.23-2.38 against 2.33-2.40 CPU-s).",
+        *_defaults_lines(c),
+        f"- The previous run (fifth pass, main ef08d5c's code with Dask's default worker "
+        f"settings, load average 7-8): {BEFORE_SCALE_FIFTH['mb_s_per_core'][0]} / "
+        f"{BEFORE_SCALE_FIFTH['mb_s_per_core'][1]} MB/s per core and "
+        f"{BEFORE_SCALE_FIFTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_FIFTH['mb_per_cpu_s'][1]} MB "
+        "per worker CPU-second (1 / 2 workers).",
+        f"- Fourth pass (main 7840784's code, load average 6-8): "
         f"{BEFORE_SCALE_FOURTH['mb_s_per_core'][0]} / {BEFORE_SCALE_FOURTH['mb_s_per_core'][1]} "
         f"MB/s per core and {BEFORE_SCALE_FOURTH['mb_per_cpu_s'][0]} / "
         f"{BEFORE_SCALE_FOURTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
@@ -666,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--keep", action="store_true", help="keep the generated fleets and tables")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ingest_scale"))
-    ap.add_argument("--base", default="7840784",
+    ap.add_argument("--base", default="ef08d5c",
                     help="git commit whose ingest CPU per stage part 1 measures alternating with "
                          "this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",

@@ -12,7 +12,7 @@ from bayes_latency.cli import main
 from bayes_latency.data.experiment import ingest
 from bayes_latency.data.tables import read_table, table_files, table_names
 from bayes_latency.model.summaries import NoisePrior, fit_rows, summarize
-from bayes_latency.parallel import run_units
+from bayes_latency.parallel import local_cluster, run_units
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
 
@@ -23,8 +23,7 @@ COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=40)
+    cluster = local_cluster(2, silence_logs=40)
     c = distributed.Client(cluster)
     yield c
     c.close()
@@ -58,6 +57,21 @@ def test_tasks_run_on_the_workers(client, monkeypatch):
     # one unit runs inline without a cluster
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
     assert run_units(os.getpid, [()]) == [os.getpid()]
+
+
+def _worker_settings() -> tuple:
+    import dask
+
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            dask.config.get("distributed.worker.profile.enabled"))
+
+
+def test_local_cluster_workers_keep_glibc_malloc_defaults(client):
+    # Dask's MALLOC_TRIM_THRESHOLD_=65536 costs ingest ~15% CPU in page faults (parallel.py)
+    env = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    env = None if env == "65536" else env  # Dask's value, left by an earlier Dask nanny
+    assert set(client.run(_worker_settings).values()) == {(env, False)}
+    assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
 
 
 def test_distributed_ingest_writes_the_same_tables(both):
@@ -142,6 +156,10 @@ def test_arrow_table_equals_from_pandas():
             "i": np.arange(n, dtype=np.int64), "f": np.where(np.arange(n) % 2, np.nan, 1.5),
             "b": np.arange(n) % 3 == 0, "I": pd.array([None] + list(range(n - 1)), dtype="Int64"),
             "o": pd.Series(obj, dtype=object), "u": np.arange(n, dtype=np.uint8),
+            "s": pd.Series(["a", None] * (n // 2) + ["b"] * (n % 2), dtype="str"),
+            "t": pd.date_range("2026-01-01", periods=n, freq="s", tz="UTC"),
+            "d": pd.date_range("2026-01-01", periods=n, freq="ms"),
+            "g": np.linspace(0.0, 1.0, n, dtype=np.float32),
         })
 
     for df in (frame(4, ["a", None, "b", "c"]), frame(3, ["x", "y", None]),

@@ -131,3 +131,15 @@ def test_odd_lines_fall_back(example_docs: list[dict], tmp_path: Path, bad: str)
         lines = [json.dumps(d) for d in example_docs]
         lines.insert(pos, bad)
         _same_all_ways(_write(tmp_path / f"t{pos}.jsonl", lines))
+
+
+def test_span_without_events_counts_events_like_the_line_path(tmp_path: Path) -> None:
+    # found by the fuzz test: the line path's report has ``events: 0`` for a span without events
+    line = {"resourceSpans": [{"scopeSpans": [{"scope": {"name": "vllm.scheduler.step"}, "spans": [
+        {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
+         "name": "scheduler_steps_1", "kind": 1, "startTimeUnixNano": "1771360998521800000",
+         "endTimeUnixNano": "1771361001521800000",
+         "attributes": [{"key": "scheduler.step_range_start", "value": {"intValue": "1"}}],
+         "status": {}}]}]}]}
+    ref = _same_all_ways(_write(tmp_path / "traces.jsonl", [line]))
+    assert ref.report.read["events"] == 0 and "events" in ref.report.to_dict()["read"]

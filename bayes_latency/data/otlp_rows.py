@@ -193,7 +193,9 @@ class _Acc(_Tables):
         (its spans are new: the caller checked ``seen_spans``)."""
         rep = self.report
         for k, v in cols.read.items():
-            if v:
+            # the line path counts each span's events, 0 included: spans without any events
+            # still give the report an ``events`` entry
+            if v or (k == "events" and cols.read.get("spans")):
                 rep.read[k] += v
         self.seen_spans.update(cols.span_keys)
         self._flush()

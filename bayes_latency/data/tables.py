@@ -79,11 +79,12 @@ def write_partition(tables_dir: str | Path, name: str, experiment_id: str,
 def _write_parquet(df: pd.DataFrame, path: str | Path) -> None:
     """``df.to_parquet(path, index=False)`` without pandas' wrapper, without dictionary
     encoding and statistics (no reader filters on them), LZ4 pages (same file schema and pandas
-    metadata, so the same frame reads back). Demo fleet's 182 partitions, pyarrow 26: encoding
-    0.28 CPU-s with snappy and statistics, 0.21 with LZ4 and none (zstd 0.33, uncompressed
-    0.26: larger pages to write; dictionary encoding 0.37), files 15.6 / 13.4 MB. The Arrow
-    conversion (0.18 CPU-s) is per column; building the arrays and the pandas metadata by hand
-    saved 0.01."""
+    metadata, so the same frame reads back). Demo fleet's 182 partitions, pyarrow 26, writing
+    CPU-s / files MB (``benchmarks/ingest_scale.py`` part 1): LZ4 0.220 / 13.4, uncompressed
+    0.217 / 86.1, snappy 0.227 / 15.3, zstd level 1 0.305 / 9.1, level 3 0.360 / 8.6; with
+    dictionary encoding 0.334, with statistics 0.274, 8 MB pages or one row group no faster;
+    without the Arrow schema in the file (``store_schema=False``, 11.8 MB) the frames do not
+    read back the same. The Arrow conversion (:func:`_arrow_table`) is another 0.06-0.07."""
     import pyarrow.parquet as pq
 
     pq.write_table(_arrow_table(df), path, compression="lz4", use_dictionary=False,
@@ -99,22 +100,29 @@ def _arrow_table(df: pd.DataFrame) -> Any:
     """``pa.Table.from_pandas(df, preserve_index=False, nthreads=1)``, the same table (schema,
     pandas metadata and values), with the schema of an earlier frame of the same columns,
     dtypes and Arrow types reused (the metadata depends on nothing else: no index is kept,
-    no ``attrs``, no categoricals) and numpy columns converted from their arrays (pyarrow's
-    per-Series entry costs more). Demo fleet, 182 partitions: 0.3 -> 0.25 CPU-s."""
+    no ``attrs``, no categoricals) and each column converted from its array (pyarrow's
+    per-Series entry costs more). The arrays are taken from the frame's blocks
+    (``_mgr.iget_values``) when pandas has them: ``DataFrame.items`` builds a Series per
+    column, 0.054 of the 0.143 CPU-s this took for the demo fleet's 182 partitions (4,082
+    columns); now 0.063."""
     import numpy as np
     import pyarrow as pa
 
     names = list(df.columns)
     if (not names or df.attrs or df.columns.has_duplicates
-            or not all(type(c) is str for c in names)
-            or any(isinstance(d, pd.CategoricalDtype) for d in df.dtypes)):
+            or not all(type(c) is str for c in names)):
         return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
-    arrays = []
-    for _, col in df.items():
-        values = col.to_numpy() if isinstance(col.dtype, np.dtype) and col.dtype.kind in "biuf" \
-            else col
-        arrays.append(pa.array(values, from_pandas=True, safe=True))
-    key = (tuple(names), tuple(str(d) for d in df.dtypes), tuple(a.type for a in arrays))
+    dtypes = list(df.dtypes)
+    if any(isinstance(d, pd.CategoricalDtype) for d in dtypes):
+        return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
+    values = getattr(df._mgr, "iget_values", None)
+    if values is not None:
+        arrays = [pa.array(values(i), from_pandas=True, safe=True) for i in range(len(names))]
+    else:  # pragma: no cover - another pandas
+        arrays = [pa.array(col.to_numpy() if isinstance(col.dtype, np.dtype)
+                           and col.dtype.kind in "biuf" else col, from_pandas=True, safe=True)
+                  for _, col in df.items()]
+    key = (tuple(names), tuple(str(d) for d in dtypes), tuple(a.type for a in arrays))
     schema = _SCHEMAS.get(key)
     if schema is None:
         table = pa.Table.from_pandas(df, preserve_index=False, nthreads=1)

@@ -319,14 +319,18 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
 
     def finished() -> bool:
         done = state.get("done")
-        return bool(done) and all(d >= total for d, _ in done)
+        if bool(done) and all(d >= total for d, _ in done):
+            return True
+        try:  # a chain that failed stops counting: nutpie knows it has stopped
+            return bool(s.is_finished)
+        except TimeoutError:  # nutpie's answer while the chains still run
+            return False
 
     final = None  # the whole trace, once every chain has finished
     try:
         for n in cps[:-1]:
             if final is None:
-                # nutpie's is_finished() can raise TimeoutError while the chains run: the
-                # progress callback's counts tell instead
+                # the progress callback's counts tell how far the chains are
                 while not reached(n) and not finished():
                     time.sleep(0.2)
                 if finished():

@@ -62,3 +62,32 @@ def test_a_hopeless_check_stops_early(model):
     assert dt["posterior"].sizes["draw"] == 100
     assert timings["extension"] == [{"draws": 100, "decision": "chains disagree",
                                      "check_s": timings["extension"][0]["check_s"]}]
+
+
+def test_fit_samples_again_at_a_smaller_step_after_divergences(monkeypatch):
+    """An extended fit that stopped on divergences is repeated once at RETRY_TARGET_ACCEPT, and
+    the result records both attempts."""
+    from obs_factory import CONFIGS, make_observations
+
+    from bayes_latency.model import estimator
+    from bayes_latency.model.sampler import RETRY_TARGET_ACCEPT
+
+    obs, _ = make_observations(CONFIGS[:1], n_iter=40, n_win=20, n_alpha=10, seed=0)
+    calls = []
+    real_sample = estimator.sample
+
+    def fake(model, sampler, **kw):
+        calls.append(kw["target_accept"])
+        dt = real_sample(model, "laplace", **{**kw, "until": None})
+        kw["timings"]["extension"] = [
+            {"draws": kw["draws"], "decision": "1 divergent transitions: more draws do not "
+             "remove them" if len(calls) == 1 else "pass", "check_s": 0.0}]
+        return dt
+
+    monkeypatch.setattr(estimator, "sample", fake)
+    m = estimator.LatencyModel().fit(obs, draws=20, tune=10, max_draws=80, prior_draws=0)
+    assert calls == [0.99, RETRY_TARGET_ACCEPT]
+    ext = m.convergence()["extension"]
+    assert [(e["target_accept"], e["decision"][:12]) for e in ext] == [
+        (0.99, "1 divergent "), (RETRY_TARGET_ACCEPT, "pass")]
+    assert m._settings["target_accept"] == RETRY_TARGET_ACCEPT

@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,6 +64,7 @@ from bayes_latency.model.sampler import (
     NUMBA_FASTMATH,
     NUMBA_OPT,
     NUTPIE_ADAPTATION,
+    RETRY_TARGET_ACCEPT,
     SAMPLERS,
     TARGET_ACCEPT,
     Until,
@@ -262,7 +264,9 @@ class LatencyModel:
         ``draws``, checking the convergence gates (``gates``, default :data:`GATES`) at fixed
         checkpoints (``draws``, then every ``draws / 2`` more) and stopping at the first that
         passes, or when more draws cannot help (divergences, or chains in different places:
-        R-hat above :data:`HOPELESS_RHAT`). The checks and where it stopped are in the result's
+        R-hat above 1.3 at the first check, or above :data:`HOPELESS_RHAT` and not falling).
+        When it stopped on divergences, it samples once more at ``target_accept``
+        :data:`RETRY_TARGET_ACCEPT` (a smaller step; the compiled model is reused). The checks and where it stopped are in the result's
         ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this by
         default (``--max-draws``).
         """
@@ -279,6 +283,22 @@ class LatencyModel:
                     timings=self.timings, until=until)
         extension = self.timings.pop("extension", None)
         if extension is not None:
+            for e in extension:
+                e["target_accept"] = target_accept
+            if "divergent" in extension[-1]["decision"] and target_accept < RETRY_TARGET_ACCEPT:
+                # divergences: once more with a smaller step (the compiled model is reused)
+                if progress:
+                    print(f"divergent transitions at target_accept {target_accept}: sampling "
+                          f"again at {RETRY_TARGET_ACCEPT}", file=sys.stderr, flush=True)
+                target_accept = RETRY_TARGET_ACCEPT
+                until = Until(max_draws, self._gate_check(model, seed, gates))
+                retry: dict = {}
+                dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains,
+                            seed=seed, progress=progress, target_accept=target_accept,
+                            adaptation=adaptation, timings=retry, until=until)
+                extension += [{**e, "target_accept": target_accept}
+                              for e in retry.pop("extension")]
+                self.timings.update({f"retry_{k}": v for k, v in retry.items()})
             draws = int(dt["posterior"].sizes["draw"])
         if self.sampler == "nutpie":
             t0 = time.perf_counter()
@@ -323,9 +343,14 @@ class LatencyModel:
                 return "pass"
             if divergences > gates["max_divergences"]:
                 return f"{divergences} divergent transitions: more draws do not remove them"
-            if stats["max_rhat"] > HOPELESS_RHAT:
-                return (f"max R-hat {stats['max_rhat']:.3f}: the chains sit in different places; "
-                        "more draws do not join them")
+            r, prev = stats["max_rhat"], cache.get("rhat")
+            cache["rhat"] = r
+            # chains in different places: R-hat far above 1 at the first check, or still above
+            # HOPELESS_RHAT without having come down by a fifth of its excess since the last
+            if r > 1.0 + 3.0 * (HOPELESS_RHAT - 1.0) or (
+                    r > HOPELESS_RHAT and prev is not None and r - 1.0 > 0.8 * (prev - 1.0)):
+                return (f"max R-hat {r:.3f}: the chains sit in different places and more draws "
+                        "do not bring them together")
             return "continue"
 
         return check

@@ -54,10 +54,15 @@ NUTPIE_ADAPTATION = "low_rank"
 #: :func:`_sample_until`; issue 15).
 MAX_DRAWS_FACTOR = 4
 DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
-#: Max R-hat above which sampling is not extended: the chains explore different regions (on the
-#: real data's bimodal cross-validation splits R-hat was 1.5-1.6 with ESS 3-4), and more draws of
-#: the same chains do not join them.
+#: Max R-hat above which sampling is not extended when it does not fall from one check to the
+#: next (and 1 + 3 x (HOPELESS_RHAT - 1) above which it is not extended at all): the chains explore
+#: different regions (on the real data's bimodal cross-validation splits at 500 tuning steps
+#: R-hat was 1.5-1.6 with ESS 3-4), and more draws of the same chains do not join them.
 HOPELESS_RHAT = 1.1
+#: ``target_accept`` of the one repeat of an extended fit that stopped on divergences (a smaller
+#: step size; on the real data single divergences in 2 x 2000-5000 draws at 0.99 stopped two of
+#: the cross-validation splits, issue 15).
+RETRY_TARGET_ACCEPT = 0.995
 ADAPTATIONS = ("low_rank", "diag")
 #: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
 #: (fast-math on), code compiled fresh and the same code loaded from PyTensor's on-disk cache

@@ -29,10 +29,11 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
     (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
     compilation cost ~18 CPU s on empty caches (demo fit, issue 15: 55 against 73 CPU s of
-    compilation); the values agree to 4e-15 relative. On empty caches PyTensor builds the C
-    thunks of this function with gcc, ~6 s of wall time in a subprocess (not in the fit's CPU
-    time); Python thunks only (``cxx=""``) avoid that but cost 2.2 CPU s on every fit instead of
-    0.6, so C stays.
+    compilation); the values agree to 4e-15 relative. The ``OpFromGraph`` nodes of the graph
+    (``LogSumExp``) are inlined and its ``ViewOp`` nodes dropped first (:func:`_inlined`):
+    vectorised, they were ``Blockwise`` nodes calling their inner function once per draw, with
+    C thunks PyTensor built with gcc on empty caches (10 modules, ~9 s of wall time of a
+    machine's first demo fit).
     """
     import pytensor
     import pytensor.tensor as pt
@@ -44,9 +45,12 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
         return post
     batched = {rv: pt.tensor(dtype=rv.dtype, shape=(None, *rv.type.shape), name=rv.name)
                for rv in rvs}
-    outs = vectorize_graph(dets, replace=batched)
-    fn = pytensor.function(list(batched.values()), outs, mode="FAST_COMPILE",
-                           on_unused_input="ignore")
+    plain = {rv: rv.type(name=rv.name) for rv in rvs}
+    outs = vectorize_graph(_inlined(dets, plain), replace=dict(zip(plain.values(),
+                                                                  batched.values(), strict=True)))
+    # no rewrite may fold the inlined graphs back into OpFromGraph nodes (LogSumExp)
+    mode = pytensor.compile.mode.get_mode("FAST_COMPILE").excluding("symbolic_op_recognition")
+    fn = pytensor.function(list(batched.values()), outs, mode=mode, on_unused_input="ignore")
     C, D = post.sizes["chain"], post.sizes["draw"]
     args = []
     for rv in rvs:
@@ -64,6 +68,27 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     coords = {d: list(v) for d, v in model.coords.items()
               if d in used and d not in post.coords and v is not None}
     return post.assign(new).assign_coords(coords)
+
+
+def _inlined(outs: list, replace: dict) -> list:
+    """``outs`` with ``replace`` applied, every ``OpFromGraph`` node replaced by its inner graph
+    and every ``ViewOp`` by its input (a copy: the model's graph is left alone)."""
+    from pytensor.compile.builders import OpFromGraph
+    from pytensor.compile.ops import ViewOp
+    from pytensor.compile.rewriting import inline_ofg_node
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.replace import clone_replace
+    from pytensor.graph.rewriting.basic import dfs_rewriter, node_rewriter
+
+    @node_rewriter([OpFromGraph, ViewOp])
+    def inline(fgraph: FunctionGraph, node: object) -> list | None:
+        if isinstance(node.op, ViewOp):
+            return [node.inputs[0]]
+        return inline_ofg_node(node)
+
+    fg = FunctionGraph(outputs=clone_replace(outs, replace=replace), clone=False)
+    dfs_rewriter(inline).rewrite(fg)
+    return list(fg.outputs)
 
 
 def add_config_draws(est: LatencyModel, dt: xr.DataTree, seed: int) -> None:

@@ -108,6 +108,35 @@ def _numba_opt(level: int) -> Iterator[None]:
         numba_config.OPT = old
 
 
+@contextlib.contextmanager
+def _initial_point_without_c() -> Iterator[None]:
+    """PyMC's initial-point functions, which nutpie compiles for the model (the starting point of
+    each chain, and the variables' shapes), built without C code inside the block.
+
+    They are compiled in ``FAST_COMPILE`` mode (Python thunks), but the inner functions of the
+    ``OpFromGraph`` nodes in them (``ZeroSumNormal``, ``LogSumExp``) are linked with C thunks
+    whenever a C compiler is configured: on empty caches that is 11 C modules built by gcc,
+    ~7 s of wall time of a machine's first demo fit (in a subprocess: not in the fit's CPU time),
+    for a function called once per chain. PyTensor's ``cxx`` flag is emptied while they are
+    built (only then: it also changes the fusion rewrites of the logp graph). Same starting
+    points, same draws.
+    """
+    import pymc.initial_point as ip
+    import pytensor
+
+    orig = ip.make_initial_point_fn
+
+    def make(*args: object, **kwargs: object) -> object:
+        with pytensor.config.change_flags(cxx=""):
+            return orig(*args, **kwargs)
+
+    ip.make_initial_point_fn = make  # nutpie imports it from the module when it compiles
+    try:
+        yield
+    finally:
+        ip.make_initial_point_fn = orig
+
+
 #: How many compiled nutpie models :func:`compiled_model` keeps (most recent first) for reuse by
 #: later fits of the same structure in the process.
 COMPILED_CACHE_SIZE = 2
@@ -172,7 +201,8 @@ def compiled_model(model: pm.Model) -> object:
             compiled = compiled.with_data(**{nm: _shared(model, nm).get_value() for nm in names})
             _COMPILED.insert(0, _COMPILED.pop(i))
             return compiled
-    with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT):
+    with (pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT),
+          _initial_point_without_c()):
         # the trace stores the free variables only; the deterministics are computed
         # afterwards (see _with_deterministics)
         compiled = nutpie.compile_pymc_model(model, var_names=[v.name for v in model.free_RVs])

@@ -12,6 +12,7 @@ Importing this module is light (no PyMC, PyTensor, Numba or ArviZ).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -203,9 +204,13 @@ def compiled_model(model: pm.Model) -> object:
             return compiled
     with (pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT),
           _initial_point_without_c()):
-        # the trace stores the free variables only; the deterministics are computed
-        # afterwards (see _with_deterministics)
-        compiled = nutpie.compile_pymc_model(model, var_names=[v.name for v in model.free_RVs])
+        # the trace stores the unconstrained draws only (nutpie's expand function is then a
+        # copy); the free variables and the deterministics are computed from them afterwards
+        # (see _with_deterministics)
+        compiled = nutpie.compile_pymc_model(model, var_names=[])
+    # nutpie drops the draws of transformed value variables from the posterior unless told
+    # they are not reparameterised: keep them there, under their own names (``sigma_log__``)
+    compiled = dataclasses.replace(compiled, reparameterized_names=[])
     _COMPILED.insert(0, (model, compiled))
     del _COMPILED[COMPILED_CACHE_SIZE:]
     return compiled
@@ -218,8 +223,10 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
     ``posterior`` group (and ``sample_stats`` for the NUTS samplers).
 
     ``timings`` receives ``compile_s``/``compile_cpu_s`` (nutpie), ``sampling_s`` and
-    ``sampling_cpu_s``. nutpie's trace holds the free variables only: add the deterministics
-    with :func:`bayes_latency.model.deterministics._with_deterministics`.
+    ``sampling_cpu_s``. nutpie's trace holds the unconstrained draws (the model's value
+    variables: ``sigma_log__`` for ``sigma``, untransformed variables under their own names): add
+    the free variables and the deterministics with
+    :func:`bayes_latency.model.deterministics._with_deterministics`.
     """
     import pymc as pm
 

@@ -71,6 +71,24 @@ NUMBA_OPT = 1
 # Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
 # the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
 # function then only returns the free variables: cold compilation 55 against 73 CPU s).
+# Cold caches, issue 15 (second round, machine at load 5-9, so CPU s and counts): a first fit
+# also ran gcc 22 times (PyTensor C thunks of the OpFromGraph inner functions of the
+# initial-point, deterministics and prior-sampling functions): 16 s of wall time at load 0
+# (28 s at load 6) outside the fit's CPU time, which is why the cold wall time exceeded the
+# idle estimate by ~10 s. Now none (:func:`_initial_point_without_c`, ``cxx=""`` in
+# ``groups.prior_groups``, LogSumExp inlined in ``_with_deterministics``; same chains, same
+# prior draws). The expand function also returns no free variables any more (only the
+# unconstrained draws, mapped afterwards by ``_with_deterministics``): its Numba compilation
+# was 4-6 s of wall time cold (46 nodes, now 1), 1.2 s warm (now 0.4). The logp+gradient graph
+# (172 nodes after this PyTensor's rewrites) is the rest: ~40 CPU s cold, ~10 warm.
+# Tried, not kept: compiling part of the logp+gradient Ops in a second process, to fill
+# PyTensor's Numba cache on the idle core (the sub-graph of the last Ops of the topological
+# order, fed with values of its inputs computed in Python mode). The types numba infers there
+# match the fit's for most Ops but not all, and the final linking is not cacheable: after a
+# child compiled all 172 nodes (51.5 CPU s), the fit's compilation still took 18.9 CPU s (warm:
+# 10-12); after a child compiled the second half (30.1 CPU s), 35.2 (cold: 45-50). At best a
+# few seconds of wall time on an idle 2-core machine for a forked compiler process; not worth
+# its risks.
 # Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
 # effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
 # for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is

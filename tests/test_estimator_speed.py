@@ -41,6 +41,28 @@ def test_deterministics_after_sampling_match_pymc():
     np.testing.assert_array_equal(out["z"].values, post["z"].values)
 
 
+def test_free_variables_and_deterministics_from_the_unconstrained_draws():
+    """nutpie's trace holds the value variables (``s_log__``): the free variables come back
+    from them, in the model's order, and the value variables go."""
+    model = _model()
+    rng = np.random.default_rng(1)
+    C, D = 2, 5
+    coords = {"chain": [0, 1], "draw": np.arange(D)}
+    z, log_s = rng.normal(size=(C, D, 3)), rng.normal(size=(C, D))
+    uc = xr.Dataset({"z": (("chain", "draw", "coef"), z), "s_log__": (("chain", "draw"), log_s)},
+                    coords={**coords, "coef": ["a", "b", "c"]})
+    out = _with_deterministics(model, uc)
+    ref = _with_deterministics(model, xr.Dataset(
+        {"z": (("chain", "draw", "coef"), z), "s": (("chain", "draw"), np.exp(log_s))},
+        coords={**coords, "coef": ["a", "b", "c"]}))
+    assert list(out.data_vars) == ["z", "s", "theta", "picked", "fixed"]
+    for v in out.data_vars:
+        assert out[v].dims == ref[v].dims
+        np.testing.assert_allclose(out[v].values, ref[v].values, rtol=1e-14)
+    with pytest.raises(KeyError, match="s_log__"):
+        _with_deterministics(model, uc.drop_vars("s_log__"))
+
+
 def test_numba_opt_is_scoped_and_yields_to_the_environment(monkeypatch):
     from numba.core import config
 

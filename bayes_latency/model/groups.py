@@ -286,11 +286,15 @@ def prior_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, se
     fast path fixes the noise at its stage-1 estimates).
     """
     import pymc as pm
+    import pytensor
 
     from bayes_latency.model.hierarchy import truncated_normal_positive
 
     names = [v.name for v in pm_model.free_RVs + pm_model.deterministics]
-    with warnings.catch_warnings():
+    # cxx="": the inner functions of the OpFromGraph random variables (ZeroSumNormal) in Python
+    # too, not C thunks built by gcc on empty caches (11 modules, ~7 s of a machine's first demo
+    # fit; same draws)
+    with warnings.catch_warnings(), pytensor.config.change_flags(cxx=""):
         warnings.filterwarnings("ignore", message=".*Potential.*")
         pr = pm.sample_prior_predictive(draws=draws, model=pm_model, var_names=names,
                                         random_seed=seed + 13,

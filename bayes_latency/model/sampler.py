@@ -12,6 +12,7 @@ Importing this module is light (no PyMC, PyTensor, Numba or ArviZ).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -90,6 +91,24 @@ NUMBA_OPT = 1
 # Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
 # the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
 # function then only returns the free variables: cold compilation 55 against 73 CPU s).
+# Cold caches, issue 15 (second round, machine at load 5-9, so CPU s and counts): a first fit
+# also ran gcc 22 times (PyTensor C thunks of the OpFromGraph inner functions of the
+# initial-point, deterministics and prior-sampling functions): 16 s of wall time at load 0
+# (28 s at load 6) outside the fit's CPU time, which is why the cold wall time exceeded the
+# idle estimate by ~10 s. Now none (:func:`_initial_point_without_c`, ``cxx=""`` in
+# ``groups.prior_groups``, LogSumExp inlined in ``_with_deterministics``; same chains, same
+# prior draws). The expand function also returns no free variables any more (only the
+# unconstrained draws, mapped afterwards by ``_with_deterministics``): its Numba compilation
+# was 4-6 s of wall time cold (46 nodes, now 1), 1.2 s warm (now 0.4). The logp+gradient graph
+# (172 nodes after this PyTensor's rewrites) is the rest: ~40 CPU s cold, ~10 warm.
+# Tried, not kept: compiling part of the logp+gradient Ops in a second process, to fill
+# PyTensor's Numba cache on the idle core (the sub-graph of the last Ops of the topological
+# order, fed with values of its inputs computed in Python mode). The types numba infers there
+# match the fit's for most Ops but not all, and the final linking is not cacheable: after a
+# child compiled all 172 nodes (51.5 CPU s), the fit's compilation still took 18.9 CPU s (warm:
+# 10-12); after a child compiled the second half (30.1 CPU s), 35.2 (cold: 45-50). At best a
+# few seconds of wall time on an idle 2-core machine for a forked compiler process; not worth
+# its risks.
 # Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
 # effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
 # for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
@@ -126,6 +145,35 @@ def _numba_opt(level: int) -> Iterator[None]:
         yield
     finally:
         numba_config.OPT = old
+
+
+@contextlib.contextmanager
+def _initial_point_without_c() -> Iterator[None]:
+    """PyMC's initial-point functions, which nutpie compiles for the model (the starting point of
+    each chain, and the variables' shapes), built without C code inside the block.
+
+    They are compiled in ``FAST_COMPILE`` mode (Python thunks), but the inner functions of the
+    ``OpFromGraph`` nodes in them (``ZeroSumNormal``, ``LogSumExp``) are linked with C thunks
+    whenever a C compiler is configured: on empty caches that is 11 C modules built by gcc,
+    ~7 s of wall time of a machine's first demo fit (in a subprocess: not in the fit's CPU time),
+    for a function called once per chain. PyTensor's ``cxx`` flag is emptied while they are
+    built (only then: it also changes the fusion rewrites of the logp graph). Same starting
+    points, same draws.
+    """
+    import pymc.initial_point as ip
+    import pytensor
+
+    orig = ip.make_initial_point_fn
+
+    def make(*args: object, **kwargs: object) -> object:
+        with pytensor.config.change_flags(cxx=""):
+            return orig(*args, **kwargs)
+
+    ip.make_initial_point_fn = make  # nutpie imports it from the module when it compiles
+    try:
+        yield
+    finally:
+        ip.make_initial_point_fn = orig
 
 
 #: How many compiled nutpie models :func:`compiled_model` keeps (most recent first) for reuse by
@@ -192,10 +240,15 @@ def compiled_model(model: pm.Model) -> object:
             compiled = compiled.with_data(**{nm: _shared(model, nm).get_value() for nm in names})
             _COMPILED.insert(0, _COMPILED.pop(i))
             return compiled
-    with pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT):
-        # the trace stores the free variables only; the deterministics are computed
-        # afterwards (see _with_deterministics)
-        compiled = nutpie.compile_pymc_model(model, var_names=[v.name for v in model.free_RVs])
+    with (pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT),
+          _initial_point_without_c()):
+        # the trace stores the unconstrained draws only (nutpie's expand function is then a
+        # copy); the free variables and the deterministics are computed from them afterwards
+        # (see _with_deterministics)
+        compiled = nutpie.compile_pymc_model(model, var_names=[])
+    # nutpie drops the draws of transformed value variables from the posterior unless told
+    # they are not reparameterised: keep them there, under their own names (``sigma_log__``)
+    compiled = dataclasses.replace(compiled, reparameterized_names=[])
     _COMPILED.insert(0, (model, compiled))
     del _COMPILED[COMPILED_CACHE_SIZE:]
     return compiled
@@ -212,8 +265,10 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
     (:func:`_sample_until`); ``timings["extension"]`` then lists each check.
 
     ``timings`` receives ``compile_s``/``compile_cpu_s`` (nutpie), ``sampling_s`` and
-    ``sampling_cpu_s``. nutpie's trace holds the free variables only: add the deterministics
-    with :func:`bayes_latency.model.deterministics._with_deterministics`.
+    ``sampling_cpu_s``. nutpie's trace holds the unconstrained draws (the model's value
+    variables: ``sigma_log__`` for ``sigma``, untransformed variables under their own names): add
+    the free variables and the deterministics with
+    :func:`bayes_latency.model.deterministics._with_deterministics`.
     """
     import pymc as pm
 

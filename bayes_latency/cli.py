@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="posterior draws per chain (default %(default)s)")
     s.add_argument("--max-draws", type=int, default=None,
                    help="while the convergence gates fail, keep sampling up to this many draws "
-                        "per chain, checking every --draws/2 (default: 4 x --draws, 8000; "
+                        "per chain, checking every --draws/2 (default: 6 x --draws, 12000; "
                         "--max-draws 0: exactly --draws)")
     s.add_argument("--tune", type=int, default=1000,
                    help="tuning steps per chain (default %(default)s)")

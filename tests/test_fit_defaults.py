@@ -23,8 +23,8 @@ def test_cli_extends_sampling_by_default():
     from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
 
     args = build_parser().parse_args(["fit", "tables", "--out", "p.nc"])
-    assert _max_draws(args) == DEFAULT_MAX_DRAWS == 4 * DEFAULT_DRAWS == 8000
-    assert _max_draws(build_parser().parse_args(["fit", "t", "--out", "p", "--draws", "20"])) == 80
+    assert _max_draws(args) == DEFAULT_MAX_DRAWS == 6 * DEFAULT_DRAWS == 12000
+    assert _max_draws(build_parser().parse_args(["fit", "t", "--out", "p", "--draws", "20"])) == 120
     assert _max_draws(build_parser().parse_args(["fit", "t", "--out", "p",
                                                  "--max-draws", "0"])) is None
     # the estimator samples exactly `draws` unless asked

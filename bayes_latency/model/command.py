@@ -55,7 +55,7 @@ def _check_sampler_args(args: argparse.Namespace) -> None:
 
 
 def _max_draws(args: argparse.Namespace) -> int | None:
-    """``--max-draws``: 4 x ``--draws`` when not given (:data:`DEFAULT_MAX_DRAWS` at the
+    """``--max-draws``: 6 x ``--draws`` when not given (:data:`DEFAULT_MAX_DRAWS` at the
     defaults), ``None`` (no extension) for 0."""
     md = getattr(args, "max_draws", None)
     if md is None:

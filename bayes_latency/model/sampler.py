@@ -51,9 +51,9 @@ DEFAULT_TUNE = 1000
 #: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
 NUTPIE_ADAPTATION = "low_rank"
 #: ``fit(max_draws=...)`` (the CLI's ``--max-draws``): the most draws per chain the CLI's ``fit``
-#: samples by default while the gates fail, four times :data:`DEFAULT_DRAWS` (see
+#: samples by default while the gates fail, six times :data:`DEFAULT_DRAWS` (see
 #: :func:`_sample_until`; issue 15).
-MAX_DRAWS_FACTOR = 4
+MAX_DRAWS_FACTOR = 6
 DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
 #: Max R-hat above which sampling is not extended when it does not fall from one check to the
 #: next (and 1 + 3 x (HOPELESS_RHAT - 1) above which it is not extended at all): the chains explore
@@ -323,7 +323,7 @@ class Until:
 
 def checkpoints(draws: int, max_draws: int) -> list[int]:
     """Draw counts at which :func:`_sample_until` checks the gates: ``draws``, then every
-    ``draws / 2`` more, up to ``max_draws`` (2000, 3000, ..., 8000 at the CLI defaults).
+    ``draws / 2`` more, up to ``max_draws`` (2000, 3000, ..., 12000 at the CLI defaults).
 
     A few fixed checkpoints, not a check after every draw: stopping the first time R-hat dips
     under its threshold would bias it low (optional stopping), and the draws kept are those up

@@ -121,6 +121,8 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
            "divergences": c["divergences"], "passed": c["passed"], "seconds": round(dt, 1),
            "draws": int(m._post().sizes["draw"]),
            "stopped": (c.get("extension") or [{}])[-1].get("decision", ""),
+           "target_accept": m._settings.get("target_accept"),
+           "attempts": len({e.get("target_accept") for e in (c.get("extension") or [])}),
            "load": round(load, 1), "commit": _commit(),
            "worst": worst_variables(m), "adequate": adq.passed,
            "adequacy_failures": adq.failures[:3]}
@@ -194,14 +196,17 @@ def main() -> None:
              "`draws`: draws per chain kept; `stopped`: why sampling stopped (`pass`: the gates "
              "passed at that checkpoint; `max_draws`: the cap, "
              f"{DEFAULT_MAX_DRAWS}; otherwise the reason more draws would not help).", "",
+             "`target_accept`: of the draws kept (0.995: the first attempt at 0.99 stopped on "
+             "divergences and the fit sampled again, `sampler.RETRY_TARGET_ACCEPT`).", "",
              "| case | configs | rows | max R-hat | min bulk ESS | divergences | passed | draws "
-             "| stopped | s | load | worst | adequate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| stopped | target_accept | s | load | worst | adequate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['configs']} | {r['rows']:,} | {r['max_rhat']:.4f} | "
                      f"{r['min_ess_bulk']:.0f} | {r['divergences']} | "
                      f"{'yes' if r['passed'] else 'NO'} | {r.get('draws', '')} | "
-                     f"{r.get('stopped', '')} | {r['seconds']} | {r.get('load', '')} | "
+                     f"{r.get('stopped', '')} | {r.get('target_accept', '')} | {r['seconds']} | "
+                     f"{r.get('load', '')} | "
                      f"{r['worst']} | "
                      f"{'yes' if r['adequate'] else 'NO: ' + '; '.join(r['adequacy_failures'])} |")
     lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: commit(s) "

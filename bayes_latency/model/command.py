@@ -106,7 +106,8 @@ def fit_command(args: argparse.Namespace) -> int:
                                                   if conv["approximate"] else ""))
     if conv.get("extension"):
         print("sampling extended while the gates failed: "
-              + ", ".join(f"{e['draws']} draws: {e['decision']}" for e in conv["extension"]))
+              + ", ".join(f"{e['draws']} draws (target_accept {e.get('target_accept', '?')}): "
+                          f"{e['decision']}" for e in conv["extension"]))
     # adequacy gate (posterior predictive checks of the fitted rows and workload means)
     from bayes_latency.checks.adequacy import check_fit
 

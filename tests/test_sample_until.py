@@ -69,12 +69,12 @@ def test_fit_samples_again_at_a_smaller_step_after_divergences(monkeypatch):
     the result records both attempts."""
     from obs_factory import CONFIGS, make_observations
 
-    from bayes_latency.model import estimator
+    from bayes_latency.model import estimator, extension
     from bayes_latency.model.sampler import RETRY_TARGET_ACCEPT
 
     obs, _ = make_observations(CONFIGS[:1], n_iter=40, n_win=20, n_alpha=10, seed=0)
     calls = []
-    real_sample = estimator.sample
+    real_sample = extension.sample
 
     def fake(model, sampler, **kw):
         calls.append(kw["target_accept"])
@@ -84,7 +84,7 @@ def test_fit_samples_again_at_a_smaller_step_after_divergences(monkeypatch):
              "remove them" if len(calls) == 1 else "pass", "check_s": 0.0}]
         return dt
 
-    monkeypatch.setattr(estimator, "sample", fake)
+    monkeypatch.setattr(extension, "sample", fake)
     m = estimator.LatencyModel().fit(obs, draws=20, tune=10, max_draws=80, prior_draws=0)
     assert calls == [0.99, RETRY_TARGET_ACCEPT]
     ext = m.convergence()["extension"]

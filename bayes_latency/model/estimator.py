@@ -31,9 +31,8 @@ import contextlib
 import contextvars
 import json
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,25 +48,19 @@ from bayes_latency.model import convergence as _convergence
 from bayes_latency.model import persistence as _persistence
 from bayes_latency.model.command import fit_command, load_observations  # noqa: F401 - re-exported
 from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
-from bayes_latency.model.deterministics import (
-    _with_deterministics,
-    add_config_draws,
-    config_draws_posterior,
-)
+from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
+from bayes_latency.model.extension import sample_extended
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
 from bayes_latency.model.persistence import _hash_frame, assemble
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
     DEFAULT_TUNE,
-    HOPELESS_RHAT,
     NUMBA_FASTMATH,
     NUMBA_OPT,
     NUTPIE_ADAPTATION,
-    RETRY_TARGET_ACCEPT,
     SAMPLERS,
     TARGET_ACCEPT,
-    Until,
     sample,
 )
 from bayes_latency.model.summaries import (
@@ -77,6 +70,7 @@ from bayes_latency.model.summaries import (
     fit_rows,
     summarize,
 )
+from bayes_latency.model.unseen import _shared_effects, unseen_config_theta  # noqa: F401
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -264,9 +258,9 @@ class LatencyModel:
         ``draws``, checking the convergence gates (``gates``, default :data:`GATES`) at fixed
         checkpoints (``draws``, then every ``draws / 2`` more) and stopping at the first that
         passes, or when more draws cannot help (divergences, or chains in different places:
-        R-hat above 1.3 at the first check, or above :data:`HOPELESS_RHAT` and not falling).
-        When it stopped on divergences, it samples once more at ``target_accept``
-        :data:`RETRY_TARGET_ACCEPT` (a smaller step; the compiled model is reused). The checks and where it stopped are in the result's
+        R-hat above 1.3 at the first check, or above 1.1 and not falling).
+        When it stopped on divergences, it samples once more at ``target_accept`` 0.995
+        (:mod:`~bayes_latency.model.extension`). The checks and where it stopped are in the result's
         ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this by
         default (``--max-draws``).
         """
@@ -275,31 +269,17 @@ class LatencyModel:
         t_start = time.perf_counter()
         model = self.build(observations)
         self.timings["build_s"] = time.perf_counter() - t_start
-        until = None
+        extension = None
         if max_draws is not None and max_draws > draws and self.sampler == "nutpie":
-            until = Until(max_draws, self._gate_check(model, seed, gates))
-        dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
-                    progress=progress, target_accept=target_accept, adaptation=adaptation,
-                    timings=self.timings, until=until)
-        extension = self.timings.pop("extension", None)
-        if extension is not None:
-            for e in extension:
-                e["target_accept"] = target_accept
-            if "divergent" in extension[-1]["decision"] and target_accept < RETRY_TARGET_ACCEPT:
-                # divergences: once more with a smaller step (the compiled model is reused)
-                if progress:
-                    print(f"divergent transitions at target_accept {target_accept}: sampling "
-                          f"again at {RETRY_TARGET_ACCEPT}", file=sys.stderr, flush=True)
-                target_accept = RETRY_TARGET_ACCEPT
-                until = Until(max_draws, self._gate_check(model, seed, gates))
-                retry: dict = {}
-                dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains,
-                            seed=seed, progress=progress, target_accept=target_accept,
-                            adaptation=adaptation, timings=retry, until=until)
-                extension += [{**e, "target_accept": target_accept}
-                              for e in retry.pop("extension")]
-                self.timings.update({f"retry_{k}": v for k, v in retry.items()})
+            dt, extension, target_accept = sample_extended(
+                self, model, draws=draws, tune=tune, chains=chains, seed=seed, progress=progress,
+                target_accept=target_accept, adaptation=adaptation, max_draws=max_draws,
+                gates=gates)
             draws = int(dt["posterior"].sizes["draw"])
+        else:
+            dt = sample(model, self.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
+                        progress=progress, target_accept=target_accept, adaptation=adaptation,
+                        timings=self.timings)
         if self.sampler == "nutpie":
             t0 = time.perf_counter()
             dt["posterior"] = xr.DataTree(_with_deterministics(model, dt["posterior"].to_dataset()))
@@ -325,35 +305,6 @@ class LatencyModel:
         self.result.attrs["timings"] = json.dumps(self.timings)
         self.result.attrs["fit_report"] = json.dumps(self.report.to_dict())
         return self
-
-    def _gate_check(self, model: pm.Model, seed: int,
-                    gates: dict | None) -> Callable[[xr.Dataset, int], str]:
-        """The check of :class:`~bayes_latency.model.sampler.Until` for :meth:`fit`: the
-        convergence gates of :meth:`convergence` on the draws so far (deterministics and, on
-        the fast path, the configuration draws added as after sampling)."""
-        gates = {**GATES, **(gates or {})}
-        names = [*_convergence.GATE_VARS, "theta_pop", "sigma_config"]
-        cache: dict = {}  # the deterministics' function, compiled at the first check
-
-        def check(post: xr.Dataset, divergences: int) -> str:
-            post = _with_deterministics(model, post, names=names, cache=cache)
-            post, _ = config_draws_posterior(self, post, seed)
-            stats, _, _ = _convergence.gate_stats(post, divergences, gates)
-            if stats["passed"]:
-                return "pass"
-            if divergences > gates["max_divergences"]:
-                return f"{divergences} divergent transitions: more draws do not remove them"
-            r, prev = stats["max_rhat"], cache.get("rhat")
-            cache["rhat"] = r
-            # chains in different places: R-hat far above 1 at the first check, or still above
-            # HOPELESS_RHAT without having come down by a fifth of its excess since the last
-            if r > 1.0 + 3.0 * (HOPELESS_RHAT - 1.0) or (
-                    r > HOPELESS_RHAT and prev is not None and r - 1.0 > 0.8 * (prev - 1.0)):
-                return (f"max R-hat {r:.3f}: the chains sit in different places and more draws "
-                        "do not bring them together")
-            return "continue"
-
-        return check
 
     def _add_arviz_groups(self, model: pm.Model, seed: int, prior_draws: int) -> None:
         """``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,
@@ -491,7 +442,6 @@ class LatencyModel:
         S = post.sizes["sample"]
         rng = np.random.default_rng(seed)
         pa = prior_arrays(self.priors, self.coefs, [gpu])
-        K = len(self.coefs)
         unseen: list[str] = []
         cid = config_id(model, gpu, tp, stack)
         if cid in self.design.configs.index:
@@ -500,37 +450,7 @@ class LatencyModel:
         elif self.variant == "no_pooling":
             raise ConfigError(f"the no_pooling variant cannot speak for unseen configuration {cid}")
         else:
-            logt = post["mu"].values.T + pa.gpu_offset[0][None, :]
-            if self.variant != "complete_pooling":
-                levels = [("model", model), ("gpu", gpu), ("tp", int(tp))]
-                if "eff_stack" in post:
-                    levels.append(("stack", stack))
-                elif stack not in self.design.stacks:
-                    raise ConfigError(f"stack {stack!r}: the fit saw only {self.design.stacks}")
-                for level, value in levels:
-                    eff = post[f"eff_{level}"]
-                    if value in list(eff[level].values):
-                        logt = logt + eff.sel({level: value}).values.T
-                    else:
-                        unseen.append(level)
-                        # the fitted effects sum to zero over the n seen levels, so the
-                        # population mean carries their average: a new level lies
-                        # N(0, sigma^2 (1 + 1/n)) from it, not N(0, sigma^2)
-                        inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
-                        # members of a sum-only group share their group's effect (hierarchy)
-                        rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
-                        sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
-                        logt = logt + sig * rng.standard_normal((S, K))[:, rep]
-                        if f"sigma_{level}_common" in post:  # plus the shift common to all terms
-                            sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
-                            logt = logt + (sc_c * rng.standard_normal(S))[:, None]
-            unseen.append("config")
-            if "sigma_config_common" in post:  # the shift common to a configuration's beta terms
-                beta = np.asarray([c in self.terms for c in self.coefs], dtype=float)
-                sc_cc = post["sigma_config_common"].values.ravel()
-                logt = logt + (sc_cc * rng.standard_normal(S))[:, None] * beta[None, :]
-            sc = post["sigma_config"].values.T
-            theta = np.maximum(np.exp(logt) * (1.0 + sc * rng.standard_normal((S, K))), 0.0)
+            theta, unseen = unseen_config_theta(self, post, pa, model, gpu, int(tp), stack, rng)
         if n_draws is not None and n_draws < S:
             idx = np.sort(rng.choice(S, size=n_draws, replace=False))
             theta = theta[idx]
@@ -679,19 +599,3 @@ class LatencyModel:
             Missing or unreadable file.
         """
         return _persistence.load_estimator(cls, path, priors)
-
-
-def _shared_effects(eff: np.ndarray) -> np.ndarray:
-    """For effects ``(level, coef, sample)``, each coefficient's first coefficient with the very
-    same non-zero effects (the members of a sum-only group read their group's; see
-    :func:`bayes_latency.model.hierarchy.build_model`), else itself."""
-    K = eff.shape[1]
-    rep = np.arange(K)
-    for k in range(1, K):
-        if not np.any(eff[:, k]):
-            continue
-        for j in range(k):
-            if rep[j] == j and np.array_equal(eff[:, j], eff[:, k]):
-                rep[k] = j
-                break
-    return rep

@@ -346,8 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
                    help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    # model.sampler.DEFAULT_DRAWS / DEFAULT_MAX_DRAWS / TARGET_ACCEPT (literal here: the CLI imports no model code
-    # before a command runs; tests/test_fit_defaults.py checks they agree)
+    # model.sampler.DEFAULT_DRAWS / DEFAULT_TUNE / TARGET_ACCEPT (literal here: the CLI imports no
+    # model code before a command runs; tests/test_fit_defaults.py checks they agree)
     s.add_argument("--draws", type=int, default=2000,
                    help="posterior draws per chain (default %(default)s)")
     s.add_argument("--max-draws", type=int, default=None,

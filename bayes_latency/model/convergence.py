@@ -10,6 +10,7 @@ Importing this module is light (ArviZ is imported when a fit is checked).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,8 +70,6 @@ def convergence(est: LatencyModel, gates: dict | None = None) -> dict:
     stats["hints"] = _convergence_hints(est, rhat, ess, gates) if stats["failures"] else []
     ext = est.result.attrs.get("extension")
     if ext:
-        import json
-
         stats["extension"] = json.loads(ext)
     return stats
 

@@ -2,8 +2,9 @@
 
 nutpie's trace holds only the unconstrained draws (its expand function would cost Numba
 compilation); :func:`_with_deterministics` computes the free variables and every deterministic of
-the PyMC model from them for all draws at once. On the fast path (``method="laplace-hierarchy"``) the configuration coefficients are
-integrated out of the likelihood; :func:`add_config_draws` draws them afterwards, per posterior
+the PyMC model from them for all draws at once. On the fast path
+(``method="laplace-hierarchy"``) the configuration coefficients are integrated out of the
+likelihood; :func:`add_config_draws` draws them afterwards, per posterior
 draw, as the ``beta`` and ``alpha`` variables of the posterior.
 
 Importing this module is light (no PyMC or PyTensor).

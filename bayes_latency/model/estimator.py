@@ -258,11 +258,11 @@ class LatencyModel:
         ``draws``, checking the convergence gates (``gates``, default :data:`GATES`) at fixed
         checkpoints (``draws``, then every ``draws / 2`` more) and stopping at the first that
         passes, or when more draws cannot help (divergences, or chains in different places:
-        R-hat above 1.3 at the first check, or above 1.1 and not falling).
-        When it stopped on divergences, it samples once more at ``target_accept`` 0.995
-        (:mod:`~bayes_latency.model.extension`). The checks and where it stopped are in the result's
-        ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this by
-        default (``--max-draws``).
+        R-hat above 1.3 at the first check, or above 1.1 and not falling). When it stopped on
+        divergences, it samples once more at ``target_accept`` 0.995
+        (:mod:`~bayes_latency.model.extension`). The checks and where it stopped are in the
+        result's ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this
+        by default (``--max-draws``).
         """
         if adaptation not in ADAPTATIONS:
             raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")

@@ -312,8 +312,8 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
 class Until:
     """Sample past the requested draws until a check passes (see :func:`_sample_until`).
 
-    ``check(post, divergences)`` gets the free variables' draws of every chain, truncated to
-    the same length, and the divergences among them; it returns ``"pass"`` (stop: the gates
+    ``check(post, divergences)`` gets nutpie's draws of every chain (the value variables, see
+    :func:`sample`), truncated to the same length, and the divergences among them; it returns ``"pass"`` (stop: the gates
     pass), ``"continue"`` or any other string (stop: more draws will not help; the reason).
     """
 

@@ -313,8 +313,10 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                 for f in futs:
                     f.cancel()
                 raise
-    table = _table(runs, jobs, kv)
-    return StudyResult(table=table, draws=_draw_table(runs, jobs, seed, draw_seeds), runs=list(runs), setup=setup, kv_blocks=kv,
+    pooled = _pooled_draws(runs, jobs)
+    return StudyResult(table=_table(runs, jobs, kv, pooled),
+                       draws=_draw_table(runs, jobs, seed, draw_seeds, pooled),
+                       runs=list(runs), setup=setup, kv_blocks=kv,
                        wall_s=time.perf_counter() - t_start, invocations=len(jobs),
                        invocation_s=[j.result.seconds for j in jobs if j.result is not None],
                        invocation_cpu_s=[j.result.cpu_seconds for j in jobs
@@ -347,11 +349,30 @@ def _row(run: RealRun, source: str, sim: SimStats, kv: int) -> dict[str, Any]:
     return row
 
 
-def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str, int], int]
-           ) -> pd.DataFrame:
+def _pooled_draws(runs: Sequence[RealRun], jobs: Sequence[_Job]
+                  ) -> dict[str, list[tuple[int, SimStats]]]:
+    """Per run: ``(draw, pooled statistics)`` of each posterior draw simulated, by draw."""
+    by: dict[tuple[str, int], list[StageResult]] = {}
+    for j in jobs:
+        if j.result is not None and j.source == "export-draw":
+            by.setdefault((j.run.run_id, j.draw), []).append(j.result)
+    out_len = {r.run_id: r.real["output_len_mean"] for r in runs}
+    pooled: dict[str, list[tuple[int, SimStats]]] = {}
+    for (rid, i), v in sorted(by.items()):
+        if rid in out_len:
+            pooled.setdefault(rid, []).append((i, pool_stages(v, out_len[rid])))
+    return pooled
+
+
+def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str, int], int],
+           pooled: dict[str, list[tuple[int, SimStats]]] | None = None) -> pd.DataFrame:
+    """One row per run x point source, with the bands of the draws (:func:`_pooled_draws`,
+    computed here unless given)."""
+    if pooled is None:
+        pooled = _pooled_draws(runs, jobs)
     by: dict[tuple[str, str, int], list[StageResult]] = {}
     for j in jobs:
-        if j.result is not None:
+        if j.result is not None and j.draw < 0:
             by.setdefault((j.run.run_id, j.source, j.draw), []).append(j.result)
     rows = []
     for r in runs:
@@ -361,8 +382,7 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
                 continue
             row = _row(r, src, pool_stages(by[(r.run_id, src, -1)], out_len), kv[(r.model, r.tp)])
             if src == "export-mean":
-                draws = [pool_stages(v, out_len) for (rid, s, _), v in sorted(by.items())
-                         if rid == r.run_id and s == "export-draw"]
+                draws = [st for _, st in pooled.get(r.run_id, [])]
                 row["n_draws"] = len(draws)
                 for m in ("e2e_mean", "ttft_mean"):
                     vals = [getattr(d, m) for d in draws]
@@ -379,20 +399,15 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
     return pd.DataFrame(rows)
 
 
-def _draw_table(runs: Sequence[RealRun], jobs: Sequence[_Job], seed: int,
-                draw_seeds: bool) -> pd.DataFrame:
+def _draw_table(runs: Sequence[RealRun], jobs: Sequence[_Job], seed: int, draw_seeds: bool,
+                pooled: dict[str, list[tuple[int, SimStats]]] | None = None) -> pd.DataFrame:
     """Per (run, posterior draw): workload seed and pooled simulated means (s)."""
-    by: dict[tuple[str, int], list[StageResult]] = {}
-    for j in jobs:
-        if j.result is not None and j.source == "export-draw":
-            by.setdefault((j.run.run_id, j.draw), []).append(j.result)
+    if pooled is None:
+        pooled = _pooled_draws(runs, jobs)
     rows = []
     for r in runs:
-        for (rid, i), v in sorted(by.items()):
-            if rid != r.run_id:
-                continue
-            st = pool_stages(v, r.real["output_len_mean"])
-            rows.append({"run_id": rid, "run": r.short_id, "draw": i,
+        for i, st in pooled.get(r.run_id, []):
+            rows.append({"run_id": r.run_id, "run": r.short_id, "draw": i,
                          "workload_seed": draw_seed(seed, i, draw_seeds),
                          "e2e_mean_s": st.e2e_mean, "ttft_mean_s": st.ttft_mean,
                          "decode_interval_s": st.decode_interval,

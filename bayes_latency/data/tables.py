@@ -108,12 +108,10 @@ def _arrow_table(df: pd.DataFrame) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    names = list(df.columns)
+    names, dtypes = list(df.columns), list(df.dtypes)
     if (not names or df.attrs or df.columns.has_duplicates
-            or not all(type(c) is str for c in names)):
-        return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
-    dtypes = list(df.dtypes)
-    if any(isinstance(d, pd.CategoricalDtype) for d in dtypes):
+            or not all(type(c) is str for c in names)
+            or any(isinstance(d, pd.CategoricalDtype) for d in dtypes)):
         return pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
     values = getattr(df._mgr, "iget_values", None)
     if values is not None:

@@ -282,7 +282,8 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     setup = be.check_blis(blis_bin())
     runs = [tiny_run(stages=2), tiny_run("reasoning")]
     write_perturbed_exports(tmp_path / "exp", [("llama-2-7b", 1)], n_draws=4, sigma=0.2)
-    res = be.run_study(setup, runs, exports=tmp_path / "exp", n_draws=4, parallel=2)
+    res = be.run_study(setup, runs, exports=tmp_path / "exp", n_draws=4, parallel=2,
+                       point_seeds=1)
     t = res.table
     assert list(t["source"]) == ["blis-published", "export-mean"] * 2
     assert res.invocations == 2 * (1 + 1 + 4) + 1 * (1 + 1 + 4)
@@ -299,18 +300,36 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     # Identical draws: with one workload seed for every set the band is a point; with a seed
     # per draw (the default) it holds the arrivals' scatter.
     src = {("llama-2-7b", 1): (PUBLISHED, [PUBLISHED] * 3)}
-    mem = be.run_study(setup, runs[:1], n_draws=2, sources=src, draw_seeds=False)
+    mem = be.run_study(setup, runs[:1], n_draws=2, sources=src, draw_seeds=False,
+                       point_seeds=1)
     row = mem.table.iloc[1]
     assert row["n_draws"] == 2 and row["band_e2e_mean_width"] == 0.0
     assert row["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
-    own = be.run_study(setup, runs[:1], n_draws=2, sources=src).table.iloc[1]
+    own = be.run_study(setup, runs[:1], n_draws=2, sources=src, point_seeds=1).table.iloc[1]
     assert own["band_e2e_mean_width"] > 0.0
     assert own["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
+    # The point over 3 arrival realizations (seeds 42, 1043, 1044) pools their requests: its
+    # mean is the mean of the three one-seed points; the published set keeps seed 42 only.
+    three = be.run_study(setup, runs[:1], n_draws=0, sources=src, point_seeds=3)
+    assert three.invocations == 2 * (1 + 3) and three.point_seeds == 3
+    pt3 = three.table.iloc[1]
+    assert pt3["point_seeds"] == 3 and pt3["e2e_mean_seed_sd"] > 0.0
+    assert pt3["sim_injected"] == pub["sim_injected"]  # counts per realization
+    ones = [be.run_study(setup, runs[:1], n_draws=0, sources=src, point_seeds=1,
+                         seed=be.point_seed(42, k)).table.iloc[1]["sim_e2e_mean_s"]
+            for k in range(3)]
+    assert pt3["sim_e2e_mean_s"] == pytest.approx(np.mean(ones), rel=1e-9)
+    assert three.table.iloc[0]["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"],
+                                                                   rel=1e-12)
 
 
 def test_draw_seed() -> None:
     assert be.draw_seed(42, -1) == 42 and be.draw_seed(42, 0) == 43 and be.draw_seed(42, 7) == 50
     assert be.draw_seed(42, 3, draw_seeds=False) == 42
+    # the point's realizations: the first shares the published seed, none meets a draw's
+    assert be.point_seed(42, 0) == 42 and be.point_seed(42, 2) == 1044
+    draws = {be.draw_seed(42, i) for i in range(500)}
+    assert not draws & {be.point_seed(42, k) for k in range(1, 50)}
 
 
 @pytest.mark.slow
@@ -375,3 +394,41 @@ def test_cli_keeps_study_real() -> None:
     assert args.name == "real" and args.quick
     args = build_parser().parse_args(["study", "blis", "--draws", "3", "--runs", "70b"])
     assert (args.name, args.draws, args.runs, args.exports) == ("blis", 3, "70b", None)
+
+
+def test_point_pools_its_arrival_realizations() -> None:
+    """The ``export-mean`` row over several workload seeds: requests pooled (the mean of the
+    realizations' means), counts per realization, relative sd over them reported."""
+    rec = be.parse_metrics(DATA / "blis_metrics_small.json")
+    run = tiny_run(stages=2)
+    jobs = []
+    for src, rep, scale in (("blis-published", 0, 1.0), ("export-mean", 0, 1.0),
+                            ("export-mean", 1, 1.3), ("export-mean", 2, 0.7)):
+        for st in run.stages:
+            res = be.StageResult(rec.ttft_s * scale, rec.e2e_s * scale, rec.output_tokens,
+                                 rec.injected, rec.completed, rec.timed_out, 0, seconds=1.0,
+                                 cpu_seconds=0.5)
+            jobs.append(be._Job(run, src, -1, PUBLISHED, st, res, rep=rep))
+    t = be._table([run], jobs, {("llama-2-7b", 1): 6886})
+    pub, pt = t.iloc[0], t.iloc[1]
+    assert pub["point_seeds"] == 1 and math.isnan(pub["e2e_mean_seed_sd"])
+    assert pt["point_seeds"] == 3 and pt["sim_completed"] == pub["sim_completed"]
+    assert pt["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"])  # (1.0 + 1.3 + 0.7) / 3
+    assert pt["ttft_mean_seed_sd"] == pytest.approx(0.3)  # sd of (1.0, 1.3, 0.7) over its mean
+
+
+def test_stage_ttft_table_groups_stages_by_rate() -> None:
+    from types import SimpleNamespace
+
+    from bayes_latency.study.client_blis import _stage_ttft_lines, stage_ttft_table
+
+    pred = pd.DataFrame({"experiment_id": ["a/stage0", "a/stage1", "a/stage1"],
+                         "kind": ["workload_ttft", "workload_ttft", "workload_e2e"],
+                         "observed_us": [20e3, 50e3, 4e6], "mean_us": [21e3, 40e3, 4e6]})
+    stages = [SimpleNamespace(run_id="a", stage=0, rate=8.0012),
+              SimpleNamespace(run_id="a", stage=1, rate=19.996)]
+    t = stage_ttft_table(pred, stages)
+    assert list(t["rate"]) == [8.0, 20.0] and t["error"].tolist() == pytest.approx([0.05, -0.2])
+    text = "\n".join(_stage_ttft_lines(t, ["a/stage1/workload_ttft"]))
+    assert "20 req/s: 1 stages, TTFT error -20.0%" in text
+    assert "| a/stage1 | 20 | 50.0 | 40.0 | -20.0% | no |" in text

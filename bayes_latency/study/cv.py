@@ -38,7 +38,7 @@ def fit_ours(observations: pd.DataFrame, settings: FitSettings,
     t0 = time.perf_counter()
     m = LatencyModel(terms=tuple(terms)).fit(
         observations, draws=settings.draws, tune=settings.tune, chains=settings.chains,
-        seed=settings.seed, target_accept=settings.target_accept)
+        seed=settings.seed, target_accept=settings.target_accept, max_draws=settings.max_draws)
     conv = m.convergence()
     conv["runtime_s"] = time.perf_counter() - t0
     conv["n_rows"] = len(observations)

@@ -38,6 +38,9 @@ class FitSettings:
     chains: int = 2
     seed: int = SEED
     target_accept: float = 0.99
+    #: Sample on past ``draws`` until the convergence gates pass, up to this many draws (the
+    #: default of ``bayes-latency fit``; None: exactly ``draws``).
+    max_draws: int | None = None
 
 
 #: The all-data fit. Measured on all data with REAL_TERMS (package at 9d619d7): 2000 draws after

@@ -376,19 +376,6 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         if st.draws is not None:
             st.draws.to_csv(out / "insample_draws.csv", index=False, float_format="%.6g")
         write_readme()
-    if setup is not None and lomo:
-        parts = []
-        for name in sorted({r.model for r in runs}):
-            t = time.perf_counter()
-            m, _ = fit(drop_model(observations, name))
-            fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
-            mine = [r for r in runs if r.model == name]
-            src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
-            parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
-            res["lomo"] = pd.concat(parts, ignore_index=True)
-            res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
-            write_readme()
-            log(f"[client] leave-one-model-out {name}: done")
     if setup is not None and loro:
         parts, draw_parts = [], []
         for r in normal:
@@ -406,6 +393,19 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
             write_readme()
             log(f"[client] leave-one-run-out {r.short_id}: done")
+    if setup is not None and lomo:
+        parts = []
+        for name in sorted({r.model for r in runs}):
+            t = time.perf_counter()
+            m, _ = fit(drop_model(observations, name))
+            fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
+            mine = [r for r in runs if r.model == name]
+            src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
+            parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
+            res["lomo"] = pd.concat(parts, ignore_index=True)
+            res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
+            write_readme()
+            log(f"[client] leave-one-model-out {name}: done")
     write_readme()
     log(f"[client] wrote {out} in {res['runtime_s'] / 60:.1f} min")
     return 0

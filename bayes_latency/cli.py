@@ -74,7 +74,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
         from bayes_latency.study.client_blis import main as study_client
 
         return study_client(Path(args.out), blis=args.blis, quick=args.quick,
-                            n_draws=args.draws, resume=args.resume)
+                            n_draws=args.draws, resume=args.resume,
+                            parts=None if args.parts is None
+                            else [p_ for p_ in args.parts.split(",") if p_])
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
@@ -456,7 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data", default=None, help="(blis) real-data folder")
     s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")
     s.add_argument("--resume", action="store_true",
-                   help="(client) reuse the calibrated posterior of an earlier run in OUT/client")
+                   help="(client) reuse the calibrated posterior of an earlier run in OUT/client, "
+                        "and the tables of the parts not run")
+    s.add_argument("--parts", default=None,
+                   help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
+                        "'' with --resume: only render the README from the saved tables)")
     s.set_defaults(func=_cmd_study)
     return p
 

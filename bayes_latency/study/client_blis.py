@@ -37,6 +37,7 @@ from bayes_latency.calibrate import (
     run_level_coefficients,
     ttft_alpha_share,
 )
+from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.model.sampler import DEFAULT_DRAWS, DEFAULT_MAX_DRAWS, DEFAULT_TUNE
 from bayes_latency.physics.basis import DEFAULT_TERMS
@@ -280,14 +281,31 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The study's parts after the calibration, in the order they run.
+PARTS = ("insample", "loro", "lomo")
+#: Label prefix of each part's refits in ``fits.csv``.
+_FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
+
+
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
-         terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print) -> int:
+         terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print,
+         parts: Sequence[str] | None = None) -> int:
     """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
 
     ``resume``: reuse ``posterior.nc``, ``observations.parquet`` and ``calibration.csv`` of an
-    earlier run in ``OUT/client`` instead of calibrating again.
+    earlier run in ``OUT/client`` instead of calibrating again, and the tables of the parts not
+    run this time (``insample.csv`` ..., with their refits' rows in ``fits_<part>.csv``), so
+    parts can run in separate processes and the README holds them all.
+    ``parts``: which of :data:`PARTS` to run (default: all, minus ``loro`` / ``lomo`` when
+    those are False).
     """
+    if parts is not None and set(parts) - set(PARTS):
+        raise ConfigError(f"unknown study parts {sorted(set(parts) - set(PARTS))}; "
+                          f"expected some of {PARTS}")
+    run_parts = tuple(p_ for p_ in PARTS if (p_ in parts if parts is not None else
+                                        (p_ == "insample" or (p_ == "loro" and loro)
+                                         or (p_ == "lomo" and lomo))))
     from bayes_latency.study.blis_e2e import POINT_SEEDS, check_blis, run_study
     from bayes_latency.study.blis_spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
@@ -355,19 +373,35 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "stage_ttft": stage_ttft_table(pred, stages) if pred is not None
                            else None}
     cv_settings = QUICK_FIT if quick else CV_FIT
+    part_fits: dict[str, list[dict[str, Any]]] = {}
+    if resume:  # the tables of parts that ran in another process or an earlier run
+        for key in PARTS:
+            if key not in run_parts and (out / f"{key}.csv").is_file():
+                res[key] = pd.read_csv(out / f"{key}.csv")
+                f_ = out / f"fits_{key}.csv"
+                if key in _FIT_PREFIX and f_.is_file() and f_.stat().st_size > 1:
+                    part_fits[key] = pd.read_csv(f_).to_dict(orient="records")
+                log(f"[client] {key}: reusing {out / f'{key}.csv'}")
 
     def fit(obs: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
         return fit_ours(obs, cv_settings, terms=terms)
 
     def write_readme() -> None:
-        res["fits"] = pd.DataFrame(fits)
+        for key, prefix in _FIT_PREFIX.items():
+            if key in run_parts:
+                part_fits[key] = [f_ for f_ in fits if str(f_["fit"]).startswith(prefix)]
+                if part_fits[key]:
+                    pd.DataFrame(part_fits[key]).to_csv(out / f"fits_{key}.csv", index=False,
+                                                        float_format="%.6g")
+        res["fits"] = pd.DataFrame(fits[:1] + [f_ for k in _FIT_PREFIX
+                                               for f_ in part_fits.get(k, [])])
         res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
         res["runtime_s"] = time.perf_counter() - t0
         atomic_write_text(out / "README.md", render(res))
 
     write_readme()
     configs = sorted({(r.model, r.tp) for r in runs})
-    if setup is not None:
+    if setup is not None and "insample" in run_parts:
         log("[client] in-sample: all runs in BLIS")
         src = sources_for(model, configs, n_draws, replayed=pred)
         st = run_study(setup, runs, n_draws=n_draws, sources=src, progress=log)
@@ -376,7 +410,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         if st.draws is not None:
             st.draws.to_csv(out / "insample_draws.csv", index=False, float_format="%.6g")
         write_readme()
-    if setup is not None and loro:
+    if setup is not None and "loro" in run_parts:
         parts, draw_parts = [], []
         for r in normal:
             t = time.perf_counter()
@@ -393,7 +427,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
             write_readme()
             log(f"[client] leave-one-run-out {r.short_id}: done")
-    if setup is not None and lomo:
+    if setup is not None and "lomo" in run_parts:
         parts = []
         for name in sorted({r.model for r in runs}):
             t = time.perf_counter()

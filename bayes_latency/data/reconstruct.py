@@ -170,7 +170,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
         summary_total = dict(zip(sid[ok].tolist(), tot[ok].astype("int64").tolist(), strict=True))
 
     rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, None, summary_total)
-    if caching and rp.pinned:
+    if caching and len(rp.pinned):
         guess = int(np.median(rp.pinned)) // block * block
         rep.typical_prefix = float(guess)
         rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, guess, summary_total)
@@ -186,8 +186,8 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
 
     # decode intervals, including the ones of segments completed by the greedy replay
     comp_all = s_arr["complete"].copy()
-    for j, c in rp.dyn_complete.items():
-        comp_all[j] = c
+    dyn = rp.dyn_complete != _GREEDY
+    comp_all[dyn] = rp.dyn_complete[dyn]
     has = comp_all != _GREEDY
     d_first = comp_all[has] + 1
     d_last = s_arr["end"][has]
@@ -215,8 +215,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
 
     step_ids = np.arange(s0, s1 + 1, dtype=np.int64)
     amb = np.zeros(n, dtype=bool)
-    if rp.amb_steps:
-        amb[np.fromiter(rp.amb_steps, dtype=np.int64, count=len(rp.amb_steps)) - s0] = True
+    amb[rp.amb_steps - s0] = True
     batches = pd.DataFrame({
         "experiment_id": experiment_id,
         "step_id": step_ids,

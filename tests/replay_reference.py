@@ -1,5 +1,7 @@
-"""Reference for ``tests/test_replay_kernel.py``: the pure-Python replay loop the numba kernel
-of :mod:`bayes_latency.data.reconstruct_replay` replaced (frozen at de30309, unchanged).
+"""Reference for ``tests/test_replay_kernel.py``: the pure-Python replay loop and journey
+segmentation the numba kernels of :mod:`bayes_latency.data.reconstruct_kernel` replaced
+(frozen at de30309, unchanged: ``_replay`` from ``reconstruct_replay.py``, ``_segments`` from
+``reconstruct_segments.py``).
 
 Formerly part of :mod:`bayes_latency.data.reconstruct`: ``_replay`` applies the reference scheduling
 policy (decodes first, then running partial prefills in admission order, then the requests
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -227,3 +230,80 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
         amb_steps.update(ms[sel].tolist())
     return _Replay(m_step, m_seg, m_tok, m_done, h, ambiguous, amb_steps, dyn_complete, pinned,
                    issues)
+
+
+def _segments(ev: Any, last_step: int, issues: Counter) -> _Segments:
+    """Cut each request's journey into scheduling segments (sorted by start, admission order);
+    ``ev``: a frame or a mapping of arrays with ``_req, event, step, prefill_total,
+    decode_done``, rows in journey order."""
+    seg = _Segments()
+    # Python lists: the loop below reads them one element at a time (numpy scalars cost more)
+    req = np.asarray(ev["_req"]).tolist()
+    kind = np.asarray(ev["event"]).tolist()
+    step = np.asarray(ev["step"], dtype=np.int64).tolist()
+    ptot = np.asarray(ev["prefill_total"], dtype=np.int64).tolist()
+    ddone = np.asarray(ev["decode_done"], dtype=np.int64).tolist()
+    n = len(req)
+    open_ = False
+    s_start = s_tot = s_dr = 0
+    s_ft = -1
+    cur = -1
+
+    def close(end: int, d_end: int | None) -> None:
+        nonlocal open_
+        open_ = False
+        if end < s_start:
+            issues["empty_segment"] += 1
+            return
+        end = min(end, last_step)
+        if s_ft >= 0:
+            comp = s_ft
+            if d_end is not None and d_end - s_dr > 0 and end - (d_end - s_dr) + 1 != s_ft:
+                issues["decode_count_mismatch"] += 1
+        elif d_end is not None:
+            produced = d_end - s_dr
+            comp = end + 1 if produced <= 0 else end - produced + 1
+            if comp < s_start:
+                issues["completion_before_schedule"] += 1
+                comp = _GREEDY
+        else:
+            comp = _GREEDY
+        seg.req.append(cur)
+        seg.start.append(s_start)
+        seg.end.append(end)
+        seg.total.append(s_tot)
+        seg.d_r.append(s_dr)
+        seg.complete.append(comp)
+
+    for i in range(n):
+        r = req[i]
+        if r != cur:
+            if open_:
+                close(last_step, None)
+                issues["unfinished_request"] += 1
+            cur = r
+        k = kind[i]
+        if k == "SCHEDULED":
+            if open_:
+                issues["missing_preempted"] += 1
+                close(step[i] - 1, None)
+            open_ = True
+            s_start, s_dr, s_ft = int(step[i]), int(ddone[i]), -1
+            s_tot = int(ptot[i]) + s_dr
+        elif k == "FIRST_TOKEN":
+            if open_ and s_ft < 0:
+                s_ft = int(step[i])
+            else:
+                issues["orphan_first_token"] += 1
+        elif k == "PREEMPTED":
+            if open_:
+                close(int(step[i]) - 1, int(ddone[i]))
+            else:
+                issues["orphan_preempted"] += 1
+        elif k == "FINISHED":
+            if open_:
+                close(int(step[i]), int(ddone[i]))
+    if open_:
+        close(last_step, None)
+        issues["unfinished_request"] += 1
+    return seg

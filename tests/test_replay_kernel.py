@@ -102,3 +102,53 @@ def test_empty_and_single_step() -> None:
     for caching in (False, True):
         _same(_replay_ref(seg, 1, 1, np.array([20]), 10, 16, caching, None, {1: 25}),
               _replay(seg, 1, 1, np.array([20]), 10, 16, caching, None, {1: 25}))
+
+
+def _journeys(rng: np.random.Generator, n_req: int) -> dict[str, np.ndarray]:
+    """Journey rows sorted as ``reconstruct`` sorts them (request, step, rank, time, row), with
+    the odd cases: missing or repeated events, orphans, requests without an id (-1)."""
+    names = np.array(["QUEUED", "PREEMPTED", "SCHEDULED", "FIRST_TOKEN", "FINISHED"], dtype=object)
+    rows = []
+    for r in range(-1, n_req):
+        s = int(rng.integers(0, 50))
+        d = 0
+        for _ in range(int(rng.integers(1, 9))):
+            k = int(rng.choice(5, p=[0.1, 0.2, 0.35, 0.15, 0.2]))
+            s += int(rng.integers(0, 4))
+            d += int(rng.integers(0, 5))
+            rows.append((r, s, k, int(rng.integers(0, 3)), int(rng.integers(0, 900)), d))
+    a = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    row = rng.permutation(len(a))
+    order = np.lexsort((row, a[:, 3], a[:, 2], a[:, 1], a[:, 0]))
+    return {"_req": a[order, 0], "step": a[order, 1], "_rank": a[order, 2],
+            "event": names[a[order, 2]], "_ts": a[order, 3], "_row": row[order],
+            "prefill_total": a[order, 4], "decode_done": a[order, 5]}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_segments_kernel_equals_python_loop(seed: int) -> None:
+    from collections import Counter
+
+    from bayes_latency.data.reconstruct_segments import _segments
+    from tests.replay_reference import _segments as _segments_ref
+
+    rng = np.random.default_rng(seed)
+    ev = _journeys(rng, int(rng.integers(0, 200)))
+    last = int(ev["step"].max()) - int(rng.integers(0, 5)) if len(ev["step"]) else 0
+    ia, ib = Counter(unknown_event=2), Counter(unknown_event=2)
+    a = _segments_ref(ev, last, ia)
+    no_rank = {k: v for k, v in ev.items() if k != "_rank"}
+    b = _segments(ev if seed % 2 else no_rank, last, ib)
+    for f in ("req", "start", "end", "total", "d_r", "complete"):
+        assert list(getattr(a, f)) == np.asarray(getattr(b, f)).tolist(), f
+    assert list(ia.items()) == list(ib.items())
+    # admission order: the former dict-and-sorted code against the lexsort on b.sched
+    is_sched = ev["_rank"] == 2
+    key = list(zip(ev["_req"][is_sched].tolist(), ev["step"][is_sched].tolist(), strict=True))
+    key_ts = dict(zip(key, ev["_ts"][is_sched].tolist(), strict=True))
+    key_row = dict(zip(key, ev["_row"][is_sched].tolist(), strict=True))
+    old = sorted(range(len(a.req)), key=lambda j: (
+        a.start[j], key_ts.get((a.req[j], a.start[j]), 0),
+        key_row.get((a.req[j], a.start[j]), 0)))
+    new = np.lexsort((ev["_row"][b.sched], ev["_ts"][b.sched], b.start))
+    assert old == new.tolist()

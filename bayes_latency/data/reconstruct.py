@@ -139,19 +139,11 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
     n = s1 - s0 + 1
 
     seg = _segments(ev, s1, rep.issues)
-    # keep segments in admission order: by start step, then the SCHEDULED event's time
-    is_sched = ev["_rank"] == _EVENT_RANK["SCHEDULED"]
-    sched_ev = {c: ev[c][is_sched] for c in ("_req", "step", "_ts", "_row")}
-    key_ts = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(),
-                          strict=True), sched_ev["_ts"].tolist(), strict=True))
-    key_row = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(), strict=True),
-                       sched_ev["_row"].tolist(), strict=True))
-    order = sorted(range(len(seg.req)), key=lambda j: (
-        seg.start[j], key_ts.get((seg.req[j], seg.start[j]), 0),
-        key_row.get((seg.req[j], seg.start[j]), 0)))
+    # keep segments in admission order: by start step, then the time and row of the (last)
+    # SCHEDULED event of the request at that step; a stable sort, ties in journey order
+    order = np.lexsort((ev["_row"][seg.sched], ev["_ts"][seg.sched], seg.start))
     for name in ("req", "start", "end", "total", "d_r", "complete"):
-        vals = getattr(seg, name)
-        setattr(seg, name, [vals[j] for j in order])
+        setattr(seg, name, getattr(seg, name)[order])
     n_seg = len(seg.req)
     rep.n_steps, rep.n_requests, rep.n_segments = n, len(uniques), n_seg
 

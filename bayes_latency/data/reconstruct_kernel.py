@@ -362,3 +362,114 @@ def replay_kernel(start, end, total, comp, s0, s1, ndec, budget, block, caching,
     amb_steps = np.flatnonzero(amb_step) + s0
     return (m_step[:n_m].copy(), m_seg[:n_m].copy(), m_tok[:n_m].copy(), m_done[:n_m].copy(), h,
             ambiguous, amb_steps, dyn_complete, pinned[:n_pinned].copy(), issue_n, issue_first)
+
+
+# ---------------------------------------------------------------------------- segments
+# event ranks (reconstruct._EVENT_RANK) and the segment issues, in segments_kernel's codes
+_PREEMPTED, _SCHEDULED, _FIRST_TOKEN, _FINISHED = 1, 2, 3, 4
+SEGMENT_ISSUES = ("empty_segment", "decode_count_mismatch", "completion_before_schedule",
+                  "unfinished_request", "missing_preempted", "orphan_first_token",
+                  "orphan_preempted")
+
+
+@njit(cache=True)
+def _count(code, issue_n, issue_first, cnt):  # pragma: no cover - compiled
+    if issue_n[code] == 0:
+        issue_first[code] = cnt[1]
+    issue_n[code] += 1
+    cnt[1] += 1
+
+
+@njit(cache=True)
+def _close(end, d_end, has_d, last_step, cur, s_start, s_tot, s_dr, s_ft, s_i, req, step, rank,
+           out, issue_n, issue_first, cnt):  # pragma: no cover - compiled
+    """Close the open segment at ``end`` (the Python loop's ``close``)."""
+    if end < s_start:
+        _count(0, issue_n, issue_first, cnt)
+        return
+    end = min(end, last_step)
+    if s_ft >= 0:
+        comp = s_ft
+        if has_d and d_end - s_dr > 0 and end - (d_end - s_dr) + 1 != s_ft:
+            _count(1, issue_n, issue_first, cnt)
+    elif has_d:
+        produced = d_end - s_dr
+        comp = end + 1 if produced <= 0 else end - produced + 1
+        if comp < s_start:
+            _count(2, issue_n, issue_first, cnt)
+            comp = _GREEDY
+    else:
+        comp = _GREEDY
+    # the last SCHEDULED event of this request at the segment's start step (rows are sorted by
+    # request, step, rank: such events are contiguous): the admission-order key
+    last = s_i
+    while (last + 1 < len(req) and req[last + 1] == req[s_i] and step[last + 1] == step[s_i]
+           and rank[last + 1] == _SCHEDULED):
+        last += 1
+    k = cnt[0]
+    out[0, k] = cur
+    out[1, k] = s_start
+    out[2, k] = end
+    out[3, k] = s_tot
+    out[4, k] = s_dr
+    out[5, k] = comp
+    out[6, k] = last
+    cnt[0] += 1
+
+
+@njit(cache=True)
+def segments_kernel(req, rank, step, ptot, ddone, last_step):  # pragma: no cover - compiled
+    """Scheduling segments of journey rows sorted by request, step, rank (see
+    :func:`.reconstruct_segments._segments`): an int64 array of rows ``req, start, end, total,
+    d_r, complete, scheduled event`` by segment, issue counts and first occurrences."""
+    n = len(req)
+    out = np.empty((7, n), dtype=np.int64)
+    issue_n = np.zeros(7, dtype=np.int64)
+    issue_first = np.full(7, 1 << 62, dtype=np.int64)
+    cnt = np.zeros(2, dtype=np.int64)  # segments, issue events
+    open_ = False
+    s_start = s_tot = s_dr = 0
+    s_ft = -1
+    s_i = -1
+    cur = -1
+    for i in range(n):
+        r = req[i]
+        if r != cur:
+            if open_:
+                open_ = False
+                _close(last_step, 0, False, last_step, cur, s_start, s_tot, s_dr, s_ft, s_i,
+                       req, step, rank, out, issue_n, issue_first, cnt)
+                _count(3, issue_n, issue_first, cnt)
+            cur = r
+        k = rank[i]
+        if k == _SCHEDULED:
+            if open_:
+                _count(4, issue_n, issue_first, cnt)
+                open_ = False
+                _close(step[i] - 1, 0, False, last_step, cur, s_start, s_tot, s_dr, s_ft, s_i,
+                       req, step, rank, out, issue_n, issue_first, cnt)
+            open_ = True
+            s_start, s_dr, s_ft, s_i = step[i], ddone[i], -1, i
+            s_tot = ptot[i] + s_dr
+        elif k == _FIRST_TOKEN:
+            if open_ and s_ft < 0:
+                s_ft = step[i]
+            else:
+                _count(5, issue_n, issue_first, cnt)
+        elif k == _PREEMPTED:
+            if open_:
+                open_ = False
+                _close(step[i] - 1, ddone[i], True, last_step, cur, s_start, s_tot, s_dr, s_ft,
+                       s_i, req, step, rank, out, issue_n, issue_first, cnt)
+            else:
+                _count(6, issue_n, issue_first, cnt)
+        elif k == _FINISHED:
+            if open_:
+                open_ = False
+                _close(step[i], ddone[i], True, last_step, cur, s_start, s_tot, s_dr, s_ft, s_i,
+                       req, step, rank, out, issue_n, issue_first, cnt)
+    if open_:
+        _close(last_step, 0, False, last_step, cur, s_start, s_tot, s_dr, s_ft, s_i, req, step,
+               rank, out, issue_n, issue_first, cnt)
+        _count(3, issue_n, issue_first, cnt)
+    return out[:, :cnt[0]].copy(), issue_n, issue_first

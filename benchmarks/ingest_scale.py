@@ -910,6 +910,16 @@ def _markdown(r: dict) -> str:
         f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
         "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
         "2.23-2.38 against 2.33-2.40 CPU-s).",
+        *([f"- Idle estimate from the previous run: on a quiet machine (load 1.2-1.9) "
+           f"{ab['base_ref']}'s code measured {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / "
+           f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
+           f"this run's alternating inline ingest puts this tree at {ab['base']['total']:.2f} / "
+           f"{ab['this']['total']:.2f} = {ab['base']['total'] / ab['this']['total']:.3f}x that "
+           f"speed, so about {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0] * ab['base']['total'] / ab['this']['total']:.1f}"
+           f" / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1] * ab['base']['total'] / ab['this']['total']:.1f}"
+           " MB per worker CPU-second there, which is the MB/s per core of one worker that "
+           "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
+          else []),
         *_defaults_lines(c),
         f"- The previous run (sixth pass, main de30309's code: Python replay loop; load "
         f"average 1.2-1.9): {BEFORE_SCALE_SIXTH['mb_s_per_core'][0]} / "

@@ -1,4 +1,5 @@
-"""The replay loop of :mod:`bayes_latency.data.reconstruct_replay`, compiled with numba.
+"""The batch rebuild's loops compiled with numba: the replay of :mod:`.reconstruct_replay`
+and the journey segments of :mod:`.reconstruct_segments`.
 
 :func:`replay_kernel` is a line-by-line port of the pure-Python loop it replaced (kept as
 ``tests/replay_reference.py``): the same order of operations and the same integer arithmetic
@@ -8,12 +9,15 @@ segments with and without prefix caching, guesses and sampled summaries. The act
 an array with a length, the per-step ``over`` overrides a stamp array (an override is set when its
 stamp is the current step), each step's results arrays indexed like the active list; the chunks
 grow by doubling. Issues are counted per code with the order of their first occurrence (the
-caller rebuilds the ``Counter`` in that order).
+caller rebuilds the ``Counter`` in that order). :func:`segments_kernel` is the same kind of port
+of the segment cutting, and also returns each segment's ``SCHEDULED`` row (the admission-order
+key the caller sorts by).
 
-Compiled on first use and cached on disk (``cache=True``): the first call in a fresh environment
-compiles for about 8 CPU-seconds; in a fresh process, loading numba and the cached code costs
-about 0.45 CPU-seconds (numba's import and its LLVM start-up, shared with any other compiled code
-of the process, e.g. :mod:`bayes_latency.synth.engine_loop`).
+Compiled on first use and cached on disk (``cache=True``): with an empty cache the first rebuild
+compiles both for 10-12 CPU-seconds; in a fresh process, loading numba and the cached code costs
+about 0.45-0.5 CPU-seconds (numba's import and its LLVM start-up, shared with any other compiled
+code of the process, e.g. :mod:`bayes_latency.synth.engine_loop`); ``benchmarks/ingest_scale.py``
+part 1 measures both.
 """
 
 from __future__ import annotations

@@ -195,6 +195,9 @@ BEFORE_SCALE_FOURTH = {"mb_s_per_core": (14.2, 8.7), "mb_per_cpu_s": (22.8, 23.3
 #: Part 3 of the fifth pass (main ef08d5c's code, Dask's default worker settings; 2026-11-24
 #: 16:45 UTC, load average 7.2-8.2).
 BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0)}
+#: Part 3 of the sixth pass (main de30309's code, ``parallel.local_cluster``'s worker settings;
+#: 2026-11-24 22:10 UTC, load average 1.2-1.9).
+BEFORE_SCALE_SIXTH = {"mb_s_per_core": (34.5, 29.6), "mb_per_cpu_s": (34.6, 33.2)}
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -313,8 +316,14 @@ def json_path(demo: list[Path], work: Path) -> dict:
     lines = [ln for f in files for ln in f.read_bytes().splitlines(keepends=True)]
     # CPU time (process_time) as well as wall time: the machine is shared, and waiting for a
     # core inflates wall time but not CPU time; best of 3
-    decoders = (("json.loads", json.loads), ("msgspec", msgspec.json.Decoder().decode),
-                ("msgspec typed", otlp._decode_typed))
+    decoders = [("json.loads", json.loads), ("msgspec", msgspec.json.Decoder().decode),
+                ("msgspec typed", otlp._decode_typed)]
+    try:  # not a dependency: measured when installed
+        import orjson
+
+        decoders.insert(2, ("orjson", orjson.loads))
+    except ImportError:
+        pass
     for name, fn in decoders:
         best_c = best_w = float("inf")
         for _ in range(3):
@@ -342,6 +351,17 @@ def json_path(demo: list[Path], work: Path) -> dict:
         best_w = min(best_w, time.perf_counter() - w0)
     res["decode_mb_per_cpu_s[pyarrow.json]"] = round(mb / best_c, 1)
     res["decode_mb_s[pyarrow.json]"] = round(mb / best_w, 1)
+    # the tokenizer alone: a schema holding none of the fields used (every value skipped)
+    floor = pj.ParseOptions(explicit_schema=pa.schema([("resourceSpans", pa.list_(pa.struct(
+        [("none", pa.int64())])))]), unexpected_field_behavior="ignore")
+    best_c = float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        for b in blobs:
+            pj.read_json(pa.BufferReader(b), parse_options=floor, read_options=pj.ReadOptions(
+                use_threads=False, block_size=len(b) + 1))
+        best_c = min(best_c, time.process_time() - c0)
+    res["decode_mb_per_cpu_s[pyarrow.json tokenizer]"] = round(mb / best_c, 1)
     del blobs
 
     def refuse(raw: bytes) -> None:
@@ -373,7 +393,64 @@ def json_path(demo: list[Path], work: Path) -> dict:
     res["stage_cpu_s"] = _stage_cpu(demo, work / "stages")
     res["stage_cpu_s_line_path"] = _stage_cpu(demo, work / "stages_lines", chunk_bytes=0)
     res["parquet"] = parquet_options(demo, work)
+    res["numba"] = numba_costs(demo, work)
     res["load_average"] = round(os.getloadavg()[0], 2)
+    return res
+
+
+def _first_experiments_in(pkg: Path, demo: list[Path], out: Path, env: dict) -> dict:
+    """CPU seconds of the import, the first and the second experiment's inline ingest in a
+    fresh process importing ``bayes_latency`` from ``pkg``."""
+    import subprocess
+
+    code = ("import json, sys, time\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "from pathlib import Path\n"
+            "c0 = time.process_time()\n"
+            "from bayes_latency.data.experiment import ingest\n"
+            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1])\n"
+            "demo = [Path(x) for x in json.loads(sys.argv[2])]\n"
+            "c1 = time.process_time()\n"
+            "ingest(demo[:1], Path(sys.argv[3]) / 'a', scheduler='inline')\n"
+            "c2 = time.process_time()\n"
+            "ingest(demo[1:2], Path(sys.argv[3]) / 'b', scheduler='inline')\n"
+            "c3 = time.process_time()\n"
+            "print(json.dumps({'import': round(c1 - c0, 3), 'first': round(c2 - c1, 3), "
+            "'second': round(c3 - c2, 3), 'numba': 'numba' in sys.modules}))\n")
+    run = subprocess.run([sys.executable, "-c", code, str(pkg),
+                          json.dumps([str(d) for d in demo[:2]]), str(out)],
+                         capture_output=True, text=True, env=env, cwd=str(pkg), check=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def numba_costs(demo: list[Path], work: Path, base: str = "de30309") -> dict:
+    """What the compiled batch rebuild (``data/reconstruct_kernel.py``) costs a fresh process:
+    the first experiment's ingest with an empty numba cache (compilation), with the cache
+    filled (numba's import and start-up, loading the cached code), and on ``base`` (the pure
+    Python loops), each in a fresh process; the second experiment shows the steady state."""
+    import subprocess
+    import tarfile
+    from io import BytesIO
+
+    pkg = work / f"numba_base_{base}"
+    shutil.rmtree(pkg, ignore_errors=True)
+    pkg.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", base, "bayes_latency"],
+                         capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as tf:
+        tf.extractall(pkg, filter="data")
+    cache = work / "numba_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    res = {"base_ref": base,
+           "cold_cache": _first_experiments_in(REPO, demo, work / "nb_cold", env),
+           "warm_cache": [], "base": []}
+    for k in range(2):
+        res["warm_cache"].append(_first_experiments_in(REPO, demo, work / f"nb_warm{k}", env))
+        res["base"].append(_first_experiments_in(pkg, demo, work / f"nb_base{k}", env))
+    shutil.rmtree(pkg, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
     return res
 
 
@@ -623,6 +700,37 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
     return res
 
 
+def _numba_lines(j: dict) -> list[str]:
+    """Section 1's start-up and compile costs of the compiled batch rebuild (when measured)."""
+    nb = j.get("numba")
+    if not nb:
+        return []
+    cold, warm, base = nb["cold_cache"], nb["warm_cache"], nb["base"]
+
+    def rng(runs: list[dict], k: str) -> str:
+        lo, hi = f"{min(r[k] for r in runs):.2f}", f"{max(r[k] for r in runs):.2f}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    return [
+        "The batch rebuild's loops (journey segments and the replay) run compiled by numba "
+        "since this pass (`data/reconstruct_kernel.py`, loaded on the first rebuild). What that "
+        "costs a fresh process, CPU seconds of the import of `data.experiment`, then of the "
+        "inline ingest of the first and of the second demo experiment, each in a fresh process "
+        f"(this tree with an empty numba cache: compilation; with the cache filled, 2 runs; "
+        f"{nb['base_ref']}, the pure-Python loops, 2 runs):",
+        "",
+        "| | import | first experiment | second experiment | numba loaded |",
+        "|---|---|---|---|---|",
+        f"| this tree, empty cache (compiles) | {cold['import']:.2f} | {cold['first']:.2f} | "
+        f"{cold['second']:.2f} | {cold['numba']} |",
+        f"| this tree, cache filled | {rng(warm, 'import')} | {rng(warm, 'first')} | "
+        f"{rng(warm, 'second')} | {warm[0]['numba']} |",
+        f"| {nb['base_ref']} (Python loops) | {rng(base, 'import')} | {rng(base, 'first')} | "
+        f"{rng(base, 'second')} | {base[0]['numba']} |",
+        "",
+    ]
+
+
 def _parquet_lines(j: dict) -> list[str]:
     """Section 1's table of Parquet writer options (when measured)."""
     pq_ = j.get("parquet")
@@ -708,9 +816,13 @@ def _markdown(r: dict) -> str:
         "| decoding the lines only (best of 3) | MB per CPU-s (MB/s) |",
         "|---|---|",
         *[f"| {name} | {j[f'decode_mb_per_cpu_s[{name}]']} ({j[f'decode_mb_s[{name}]']}) |"
-          for name in ("json.loads", "msgspec", "msgspec typed")],
+          for name in ("json.loads", "msgspec", "orjson", "msgspec typed")
+          if f"decode_mb_per_cpu_s[{name}]" in j],
         f"| pyarrow.json, OTLP schema (whole files) | "
         f"{j['decode_mb_per_cpu_s[pyarrow.json]']} ({j['decode_mb_s[pyarrow.json]']}) |",
+        *([f"| pyarrow.json, a schema of no field used (its tokenizer alone) | "
+           f"{j['decode_mb_per_cpu_s[pyarrow.json tokenizer]']} |"]
+          if "decode_mb_per_cpu_s[pyarrow.json tokenizer]" in j else []),
         f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "
         f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
         f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
@@ -737,6 +849,7 @@ def _markdown(r: dict) -> str:
           for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]
           for b4 in [max(before.get(k, float("nan")), 1e-9)]],
         "",
+        *_numba_lines(j),
         *_parquet_lines(j),
         "## 2. Same results (demo fleet)",
         "",
@@ -790,15 +903,30 @@ def _markdown(r: dict) -> str:
         f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
         "CPU-second).",
         f"- Idle-machine estimate: a worker that never waits for a core turns its CPU time into "
-        f"wall time one for one (at load 2, before this pass's settings, the demo fleet on one "
+        f"wall time one for one (at load 2, before the sixth pass's worker settings, the demo fleet on one "
         f"worker took 2.8-3.2 s wall for 2.8-2.9 worker CPU-s, the client and scheduler on the "
         f"other core), so about {r1['ingest_mb_per_cpu_s']} MB/s per core with one worker "
         f"(its MB per worker CPU-second, which waiting does not change) and a little under "
         f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
         "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
         "2.23-2.38 against 2.33-2.40 CPU-s).",
+        *([f"- Idle estimate from the previous run: on a quiet machine (load 1.2-1.9) "
+           f"{ab['base_ref']}'s code measured {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / "
+           f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
+           f"this run's alternating inline ingest puts this tree at {ab['base']['total']:.2f} / "
+           f"{ab['this']['total']:.2f} = {ab['base']['total'] / ab['this']['total']:.3f}x that "
+           f"speed, so about {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0] * ab['base']['total'] / ab['this']['total']:.1f}"
+           f" / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1] * ab['base']['total'] / ab['this']['total']:.1f}"
+           " MB per worker CPU-second there, which is the MB/s per core of one worker that "
+           "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
+          else []),
         *_defaults_lines(c),
-        f"- The previous run (fifth pass, main ef08d5c's code with Dask's default worker "
+        f"- The previous run (sixth pass, main de30309's code: Python replay loop; load "
+        f"average 1.2-1.9): {BEFORE_SCALE_SIXTH['mb_s_per_core'][0]} / "
+        f"{BEFORE_SCALE_SIXTH['mb_s_per_core'][1]} MB/s per core and "
+        f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB "
+        "per worker CPU-second (1 / 2 workers).",
+        f"- Fifth pass (main ef08d5c's code with Dask's default worker "
         f"settings, load average 7-8): {BEFORE_SCALE_FIFTH['mb_s_per_core'][0]} / "
         f"{BEFORE_SCALE_FIFTH['mb_s_per_core'][1]} MB/s per core and "
         f"{BEFORE_SCALE_FIFTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_FIFTH['mb_per_cpu_s'][1]} MB "
@@ -830,8 +958,8 @@ def _markdown(r: dict) -> str:
         f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s) leaves "
         f"{j['trace_mb'] / TARGET_MB_S_PER_CORE - j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}"
         " CPU-s for everything after the parse: the span columns, the tables, the batch "
-        "replay (a Python loop over steps), observations and the Parquet encoding (its fixed "
-        "cost alone, 182 files, is about 0.07 CPU-s).",
+        "rebuild (its loops compiled since the seventh pass), observations and the Parquet "
+        "encoding (its fixed cost alone, 182 files, is about 0.07 CPU-s).",
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",
@@ -848,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--keep", action="store_true", help="keep the generated fleets and tables")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ingest_scale"))
-    ap.add_argument("--base", default="ef08d5c",
+    ap.add_argument("--base", default="de30309",
                     help="git commit whose ingest CPU per stage part 1 measures alternating with "
                          "this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",

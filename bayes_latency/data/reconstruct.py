@@ -139,19 +139,11 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
     n = s1 - s0 + 1
 
     seg = _segments(ev, s1, rep.issues)
-    # keep segments in admission order: by start step, then the SCHEDULED event's time
-    is_sched = ev["_rank"] == _EVENT_RANK["SCHEDULED"]
-    sched_ev = {c: ev[c][is_sched] for c in ("_req", "step", "_ts", "_row")}
-    key_ts = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(),
-                          strict=True), sched_ev["_ts"].tolist(), strict=True))
-    key_row = dict(zip(zip(sched_ev["_req"].tolist(), sched_ev["step"].tolist(), strict=True),
-                       sched_ev["_row"].tolist(), strict=True))
-    order = sorted(range(len(seg.req)), key=lambda j: (
-        seg.start[j], key_ts.get((seg.req[j], seg.start[j]), 0),
-        key_row.get((seg.req[j], seg.start[j]), 0)))
+    # keep segments in admission order: by start step, then the time and row of the (last)
+    # SCHEDULED event of the request at that step; a stable sort, ties in journey order
+    order = np.lexsort((ev["_row"][seg.sched], ev["_ts"][seg.sched], seg.start))
     for name in ("req", "start", "end", "total", "d_r", "complete"):
-        vals = getattr(seg, name)
-        setattr(seg, name, [vals[j] for j in order])
+        setattr(seg, name, getattr(seg, name)[order])
     n_seg = len(seg.req)
     rep.n_steps, rep.n_requests, rep.n_segments = n, len(uniques), n_seg
 
@@ -170,7 +162,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
         summary_total = dict(zip(sid[ok].tolist(), tot[ok].astype("int64").tolist(), strict=True))
 
     rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, None, summary_total)
-    if caching and rp.pinned:
+    if caching and len(rp.pinned):
         guess = int(np.median(rp.pinned)) // block * block
         rep.typical_prefix = float(guess)
         rp = _replay(seg, s0, s1, ndec_static, budget, block, caching, guess, summary_total)
@@ -186,8 +178,8 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
 
     # decode intervals, including the ones of segments completed by the greedy replay
     comp_all = s_arr["complete"].copy()
-    for j, c in rp.dyn_complete.items():
-        comp_all[j] = c
+    dyn = rp.dyn_complete != _GREEDY
+    comp_all[dyn] = rp.dyn_complete[dyn]
     has = comp_all != _GREEDY
     d_first = comp_all[has] + 1
     d_last = s_arr["end"][has]
@@ -215,8 +207,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
 
     step_ids = np.arange(s0, s1 + 1, dtype=np.int64)
     amb = np.zeros(n, dtype=bool)
-    if rp.amb_steps:
-        amb[np.fromiter(rp.amb_steps, dtype=np.int64, count=len(rp.amb_steps)) - s0] = True
+    amb[rp.amb_steps - s0] = True
     batches = pd.DataFrame({
         "experiment_id": experiment_id,
         "step_id": step_ids,

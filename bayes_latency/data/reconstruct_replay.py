@@ -4,6 +4,9 @@ Part of :mod:`bayes_latency.data.reconstruct`: ``_replay`` applies the reference
 policy (decodes first, then running partial prefills in admission order, then the requests
 scheduled at the step) to the journey segments of :mod:`.reconstruct_segments`, choosing each
 segment's cached prefix when prefix caching is on, and returns the chunks as ``_Replay``.
+
+The loop itself runs compiled: :func:`.reconstruct_kernel.replay_kernel` (numba over flat
+int64 arrays), imported at the first replay so that importing the package does not load numba.
 """
 
 from __future__ import annotations
@@ -13,22 +16,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bayes_latency.data.reconstruct_segments import _GREEDY, _Segments
+from bayes_latency.data.reconstruct_segments import _Segments
+
+# the kernel's issue codes (0: none) and their report names
+_ISSUE_NAMES = {1: "completion_late", 2: "chunk_over_budget", 3: "decodes_over_budget"}
 
 
 @dataclass
 class _Replay:
-    """Output of one replay pass."""
+    """Output of one replay pass.
 
-    m_step: list[int]
-    m_seg: list[int]
-    m_tok: list[int]
-    m_done: list[int]
+    ``m_*``: one entry per chunk (step, segment, tokens, tokens done before it), in replay
+    order; ``h`` / ``ambiguous``: cached prefix and guess flag per segment; ``amb_steps``:
+    sorted step ids whose chunks depend on a guess; ``dyn_complete``: per segment, the step at
+    which the replay completed a ``_GREEDY`` segment, else ``_GREEDY``; ``pinned``: cached
+    prefixes pinned by summaries, in order.
+    """
+
+    m_step: np.ndarray
+    m_seg: np.ndarray
+    m_tok: np.ndarray
+    m_done: np.ndarray
     h: np.ndarray
     ambiguous: np.ndarray
-    amb_steps: set[int]
-    dyn_complete: dict[int, int]
-    pinned: list[int]
+    amb_steps: np.ndarray
+    dyn_complete: np.ndarray
+    pinned: np.ndarray
     issues: Counter
 
 
@@ -42,187 +55,27 @@ def _replay(seg: _Segments, s0: int, s1: int, ndec: np.ndarray, budget: int, blo
     a sampled summary, and raised when a later request of the same step would not fit.
     Segments whose ``h`` (or whose budget) depended on a guess are marked ambiguous.
     """
-    n_seg = len(seg.req)
-    total, comp, end = seg.total, seg.complete, seg.end
-    starts: dict[int, list[int]] = {}
-    for j in range(n_seg):
-        starts.setdefault(seg.start[j], []).append(j)
-    done = [0] * n_seg
-    h = np.zeros(n_seg, dtype=np.int64)
-    ambiguous = np.zeros(n_seg, dtype=bool)
-    hmax = [((t - 1) // block) * block if caching else 0 for t in total]
+    n = max(s1 - s0 + 1, 0)
+    sum_has = np.zeros(n, dtype=np.bool_)
+    sum_val = np.zeros(n, dtype=np.int64)
+    if summary_total:
+        keys = np.fromiter(summary_total.keys(), dtype=np.int64, count=len(summary_total))
+        vals = np.fromiter(summary_total.values(), dtype=np.int64, count=len(summary_total))
+        inside = (keys >= s0) & (keys <= s1)
+        sum_has[keys[inside] - s0] = True
+        sum_val[keys[inside] - s0] = vals[inside]
+    from bayes_latency.data.reconstruct_kernel import replay_kernel  # numba: loaded on use
+
+    out = replay_kernel(
+        np.asarray(seg.start, dtype=np.int64), np.asarray(seg.end, dtype=np.int64),
+        np.asarray(seg.total, dtype=np.int64), np.asarray(seg.complete, dtype=np.int64),
+        int(s0), int(s1), np.ascontiguousarray(ndec, dtype=np.int64), int(budget), int(block),
+        bool(caching), -1 if guess is None else int(guess), sum_has, sum_val)
+    m_step, m_seg, m_tok, m_done, h, ambiguous, amb_steps, dyn_complete, pinned = out[:9]
+    issue_n, issue_first = out[9], out[10]
     issues: Counter = Counter()
-    m_step: list[int] = []
-    m_seg: list[int] = []
-    m_tok: list[int] = []
-    m_done: list[int] = []
-    amb_steps: set[int] = set()
-    dyn_complete: dict[int, int] = {}
-    dyn = [0] * (s1 - s0 + 2)  # (a list: read once per step, numpy scalars cost more)
-    pinned: list[int] = []
-    ndec_l = ndec.tolist()
-    dyn_run = 0
-    active: list[int] = []
-    end_set = set(end)
-    # result fields: seg, chunk, h (None before completion), completes, issue, lo, hi, guessed,
-    # unsure (depends on a guess made earlier in the step or here)
-    SEG, CHUNK, H, COMP, ISSUE, LO, HI, GUESS, UNSURE = range(9)
-
-    def run_step(s: int, left: int, over: dict[int, int]) -> list[list]:
-        out = []
-        unsure = False
-        for j in active:
-            rem = total[j] - done[j]  # remaining with h = 0
-            c_j = comp[j]
-            if c_j == _GREEDY:
-                chunk = min(rem, left)
-                r = [j, chunk, None, chunk == rem and rem > 0, "", 0, 0, False, unsure]
-            elif s < c_j:
-                chunk = max(min(left, rem - 1), 0)
-                r = [j, chunk, None, False, "completion_late" if rem - 1 < left else "",
-                     0, 0, False, unsure]
-            elif not caching:
-                chunk = rem
-                r = [j, chunk, 0, True, "chunk_over_budget" if rem > left else "", 0, 0, False,
-                     unsure]
-            else:
-                lo = max(0, rem - left)
-                lo = -(-lo // block) * block
-                hi = min(rem - 1, hmax[j])
-                hi = (hi // block) * block if hi >= 0 else -1
-                issue, guessed = "", False
-                if hi < 0:
-                    hj = 0
-                elif lo > hi:
-                    hj, issue = hi, "chunk_over_budget"
-                elif lo == hi:
-                    hj = lo
-                else:
-                    guessed = True
-                    g = over.get(j, lo if guess is None else guess)
-                    hj = min(max((g // block) * block, lo), hi)
-                unsure = unsure or guessed or bool(issue)
-                chunk = rem - hj
-                r = [j, chunk, hj, True, issue, lo, hi, guessed, unsure]
-            out.append(r)
-            left = max(left - chunk, 0)
-        return out
-
-    def refit(res: list[list], over: dict[int, int]) -> bool:
-        """Raise earlier guesses so that an over-budget completion fits; True if changed."""
-        bad = next((k for k, r in enumerate(res) if r[ISSUE] == "chunk_over_budget"), None)
-        if bad is None:
-            return False
-        need = res[bad][LO] - res[bad][HI]
-        changed = False
-        for r in reversed(res[:bad]):
-            if need <= 0:
-                break
-            if r[GUESS] and r[H] < r[HI]:
-                up = min(r[HI], r[H] + -(-need // block) * block)
-                need -= up - r[H]
-                over[r[SEG]] = up
-                changed = True
-        return changed
-
-    for s in range(s0, s1 + 1):
-        i = s - s0
-        dyn_run += dyn[i]
-        new = starts.get(s)
-        if new:
-            active.extend(new)
-        if not active:
-            continue
-        # a segment ends its last step before s: every active one has end >= s - 1 (the
-        # previous step removed the others), so only one ending at s - 1 or a new one can be
-        # past its end; the scan over the active ones runs only then
-        if ((s - 1 in end_set or (new and any(end[j] < s for j in new)))
-                and any(end[j] < s for j in active)):
-            active = [j for j in active if end[j] >= s]
-            if not active:
-                continue
-        n_dec = ndec_l[i] + dyn_run
-        left = budget - n_dec
-        if left < 0:
-            issues["decodes_over_budget"] += 1
-            left = 0
-        over: dict[int, int] = {}
-        res = run_step(s, left, over)
-        if caching and any(r[GUESS] for r in res):
-            if refit(res, over):
-                res = run_step(s, left, over)
-            if s in summary_total:
-                delta = summary_total[s] - n_dec - sum(r[CHUNK] for r in res)
-                if delta:
-                    for r in res:
-                        if r[GUESS] and delta:
-                            want = min(max(int(round((r[H] - delta) / block)) * block, r[LO]),
-                                       r[HI])
-                            over[r[SEG]] = want
-                            delta -= r[H] - want
-                    res = run_step(s, left, over)
-                    if refit(res, over):
-                        res = run_step(s, left, over)
-                guessed = [r for r in res if r[GUESS]]
-                tot = n_dec + sum(r[CHUNK] for r in res)
-                if (summary_total[s] == tot and len(guessed) == 1
-                        and not any(r[ISSUE] for r in res)):
-                    # pinned only if another h would have changed the step's total (it does not
-                    # when a later request absorbs whatever budget is left)
-                    g = guessed[0]
-                    sensitive = True
-                    for alt in (g[H] - block, g[H] + block):
-                        if g[LO] <= alt <= g[HI]:
-                            alt_res = run_step(s, left, {**over, g[SEG]: alt})
-                            if n_dec + sum(r[CHUNK] for r in alt_res) == tot:
-                                sensitive = False
-                    if sensitive:
-                        pinned.append(int(g[H]))
-                        for r in res:  # nothing in this step is a guess any more
-                            r[GUESS] = r[UNSURE] = False
-        finished = []
-        for r in res:
-            j, chunk = r[SEG], r[CHUNK]
-            if r[ISSUE]:
-                issues[r[ISSUE]] += 1
-            if chunk > 0:
-                m_step.append(s)
-                m_seg.append(j)
-                m_tok.append(chunk)
-                m_done.append(done[j])
-                done[j] += chunk
-            if r[H] is not None:
-                h[j] = r[H]
-                if r[UNSURE]:
-                    ambiguous[j] = True
-            if r[UNSURE]:
-                amb_steps.add(s)
-            if r[COMP]:
-                finished.append(j)
-                if comp[j] == _GREEDY:
-                    dyn_complete[j] = s
-                    if s + 1 <= end[j]:
-                        dyn[s + 1 - s0] += 1
-                        dyn[min(end[j], s1) + 1 - s0] -= 1
-        if finished:
-            fs = set(finished)
-            active = [j for j in active if j not in fs]
-    if caching:
-        # segments that never completed (preempted or aborted during prefill, or greedy ones):
-        # their cached prefix only shifts the offsets; use the guess, leaving >= 1 token to do
-        for j in range(n_seg):
-            if comp[j] != _GREEDY and comp[j] <= end[j]:
-                continue
-            if j in dyn_complete:
-                continue
-            room = ((total[j] - done[j] - 1) // block) * block
-            h[j] = max(0, min(guess or 0, hmax[j], room))
-            ambiguous[j] = True
-    # flag every chunk step of an ambiguous segment (its offsets depend on the guess)
-    if ambiguous.any():
-        amb_seg = np.flatnonzero(ambiguous)
-        ms = np.asarray(m_step, dtype=np.int64)
-        sel = np.isin(np.asarray(m_seg, dtype=np.int64), amb_seg)
-        amb_steps.update(ms[sel].tolist())
+    for c in sorted(_ISSUE_NAMES, key=lambda c: issue_first[c]):  # first occurrence order
+        if issue_n[c]:
+            issues[_ISSUE_NAMES[c]] = int(issue_n[c])
     return _Replay(m_step, m_seg, m_tok, m_done, h, ambiguous, amb_steps, dyn_complete, pinned,
                    issues)

@@ -14,97 +14,51 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 _GREEDY = -1  # completion step unknown: plain greedy replay
+# event ranks (the same as reconstruct._EVENT_RANK)
+_RANK = {"QUEUED": 0, "PREEMPTED": 1, "SCHEDULED": 2, "FIRST_TOKEN": 3, "FINISHED": 4}
 
 
 @dataclass
 class _Segments:
-    """Scheduling segments (one per SCHEDULED event) as parallel lists."""
+    """Scheduling segments (one per SCHEDULED event) as parallel int64 arrays (or lists)."""
 
-    req: list[int] = field(default_factory=list)
-    start: list[int] = field(default_factory=list)
-    end: list[int] = field(default_factory=list)
-    total: list[int] = field(default_factory=list)  # prompt + outputs at schedule time
-    d_r: list[int] = field(default_factory=list)  # outputs at schedule time
-    complete: list[int] = field(default_factory=list)  # completion step, _GREEDY, or end+1
+    req: Any = field(default_factory=list)
+    start: Any = field(default_factory=list)
+    end: Any = field(default_factory=list)
+    total: Any = field(default_factory=list)  # prompt + outputs at schedule time
+    d_r: Any = field(default_factory=list)  # outputs at schedule time
+    complete: Any = field(default_factory=list)  # completion step, _GREEDY, or end+1
+    sched: Any = field(default_factory=list)  # journey row of the admission-order key
 
 
 def _segments(ev: Any, last_step: int, issues: Counter) -> _Segments:
-    """Cut each request's journey into scheduling segments (sorted by start, admission order);
-    ``ev``: a frame or a mapping of arrays with ``_req, event, step, prefill_total,
-    decode_done``, rows in journey order."""
-    seg = _Segments()
-    # Python lists: the loop below reads them one element at a time (numpy scalars cost more)
-    req = np.asarray(ev["_req"]).tolist()
-    kind = np.asarray(ev["event"]).tolist()
-    step = np.asarray(ev["step"], dtype=np.int64).tolist()
-    ptot = np.asarray(ev["prefill_total"], dtype=np.int64).tolist()
-    ddone = np.asarray(ev["decode_done"], dtype=np.int64).tolist()
-    n = len(req)
-    open_ = False
-    s_start = s_tot = s_dr = 0
-    s_ft = -1
-    cur = -1
+    """Cut each request's journey into scheduling segments (in journey order: by request, then
+    start); ``ev``: a frame or a mapping of arrays with ``_req, event, step, prefill_total,
+    decode_done`` (and optionally ``_rank``, the event's rank in ``reconstruct._EVENT_RANK``),
+    rows sorted by request, step and rank; the issues met are added to ``issues``.
 
-    def close(end: int, d_end: int | None) -> None:
-        nonlocal open_
-        open_ = False
-        if end < s_start:
-            issues["empty_segment"] += 1
-            return
-        end = min(end, last_step)
-        if s_ft >= 0:
-            comp = s_ft
-            if d_end is not None and d_end - s_dr > 0 and end - (d_end - s_dr) + 1 != s_ft:
-                issues["decode_count_mismatch"] += 1
-        elif d_end is not None:
-            produced = d_end - s_dr
-            comp = end + 1 if produced <= 0 else end - produced + 1
-            if comp < s_start:
-                issues["completion_before_schedule"] += 1
-                comp = _GREEDY
-        else:
-            comp = _GREEDY
-        seg.req.append(cur)
-        seg.start.append(s_start)
-        seg.end.append(end)
-        seg.total.append(s_tot)
-        seg.d_r.append(s_dr)
-        seg.complete.append(comp)
+    The loop runs compiled (:func:`.reconstruct_kernel.segments_kernel`); ``sched`` holds, per
+    segment, the row of the last ``SCHEDULED`` event of its request at its start step (the
+    admission-order key).
+    """
+    from bayes_latency.data.reconstruct_kernel import SEGMENT_ISSUES, segments_kernel
 
-    for i in range(n):
-        r = req[i]
-        if r != cur:
-            if open_:
-                close(last_step, None)
-                issues["unfinished_request"] += 1
-            cur = r
-        k = kind[i]
-        if k == "SCHEDULED":
-            if open_:
-                issues["missing_preempted"] += 1
-                close(step[i] - 1, None)
-            open_ = True
-            s_start, s_dr, s_ft = int(step[i]), int(ddone[i]), -1
-            s_tot = int(ptot[i]) + s_dr
-        elif k == "FIRST_TOKEN":
-            if open_ and s_ft < 0:
-                s_ft = int(step[i])
-            else:
-                issues["orphan_first_token"] += 1
-        elif k == "PREEMPTED":
-            if open_:
-                close(int(step[i]) - 1, int(ddone[i]))
-            else:
-                issues["orphan_preempted"] += 1
-        elif k == "FINISHED":
-            if open_:
-                close(int(step[i]), int(ddone[i]))
-    if open_:
-        close(last_step, None)
-        issues["unfinished_request"] += 1
-    return seg
+    if "_rank" in ev:
+        rank = np.asarray(ev["_rank"], dtype=np.int64)
+    else:
+        rank = pd.Index(list(_RANK)).get_indexer(np.asarray(ev["event"], dtype=object))
+    out, issue_n, issue_first = segments_kernel(
+        np.asarray(ev["_req"], dtype=np.int64), np.ascontiguousarray(rank, dtype=np.int64),
+        np.asarray(ev["step"], dtype=np.int64), np.asarray(ev["prefill_total"], dtype=np.int64),
+        np.asarray(ev["decode_done"], dtype=np.int64), int(last_step))
+    for c in sorted(range(len(SEGMENT_ISSUES)), key=lambda c: issue_first[c]):
+        if issue_n[c]:  # in order of first occurrence, as the loop counted them
+            issues[SEGMENT_ISSUES[c]] += int(issue_n[c])
+    return _Segments(req=out[0], start=out[1], end=out[2], total=out[3], d_r=out[4],
+                     complete=out[5], sched=out[6])
 
 
 def _interval_sums(first: np.ndarray, last: np.ndarray, base: np.ndarray, s0: int,

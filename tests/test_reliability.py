@@ -408,3 +408,21 @@ def test_19_absurd_predictions_are_findings_not_plots(tiny_posterior, tmp_path, 
         "mean E2E")[-1]
     findings = json.loads((out / "findings.json").read_text())
     assert findings and not (out / "ppc_iterations.png").exists()
+
+
+def test_attach_rows_gives_a_loaded_fit_its_rows_and_refuses_others(tiny_posterior) -> None:
+    """A loaded fit has no fitted rows (the run-level scales of the client study then fell back
+    on the prior's); ``attach_rows`` restores them from the fit's observations, and refuses rows
+    whose hash differs from the fit's data hash."""
+    from bayes_latency.errors import ModelMismatchError
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.persistence import attach_rows
+
+    tables, post = tiny_posterior
+    obs = pd.read_parquet(post.parent / "small" / "observations.parquet")
+    m = LatencyModel.load(post)
+    assert getattr(m, "_rows", None) is None
+    attach_rows(m, obs)
+    assert len(m._rows) > 0 and set(m._rows["config_id"]) == set(m.design.configs.index)
+    with pytest.raises(ModelMismatchError, match="not the rows"):
+        attach_rows(m, obs.iloc[:-3])

@@ -177,3 +177,27 @@ def load_estimator(cls: type[LatencyModel], path: str | Path,
         m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
     m._noise_from_result()
     return m
+
+
+def attach_rows(est: LatencyModel, observations: pd.DataFrame) -> None:
+    """Give a loaded fit the rows it was fitted on, for what reads them after a fit (e.g. the
+    row counts per configuration and kind of ``calibrate_predict.run_level_sigma``, which
+    without them falls back on the prior's scale).
+
+    Raises
+    ------
+    ModelMismatchError
+        ``observations`` do not give the fit's rows (their hash differs from its data hash).
+    """
+    from bayes_latency.data.observations_table import DEFAULT_STACK
+    from bayes_latency.model.summaries import fit_rows
+
+    rows = fit_rows(observations, None, est.coefs)
+    if "stack" not in rows.columns:
+        rows = rows.assign(stack=DEFAULT_STACK)
+    h = _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"]
+                         + [f"x_{c}" for c in est.coefs]])
+    if est._data_hash and h != est._data_hash:
+        raise ModelMismatchError(f"these {len(observations)} observations are not the rows the fit "
+                                 f"was made on (data hash {h} != {est._data_hash})")
+    est._rows = rows

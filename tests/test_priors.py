@@ -34,7 +34,7 @@ def test_default_loads() -> None:
         assert e["dist"] == "lognormal" and e["median"] > 0 and 0.5 <= e["sigma"] <= 1.2
         assert e["rationale"]
     assert p.prior_median("prefill_compute") == 2.0
-    assert p.prior_median("decode_compute") == 0.2  # beyond the reads weight_loading charges
+    assert p.prior_median("decode_compute") == 5.0
     assert 500 <= p.prior_median("per_step") <= 3000
     assert 1000 <= p.prior_median("alpha_arrival") <= 20000
     for eff, s in (("model", 0.25), ("gpu", 0.3), ("tp", 0.3)):

@@ -211,6 +211,10 @@ def main() -> None:
                      f"{'yes' if r['adequate'] else 'NO: ' + '; '.join(r['adequacy_failures'])} |")
     lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: commit(s) "
               f"{', '.join(sorted(set(r.get('commit', '?') for r in rows)))}."]
+    if not args.cv:
+        lines += ["", "The real study's cross-validation splits (`--cv`) are the fits of "
+                  "`benchmarks/heldout_real.py`, which reports their gates with the held-out "
+                  "bands (`heldout_real.md`)."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -246,9 +246,8 @@ def render(res: dict[str, Any]) -> str:
                   "`calibrate.MAX_FIT_ELASTICITY`); their in-sample numbers below are "
                   "predictions: " + ", ".join(f"`{u}`" for u in res["unfitted"]) + ".", ""]
     if res.get("reused"):
-        lines += ["Parts read from an earlier run's tables (`--resume`; they may predate changes "
-                  "listed in the note of the commit that wrote them): "
-                  + ", ".join(f"`{k}.csv`" for k in res["reused"]) + ".", ""]
+        lines += ["Parts read from tables written by another `--parts` process or an earlier run "
+                  "(`--resume`; file times): " + ", ".join(res["reused"]) + ".", ""]
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -393,7 +392,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                 f_ = out / f"fits_{key}.csv"
                 if key in _FIT_PREFIX and f_.is_file() and f_.stat().st_size > 1:
                     part_fits[key] = pd.read_csv(f_).to_dict(orient="records")
-                res.setdefault("reused", []).append(key)
+                when = time.gmtime((out / f"{key}.csv").stat().st_mtime)
+                res.setdefault("reused", []).append(
+                    f"`{key}.csv` ({time.strftime('%Y-%m-%d %H:%M', when)} UTC)")
                 log(f"[client] {key}: reusing {out / f'{key}.csv'}")
 
     def fit(obs: pd.DataFrame) -> tuple[Any, dict[str, Any]]:

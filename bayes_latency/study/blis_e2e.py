@@ -292,6 +292,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         simulated statistics, signed errors and, on ``export-mean`` rows, the draws' bands.
     """
     t_start = time.perf_counter()
+    point_seeds = max(1, int(point_seeds))
     if sources is not None:
         sources = {k: (m, list(d)[:n_draws]) for k, (m, d) in sources.items()}
         exports = exports if exports is not None else "(in memory)"
@@ -309,7 +310,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
             sets.append(("export-mean", -1, mean))
             sets += [("export-draw", i, d) for i, d in enumerate(draws)]
         for src, i, c in sets:
-            reps = range(max(1, int(point_seeds))) if src == "export-mean" else range(1)
+            reps = range(point_seeds if src == "export-mean" else 1)
             jobs += [_Job(r, src, i, c, st, rep=k) for k in reps for st in r.stages]
     # Longest first (requests x output tokens) so two workers finish together.
     order = sorted(jobs, key=lambda j: -j.stage.count * j.stage.output_len_mean)
@@ -349,7 +350,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                        n_draws=n_draws if sources else 0,
                        exports=str(exports) if exports is not None else None, parallel=parallel,
                        seed=int(seed), draw_seeds=bool(draw_seeds),
-                       point_seeds=max(1, int(point_seeds)) if sources else 1)
+                       point_seeds=point_seeds if sources else 1)
 
 
 def _row(run: RealRun, source: str, sim: SimStats, kv: int) -> dict[str, Any]:
@@ -406,8 +407,8 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
         for src in ("blis-published", "export-mean"):
             if (r.run_id, src) not in by:
                 continue
-            row = _row(r, src, _pool_reps(by[(r.run_id, src)], out_len), kv[(r.model, r.tp)])
-            reps = [pool_stages(v, out_len) for _, v in sorted(by[(r.run_id, src)].items())]
+            point, reps = _pool_reps(by[(r.run_id, src)], out_len)
+            row = _row(r, src, point, kv[(r.model, r.tp)])
             row["point_seeds"] = len(reps)
             for m in ("e2e_mean", "ttft_mean"):  # relative sd over the realizations
                 v = np.asarray([getattr(x, m) for x in reps], dtype=float)
@@ -431,15 +432,18 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
     return pd.DataFrame(rows)
 
 
-def _pool_reps(reps: Mapping[int, Sequence[StageResult]], out_len: float) -> SimStats:
-    """A point set's statistics over its arrival realizations: means and P90s of all their
-    requests pooled (equal weight per realization), counts per realization (their mean)."""
-    if len(reps) == 1:
-        return pool_stages(next(iter(reps.values())), out_len)
+def _pool_reps(reps: Mapping[int, Sequence[StageResult]], out_len: float
+               ) -> tuple[SimStats, list[SimStats]]:
+    """A point set's statistics over its arrival realizations, and each realization's: means and
+    P90s of all their requests pooled (equal weight per realization), counts per realization
+    (their mean)."""
+    each = [pool_stages(v, out_len) for _, v in sorted(reps.items())]
+    if len(each) == 1:
+        return each[0], each
     st = pool_stages([s for v in reps.values() for s in v], out_len)
-    n = len(reps)
+    n = len(each)
     return replace(st, completed=round(st.completed / n), injected=round(st.injected / n),
-                   timed_out=round(st.timed_out / n), unfinished=round(st.unfinished / n))
+                   timed_out=round(st.timed_out / n), unfinished=round(st.unfinished / n)), each
 
 
 def _draw_table(runs: Sequence[RealRun], jobs: Sequence[_Job], seed: int, draw_seeds: bool,

@@ -51,7 +51,7 @@ from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
 from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.extension import sample_extended
 from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
-from bayes_latency.model.persistence import _hash_frame, assemble
+from bayes_latency.model.persistence import assemble, rows_hash
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
@@ -181,8 +181,7 @@ class LatencyModel:
                    .set_index("config_id").sort_index())
         configs["tp"] = configs["tp"].astype(int)
         self.design = Design(self.coefs, self.terms, self.alpha_terms, configs)
-        self._data_hash = _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"]
-                                           + feature_columns(self.coefs)])
+        self._data_hash = rows_hash(rows, self.coefs)
         self.identifiability = identifiability(rows, self.coefs, self._scale())
         for g in self.identifiability.confounded_everywhere:
             self.report.notes.append(

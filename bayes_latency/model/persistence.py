@@ -26,6 +26,7 @@ import xarray as xr
 from bayes_latency import MODEL_VERSION, __version__
 from bayes_latency.data.identifiability import IdentifiabilityReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
+from bayes_latency.model.summaries import feature_columns, fit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from bayes_latency.model.estimator import LatencyModel
@@ -41,6 +42,11 @@ def _priors_yaml(priors: object) -> str:
 def _hash_frame(df: pd.DataFrame) -> str:
     h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
     return hashlib.sha256(h.tobytes()).hexdigest()[:16]
+
+
+def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
+    """The data hash of a fit's rows (kept in the result's ``data_hash``)."""
+    return _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)])
 
 
 def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:
@@ -190,13 +196,11 @@ def attach_rows(est: LatencyModel, observations: pd.DataFrame) -> None:
         ``observations`` do not give the fit's rows (their hash differs from its data hash).
     """
     from bayes_latency.data.observations_table import DEFAULT_STACK
-    from bayes_latency.model.summaries import fit_rows
 
     rows = fit_rows(observations, None, est.coefs)
     if "stack" not in rows.columns:
         rows = rows.assign(stack=DEFAULT_STACK)
-    h = _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"]
-                         + [f"x_{c}" for c in est.coefs]])
+    h = rows_hash(rows, est.coefs)
     if est._data_hash and h != est._data_hash:
         raise ModelMismatchError(f"these {len(observations)} observations are not the rows the fit "
                                  f"was made on (data hash {h} != {est._data_hash})")

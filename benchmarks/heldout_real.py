@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,29 +40,18 @@ sys.path.insert(0, str(ROOT))
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
 
 
-def _fit_default(observations: pd.DataFrame, settings: object, terms: object = None):
-    """``bayes-latency fit`` on ``observations`` (the CV's fit, whatever the study's settings)."""
-    from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS
-
-    t0 = time.perf_counter()
-    m = LatencyModel().fit(observations, max_draws=DEFAULT_MAX_DRAWS)
-    conv = m.convergence()
-    conv.update(runtime_s=time.perf_counter() - t0, n_rows=len(observations),
-                n_configs=len(m.design.configs), draws=int(m.result["posterior"].sizes["draw"]))
-    return m, conv
-
-
 def run(work: Path) -> None:
-    from bayes_latency.study import cv as cvmod
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.study.cv import run_cv
     from bayes_latency.study.realdata import define_splits, load_real_data, real_data_dir
+    from bayes_latency.study.settings import CLI_FIT
 
     d = real_data_dir()
     if d is None:
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
     data = load_real_data(d)
-    cvmod.fit_ours = _fit_default  # run_cv's fits become the CLI's
-    cv, held, convs, _ = cvmod.run_cv(data, define_splits(data.observations), None)
+    cv, held, convs, _ = run_cv(data, define_splits(data.observations), CLI_FIT,
+                                terms=DEFAULT_TERMS)
     work.mkdir(parents=True, exist_ok=True)
     cv.to_csv(work / "cv.csv", index=False)
     held.to_csv(work / "held.csv", index=False)

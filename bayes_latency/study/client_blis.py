@@ -39,11 +39,10 @@ from bayes_latency.calibrate import (
 )
 from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
-from bayes_latency.model.sampler import DEFAULT_DRAWS, DEFAULT_MAX_DRAWS, DEFAULT_TUNE
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis_spec import Coefficients
 from bayes_latency.study.markdown import _md
-from bayes_latency.study.settings import REAL_TERMS, FitSettings
+from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 
 __all__ = ["main", "sources_for"]
 
@@ -52,7 +51,7 @@ __all__ = ["main", "sources_for"]
 #: convergence gates pass, at most 12000 draws). With 2 x 1000 draws after 500 tuning steps
 #: (calibrated fit) and 2 x 500 after 500 (refits), every fit of the study failed the gates
 #: (R-hat 1.02-1.10, bulk ESS 14-118; session of 2026-11-24).
-CLIENT_FIT = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, max_draws=DEFAULT_MAX_DRAWS)
+CLIENT_FIT = CLI_FIT
 #: The fit that gives the first replay's coefficients.
 START_FIT = FitSettings(draws=200, tune=200)
 QUICK_FIT = FitSettings(draws=200, tune=200)

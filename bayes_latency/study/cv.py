@@ -43,6 +43,7 @@ def fit_ours(observations: pd.DataFrame, settings: FitSettings,
     conv["runtime_s"] = time.perf_counter() - t0
     conv["n_rows"] = len(observations)
     conv["n_configs"] = len(m.design.configs)
+    conv["draws"] = int(m.result["posterior"].sizes["draw"])  # kept (more when extended)
     return m, conv
 
 
@@ -168,8 +169,10 @@ def stack_effect(model: Any) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------- CV
 def run_cv(data: RealData, splits: Sequence[Split], settings: FitSettings,
-           log: Any = print) -> tuple[pd.DataFrame, pd.DataFrame, list[dict[str, Any]], dict]:
-    """Fit ours on each split's training rows, predict the held-out rows, run the baselines.
+           log: Any = print, terms: Sequence[str] = REAL_TERMS
+           ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict[str, Any]], dict]:
+    """Fit ours (``terms``) on each split's training rows, predict the held-out rows, run the
+    baselines.
 
     Returns
     -------
@@ -184,7 +187,7 @@ def run_cv(data: RealData, splits: Sequence[Split], settings: FitSettings,
         test_mask = obs["experiment_id"].isin(sp.held_out)
         train, test = obs[~test_mask], obs[test_mask].reset_index(drop=True)
         log(f"[study] split {sp.name!r}: {len(train)} training rows, {len(test)} held out")
-        m, conv = fit_ours(train, settings)
+        m, conv = fit_ours(train, settings, terms)
         models[sp.name] = m
         conv.update(fit=f"cv: {sp.name}")
         convs.append(conv)

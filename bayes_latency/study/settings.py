@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bayes_latency.model.sampler import (
+    DEFAULT_DRAWS,
+    DEFAULT_MAX_DRAWS,
+    DEFAULT_TUNE,
+    TARGET_ACCEPT,
+)
+
 #: Basis terms of every fit of ours in this study (and of the NNLS baseline).
 #:
 #: Measured reason (2 chains x 1000 draws after 1000 tuning, target_accept 0.99, nutpie): on the
@@ -56,6 +63,10 @@ FULL_H100 = FitSettings(target_accept=0.995)
 #: Every cross-validation fit (2000 draws keep the eight refits near 13 min on 2 cores).
 FULL_CV = FitSettings()
 QUICK = FitSettings(draws=200, tune=200)
+#: What ``bayes-latency fit`` does with no flags: 2 x 2000 draws after 1000 tuning steps,
+#: target_accept 0.99, sampling on until the convergence gates pass (at most 12000 draws).
+CLI_FIT = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, target_accept=TARGET_ACCEPT,
+                      max_draws=DEFAULT_MAX_DRAWS)
 #: Labels of the two fits on the H100 iterations only (rows of ``convergence.csv``).
 H100_FIT = "h100 iterations only"
 H100_FIT_DEFAULT = "h100 iterations only, 11 default terms"

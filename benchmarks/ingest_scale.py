@@ -275,21 +275,26 @@ def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def stage_cpu_ab(demo: list[Path], work: Path, base: str, rounds: int = 3) -> dict:
-    """CPU per stage of this tree and of git commit ``base`` (its ``bayes_latency`` extracted
-    with ``git archive``), each in a fresh process, alternating ``rounds`` times; the best total
-    of each (the shared machine's load moves single runs by 10-30%)."""
+def _base_package(pkg: Path, base: str) -> Path:
+    """``bayes_latency`` of commit ``base`` extracted (``git archive``) into a fresh ``pkg``."""
     import subprocess
     import tarfile
     from io import BytesIO
 
-    pkg = work / f"base_{base}"
     shutil.rmtree(pkg, ignore_errors=True)
     pkg.mkdir(parents=True)
     tar = subprocess.run(["git", "-C", str(REPO), "archive", base, "bayes_latency"],
                          capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(tar)) as tf:
         tf.extractall(pkg, filter="data")
+    return pkg
+
+
+def stage_cpu_ab(demo: list[Path], work: Path, base: str, rounds: int = 3) -> dict:
+    """CPU per stage of this tree and of git commit ``base`` (its ``bayes_latency`` extracted
+    with ``git archive``), each in a fresh process, alternating ``rounds`` times; the best total
+    of each (the shared machine's load moves single runs by 10-30%)."""
+    pkg = _base_package(work / f"base_{base}", base)
     best: dict[str, dict] = {}
     loads = []
     for k in range(rounds):
@@ -429,17 +434,7 @@ def numba_costs(demo: list[Path], work: Path, base: str = "de30309") -> dict:
     the first experiment's ingest with an empty numba cache (compilation), with the cache
     filled (numba's import and start-up, loading the cached code), and on ``base`` (the pure
     Python loops), each in a fresh process; the second experiment shows the steady state."""
-    import subprocess
-    import tarfile
-    from io import BytesIO
-
-    pkg = work / f"numba_base_{base}"
-    shutil.rmtree(pkg, ignore_errors=True)
-    pkg.mkdir(parents=True)
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", base, "bayes_latency"],
-                         capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=BytesIO(tar)) as tf:
-        tf.extractall(pkg, filter="data")
+    pkg = _base_package(work / f"numba_base_{base}", base)
     cache = work / "numba_cache"
     shutil.rmtree(cache, ignore_errors=True)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))

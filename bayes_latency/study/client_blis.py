@@ -313,9 +313,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if parts is not None and set(parts) - set(PARTS):
         raise ConfigError(f"unknown study parts {sorted(set(parts) - set(PARTS))}; "
                           f"expected some of {PARTS}")
-    run_parts = tuple(p_ for p_ in PARTS if (p_ in parts if parts is not None else
-                                        (p_ == "insample" or (p_ == "loro" and loro)
-                                         or (p_ == "lomo" and lomo))))
+    if parts is None:
+        parts = ["insample"] + ["loro"] * loro + ["lomo"] * lomo
+    run_parts = tuple(p_ for p_ in PARTS if p_ in parts)
     from bayes_latency.study.blis_e2e import POINT_SEEDS, check_blis, run_study
     from bayes_latency.study.blis_spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
@@ -374,6 +374,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         unfitted = list(cal.unfitted)
         atomic_write_text(out / "unfitted.json", json.dumps(unfitted) + "\n")
     fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
+    cv_settings = QUICK_FIT if quick else CV_FIT
     write_real_exports(model, out / "exports", posterior_path=post_path)
     res: dict[str, Any] = {"calibration": {"converged": converged,
                                            "final_change": float(history["max_change"].iloc[-1])},
@@ -381,12 +382,11 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "point_seeds": POINT_SEEDS,
                            "unfitted": unfitted,
                            "settings": settings_label,
-                           "cv_settings": _settings_label(QUICK_FIT if quick else CV_FIT),
+                           "cv_settings": _settings_label(cv_settings),
                            "replay_s": float(history["replay_s"].iloc[-1]),
                            "calibrate_s": calibrate_s,
                            "stage_ttft": stage_ttft_table(pred, stages) if pred is not None
                            else None}
-    cv_settings = QUICK_FIT if quick else CV_FIT
     part_fits: dict[str, list[dict[str, Any]]] = {}
     if resume:  # the tables of parts that ran in another process or an earlier run
         for key in PARTS:

@@ -50,13 +50,102 @@ def run(work: Path) -> None:
     if d is None:
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
     data = load_real_data(d)
+    work.mkdir(parents=True, exist_ok=True)
+    run_within(data.observations, work)
     cv, held, convs, _ = run_cv(data, define_splits(data.observations), CLI_FIT,
                                 terms=DEFAULT_TERMS)
-    work.mkdir(parents=True, exist_ok=True)
     cv.to_csv(work / "cv.csv", index=False)
     held.to_csv(work / "held.csv", index=False)
     pd.DataFrame([{k: v for k, v in c.items() if not isinstance(v, (list, dict))}
                   for c in convs]).to_csv(work / "conv.csv", index=False)
+
+
+#: Consecutive iterations per block of the ``blocks`` within-run split.
+BLOCK = 25
+
+
+def within_run_masks(obs: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Held-out masks of iterations of configurations the fit still sees (both real vLLM runs
+    at once; every other row stays in the fit):
+
+    - ``blocks``: every third block of :data:`BLOCK` consecutive iterations of each run
+      (held-out steps from the same load stages as the fitted ones);
+    - ``later third``: each run's last third of iterations (by step index): the runs raise
+      their request rate stage by stage, so this asks for steps under a heavier load than any
+      fitted one of the run.
+    """
+    it = (obs["kind"] == "iteration").to_numpy()
+    step = obs["step_first"].to_numpy(dtype=float)
+    exp = obs["experiment_id"].to_numpy()
+    blocks = np.zeros(len(obs), bool)
+    later = np.zeros(len(obs), bool)
+    for e in pd.unique(exp[it]):
+        m = it & (exp == e)
+        idx = np.flatnonzero(m)
+        rank = np.argsort(np.argsort(step[idx], kind="stable"), kind="stable")
+        blocks[idx] = (rank // BLOCK) % 3 == 2
+        later[idx] = step[idx] > np.quantile(step[idx], 2.0 / 3.0)
+    return {"blocks": blocks, "later third": later}
+
+
+def run_within(obs: pd.DataFrame, work: Path) -> None:
+    """Fit without each within-run split's iterations and keep their 90% / 50% bands."""
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.study.cv import fit_ours, ours_predictions
+    from bayes_latency.study.settings import CLI_FIT
+
+    held, convs = [], []
+    for name, mask in within_run_masks(obs).items():
+        train, test = obs[~mask], obs[mask].reset_index(drop=True)
+        print(f"[heldout] within-run split {name!r}: {len(train)} training rows, "
+              f"{len(test)} held out", flush=True)
+        m, conv = fit_ours(train, CLI_FIT, DEFAULT_TERMS)
+        conv.update(fit=f"within: {name}")
+        convs.append({k: v for k, v in conv.items() if not isinstance(v, (list, dict))})
+        band = ours_predictions(m, test)
+        held.append(pd.concat([test[["obs_id", "experiment_id", "config_id", "phase"]], band],
+                              axis=1).assign(split=name, observed_us=test["value_us"].to_numpy()))
+    pd.concat(held).to_csv(work / "within_held.csv", index=False)
+    pd.DataFrame(convs).to_csv(work / "within_conv.csv", index=False)
+
+
+def report_within(work: Path) -> tuple[dict, list[str]]:
+    """Summary and markdown lines of the within-run splits (empty without their files)."""
+    if not (work / "within_held.csv").exists():
+        return {}, []
+    h = pd.read_csv(work / "within_held.csv")
+    conv = pd.read_csv(work / "within_conv.csv")
+    h["run"] = h["config_id"].str.split("|").str[0]
+    res, rows = {}, []
+    for sp, g in h.groupby("split", sort=False):
+        c = conv[conv["fit"] == f"within: {sp}"].iloc[0]
+        res[sp] = {"n": len(g), "coverage90": float(g["in_90"].mean()),
+                   "coverage50": float(g["in_50"].mean()),
+                   "mdape_pct": float(np.median(np.abs(g["pred_median_us"] / g["observed_us"] - 1))
+                                      * 100),
+                   "max_rhat": float(c["max_rhat"]), "min_ess_bulk": float(c["min_ess_bulk"]),
+                   "divergences": int(c["divergences"])}
+        for (run, ph), gg in g.groupby(["run", "phase"]):
+            rows.append({"split": sp, "run": run, "phase": ph, "n": len(gg),
+                         "coverage90": round(float(gg["in_90"].mean()), 3),
+                         "coverage50": round(float(gg["in_50"].mean()), 3),
+                         "median_obs_over_pred": round(float(np.median(gg["observed_us"]
+                                                                       / gg["pred_median_us"])), 3),
+                         "median_band_rel_width": round(float(np.median(
+                             (gg["q95_us"] - gg["q05_us"]) / gg["pred_median_us"])), 3)})
+    lines = ["## Held-out iterations of configurations the fit sees", "",
+             "Both real vLLM runs' iterations held out at once, every other row fitted (same fit "
+             "settings): `blocks` holds out every third block of "
+             f"{BLOCK} consecutive iterations of each run (steps from the load stages the fit "
+             "sees); `later third` each run's last third (the runs raise their request rate "
+             "stage by stage: steps under a heavier load than any fitted one of the run).", ""]
+    for sp, r in res.items():
+        lines.append(f"- `{sp}`: **{r['coverage90']:.3f}** of {r['n']} inside their 90% band, "
+                     f"{r['coverage50']:.3f} inside their 50% band; MdAPE {r['mdape_pct']:.1f}%; "
+                     f"fit R-hat {r['max_rhat']:.4f}, ESS {r['min_ess_bulk']:.0f}, "
+                     f"{r['divergences']} divergences.")
+    lines += ["", _markdown_table(pd.DataFrame(rows)), ""]
+    return res, lines
 
 
 def report(work: Path, out: Path) -> dict:
@@ -100,6 +189,8 @@ def report(work: Path, out: Path) -> dict:
         "fits": len(conv),
         "splits": t.to_dict(orient="records"),
     }
+    within, within_lines = report_within(work)
+    res["within_run"] = within
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [
@@ -137,6 +228,7 @@ def report(work: Path, out: Path) -> dict:
                      f"{r['median_band_rel_width']:.2f} of the median wide, for an observed / "
                      f"predicted ratio of {r['median_obs_over_pred']:.2f}: wider than needed.")
     lines.append("")
+    lines += within_lines
     out.with_suffix(".md").write_text("\n".join(lines))
     return res
 

@@ -4,6 +4,7 @@ profiled information. Small synthetic tables; every test runs in well under a se
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from obs_factory import make_observations
 from scipy import optimize
@@ -335,3 +336,50 @@ def test_constant_from_sums_of_noisy_steps_is_unbiased(monkeypatch, with_offset)
     assert s.noise["step_window"].sigma == pytest.approx(sigma, rel=0.1)
     z = (s.theta_hat[0] - c) * np.sqrt(s.info[0, 0])
     assert (abs(z) < 2.5) == with_offset, z
+
+
+# ---------------------------------------------------------------- noise classes
+def test_noise_kind_puts_prefill_steps_in_their_own_class():
+    from bayes_latency.model.likelihood import base_kind, noise_kind
+
+    df = pd.DataFrame({"kind": ["iteration", "iteration", "benchmark_mean", "benchmark_mean",
+                                "step_window", "alpha_arrival"],
+                       "x_prefill_compute": [0.0, 3.0, 0.0, 5.0, 7.0, 0.0]})
+    got = list(noise_kind(df))
+    assert got == ["iteration", "iteration_prefill", "benchmark_mean", "benchmark_mean_prefill",
+                   "step_window", "alpha_arrival"]
+    assert [base_kind(k) for k in got] == list(df["kind"])
+    # without prefill features (e.g. a table of alpha rows) the class is the kind
+    assert list(noise_kind(df[["kind"]])) == list(df["kind"])
+    # x_prefill_kv marks prefill work when x_prefill_compute is absent
+    kv = pd.DataFrame({"kind": ["iteration", "iteration"], "x_prefill_kv": [0.0, 1.0]})
+    assert list(noise_kind(kv)) == ["iteration", "iteration_prefill"]
+
+
+def test_stage1_fits_a_separate_noise_for_prefill_steps(scale):
+    """Mixed steps made 4x as noisy as decode steps: stage 1 estimates the two scales apart."""
+    obs, _ = make_observations([("llama-2-70b", "H100", 4)], n_iter=600, n_win=50, n_alpha=40,
+                               seed=3, sigma=0.03, nu=30.0)
+    rng = np.random.default_rng(0)
+    pre = (obs["kind"] == "iteration") & (obs["x_prefill_compute"] > 0)
+    obs.loc[pre, "value_us"] *= np.exp(0.12 * rng.standard_normal(int(pre.sum())))
+    s = summarize(fit_rows(obs), COEFS, scale, noise_prior=PRIOR, scheduler="inline")[0]
+    assert {"iteration", "iteration_prefill"} <= set(s.noise)
+    dec, mix = s.noise["iteration"].sigma, s.noise["iteration_prefill"].sigma
+    assert 0.02 < dec < 0.045, dec
+    assert 0.09 < mix < 0.16, mix
+
+
+def test_predictions_use_each_rows_noise_class():
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.likelihood import NoiseParams
+
+    m = LatencyModel()
+    m._noise = {"a": {"iteration": NoiseParams(0.01, 0.0, 5.0),
+                      "iteration_prefill": NoiseParams(0.04, 0.0, 3.0)},
+                "b": {"iteration": NoiseParams(0.02, 0.0, 6.0)}}
+    rows = pd.DataFrame({"config_id": ["a", "a", "b", "b"], "kind": ["iteration"] * 4,
+                         "x_prefill_compute": [0.0, 2.0, 0.0, 2.0], "n_steps": [1, 1, 1, 1]})
+    scale, nu = m._row_noise(rows)
+    np.testing.assert_allclose(scale, [0.01, 0.04, 0.02, 0.02])  # b has no prefill class: its kind's
+    np.testing.assert_allclose(nu, [5.0, 3.0, 6.0, 6.0])

@@ -50,7 +50,7 @@ from bayes_latency.model.command import fit_command, load_observations  # noqa: 
 from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
 from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.extension import sample_extended
-from bayes_latency.model.likelihood import NoiseParams, row_loglik, student_t_draws
+from bayes_latency.model.likelihood import NoiseParams, noise_kind, row_loglik, student_t_draws
 from bayes_latency.model.persistence import assemble, rows_hash
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
@@ -83,6 +83,9 @@ METHODS = ("laplace-hierarchy", "full")
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "request_decode": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",),
+               # a noise class without rows in the configuration: its kind's other class
+               "iteration_prefill": ("iteration",), "iteration": ("iteration_prefill",),
+               "benchmark_mean_prefill": ("benchmark_mean", "iteration_prefill"),
                "workload_decode": ("workload_e2e",)}
 
 
@@ -521,7 +524,8 @@ class LatencyModel:
         scale = np.empty(len(observations))
         nu = np.empty(len(observations))
         n = observations["n_steps"].to_numpy(dtype=float)
-        for (c, k), idx in observations.groupby(["config_id", "kind"]).indices.items():
+        key = [observations["config_id"].to_numpy(), noise_kind(observations)]
+        for (c, k), idx in pd.Series(0, index=observations.index).groupby(key).indices.items():
             p = self.noise(str(c), str(k))
             scale[idx] = p.scale(n[idx])
             nu[idx] = p.nu
@@ -531,7 +535,8 @@ class LatencyModel:
         """Per-row offset of ``log y`` over ``log mu`` of multi-step rows (:mod:`.likelihood`)."""
         off = np.zeros(len(observations))
         n = observations["n_steps"].to_numpy(dtype=float)
-        for (c, k), idx in observations.groupby(["config_id", "kind"]).indices.items():
+        key = [observations["config_id"].to_numpy(), noise_kind(observations)]
+        for (c, k), idx in pd.Series(0, index=observations.index).groupby(key).indices.items():
             off[idx] = self.noise(str(c), str(k)).log_offset(n[idx])
         return off
 

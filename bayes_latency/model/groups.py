@@ -269,7 +269,7 @@ def posterior_predictive(model: LatencyModel, rows: pd.DataFrame, post: xr.Datas
     ds.attrs.update(_group_attrs(rows, n_fitted, subsample))
     ds.attrs.update({"n_samples": C * D, "draws": "every posterior draw (chain x draw): ArviZ's "
                      "loo_pit needs the predictive and log-likelihood draws to match",
-                     "noise": "fitted Student-t noise on the log scale per (config, kind)"})
+                     "noise": "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)"})
     return annotate(ds)
 
 
@@ -322,7 +322,7 @@ def prior_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, se
                     coords={"chain": prior["chain"].values, "draw": prior["draw"].values,
                             **_obs_coords(rows)})
     pp.attrs.update(_group_attrs(rows, n_fitted, subsample))
-    pp.attrs["noise"] = "fitted Student-t noise on the log scale per (config, kind)"
+    pp.attrs["noise"] = "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)"
     return prior, annotate(pp)
 
 

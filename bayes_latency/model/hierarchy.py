@@ -103,7 +103,7 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
     PriorArrays,
     prior_arrays,
 )
-from bayes_latency.model.likelihood import WINDOW_KINDS
+from bayes_latency.model.likelihood import WINDOW_KINDS, noise_kind
 from bayes_latency.model.population import (  # noqa: F401  (re-exported)
     FIXED_SCALE_FACTORS,
     MIN_LEVELS_FOR_SCALE,
@@ -293,9 +293,10 @@ SUMMARY_DATA = ("summary_theta_hat", "summary_grad", "summary_info")
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,
                     pa: PriorArrays) -> None:
-    kinds = sorted(rows["kind"].unique())
+    row_kind = noise_kind(rows)  # noise per (configuration, noise class)
+    kinds = sorted(set(row_kind))
     cfg_idx = np.asarray([list(design.configs.index).index(c) for c in rows["config_id"]])
-    kind_idx = np.searchsorted(kinds, rows["kind"].to_numpy())
+    kind_idx = np.searchsorted(kinds, row_kind)
     X = rows[feature_columns(design.coefs)].to_numpy(dtype=float)
     n = np.maximum(rows["n_steps"].to_numpy(dtype=float), 1.0)
     model = pm.modelcontext(None)

@@ -26,6 +26,7 @@ import xarray as xr
 from bayes_latency import MODEL_VERSION, __version__
 from bayes_latency.data.identifiability import IdentifiabilityReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
+from bayes_latency.model.likelihood import noise_kind
 from bayes_latency.model.summaries import feature_columns, fit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,7 +91,7 @@ def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:
 def noise_dataset(est: LatencyModel) -> xr.Dataset:
     """Noise parameters per (config, kind) and, on the fast path, the stage-1 summaries."""
     cfgs = list(est.design.configs.index)
-    kinds = sorted({k for n in est._noise.values() for k in n} | set(est._rows["kind"].unique()))
+    kinds = sorted({k for n in est._noise.values() for k in n} | set(noise_kind(est._rows)))
     arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
     for i, c in enumerate(cfgs):
         for j, k in enumerate(kinds):

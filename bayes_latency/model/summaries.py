@@ -59,7 +59,13 @@ from scipy import optimize, special
 from threadpoolctl import threadpool_limits
 
 from bayes_latency.data.report import IngestReport
-from bayes_latency.model.likelihood import FIT_ROLES, WINDOW_KINDS, NoiseParams, sum_log_offset
+from bayes_latency.model.likelihood import (
+    FIT_ROLES,
+    WINDOW_KINDS,
+    NoiseParams,
+    noise_kind,
+    sum_log_offset,
+)
 from bayes_latency.model.newton import (  # noqa: F401 - the optimiser's settings re-exported
     EPS_BOUND,
     MAX_NEWTON_ITER,
@@ -616,7 +622,9 @@ def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
     from bayes_latency.parallel import run_units
 
     cols = ["config_id", "model", "gpu", "tp", "kind", "n_steps", "value_us", *feature_columns(coefs)]
-    jobs = [(g[cols], tuple(coefs), scale, noise_prior) for _, g in rows.groupby("config_id", sort=True)]
+    # stage 1 estimates one noise per (configuration, noise class): ``kind`` carries the class
+    rows = rows[cols].assign(kind=noise_kind(rows))
+    jobs = [(g, tuple(coefs), scale, noise_prior) for _, g in rows.groupby("config_id", sort=True)]
     return run_units(summarize_config, jobs, scheduler=scheduler,
                      cost_s=len(rows) * SECONDS_PER_ROW, weights=[len(j[0]) for j in jobs],
                      desc="stage 1", unit="row", scatter=True)

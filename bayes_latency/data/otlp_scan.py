@@ -64,33 +64,46 @@ _F_STRING = _lit("stringValue")
 _F_INTV = _lit("intValue")
 _F_DOUBLE = _lit("doubleValue")
 
+# the compact form of an attribute: {"key":"K","value":{"intValue":"1"}} (or stringValue /
+# doubleValue), read by a fast path of :func:`_attributes`
+_P_KEY = _lit('{"key":"')
+_P_VALUE = _lit('","value":{"')
+_P_INT = _lit('intValue":"')
+_P_STR = _lit('stringValue":"')
+_P_DBL = _lit('doubleValue":')
 _LIM_POS = _lit("9223372036854775807")
 _LIM_NEG = _lit("9223372036854775808")
 
 _ERR = -1
 
 
+def _hash(data: bytes) -> int:
+    """:func:`_hash_of` in Python (64-bit wrap-around)."""
+    h = 0
+    for c in data:
+        h = (h * 31 + c) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+#: Slots of a :func:`names_table` (a power of two).
+_SLOTS = 1024
+
+
 def names_table(names: tuple[str, ...] | list[str]) -> tuple[np.ndarray, ...]:
-    """Lookup table of ``names`` for :func:`_match`: (concatenated bytes, offset of each name,
-    name code, first and end slot of each length) with the names sorted by length."""
+    """Lookup table of ``names`` for :func:`_match`: (their concatenated bytes, the offset and
+    length of each, the hash slots: the index of the name there or -1, by open addressing)."""
     enc = [n.encode() for n in names]
-    order = sorted(range(len(enc)), key=lambda k: (len(enc[k]), k))
-    cat = np.frombuffer(b"".join(enc[k] for k in order) + b"\0", dtype=np.uint8).copy()
-    off = np.zeros(len(order), dtype=np.int64)
-    pos = 0
-    for j, k in enumerate(order):
-        off[j] = pos
-        pos += len(enc[k])
-    codes = np.array(order, dtype=np.int64)
-    top = max((len(e) for e in enc), default=0) + 2
-    lstart = np.zeros(top, dtype=np.int64)
-    lend = np.zeros(top, dtype=np.int64)
-    for j, k in enumerate(order):
-        n = len(enc[k])
-        if lend[n] == 0:
-            lstart[n] = j
-        lend[n] = j + 1
-    return cat, off, codes, lstart, lend
+    cat = np.frombuffer(b"".join(enc) + b"\0", dtype=np.uint8).copy()
+    off = np.zeros(len(enc), dtype=np.int64)
+    lens = np.array([len(e) for e in enc], dtype=np.int64)
+    off[1:] = np.cumsum(lens)[:-1]
+    slots = np.full(_SLOTS, -1, dtype=np.int64)
+    for k, e in enumerate(enc):
+        j = _hash(e) & (_SLOTS - 1)
+        while slots[j] >= 0:
+            j = (j + 1) & (_SLOTS - 1)
+        slots[j] = k
+    return cat, off, lens, slots
 
 
 @njit(cache=True, nogil=True)
@@ -283,21 +296,109 @@ def _eq(b, s, e, lit):
 
 
 @njit(cache=True, nogil=True)
-def _match(b, s, e, cat, off, codes, lstart, lend):
-    """Code of the name ``b[s:e]`` in a :func:`names_table`, or -1."""
+def _at(b, i, lit):
+    """Whether ``lit`` is at ``b[i:]`` (stops at the first difference: the end's zero bytes
+    differ from every literal)."""
+    for k in range(len(lit)):
+        if b[i + k] != lit[k]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _compact_kv(b, i, kv, row, keys):
+    """The attribute at ``i`` if it is in the compact form ``{"key":"K","value":{"T":V}}``
+    (one value of type T = intValue / stringValue / doubleValue, no escapes, no spaces) into
+    ``kv[row]``: the index after it, or -1 (then read by the general path, which reads the
+    same values)."""
+    if not _at(b, i, _P_KEY):
+        return _ERR
+    ks = i + len(_P_KEY)
+    j = ks
+    c = b[j]
+    h = np.uint64(0)
+    while c != 34 and c != 92 and c >= 32:
+        h = h * np.uint64(31) + np.uint64(c)
+        j += 1
+        c = b[j]
+    if c != 34 or not _at(b, j, _P_VALUE):
+        return _ERR
+    ke = j
+    t = j + len(_P_VALUE)
+    if _at(b, t, _P_INT):
+        vs = t + len(_P_INT)
+        j = vs
+        c = b[j]
+        while c != 34 and c != 92 and c >= 32:
+            j += 1
+            c = b[j]
+        if c != 34:
+            return _ERR
+        v, ok = _int_text(b, vs, j)
+        flags = HAS_INT | (INT_OK if ok else 0)
+        kv[KV_INT, row] = v
+        j += 1
+    elif _at(b, t, _P_STR):
+        vs = t + len(_P_STR)
+        j = vs
+        c = b[j]
+        while c != 34 and c != 92 and c >= 32:
+            j += 1
+            c = b[j]
+        if c != 34:
+            return _ERR
+        flags = HAS_STR
+        kv[KV_STR_S, row] = vs
+        kv[KV_STR_E, row] = j
+        j += 1
+    elif _at(b, t, _P_DBL):
+        vs = t + len(_P_DBL)
+        c = b[vs]
+        if not (c == 45 or 48 <= c <= 57):
+            return _ERR
+        j = _number(b, vs)
+        if j < 0:
+            return _ERR
+        flags = HAS_DBL
+        kv[KV_DBL_S, row] = vs
+        kv[KV_DBL_E, row] = j
+    else:
+        return _ERR
+    if b[j] != 125 or b[j + 1] != 125:
+        return _ERR
+    kv[KV_KEY, row] = _match(b, ks, ke, h, keys)
+    kv[KV_FLAGS, row] = flags
+    return j + 2
+
+
+@njit(cache=True, nogil=True)
+def _hash_of(b, s, e):
+    h = np.uint64(0)
+    for k in range(s, e):
+        h = h * np.uint64(31) + np.uint64(b[k])
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _match(b, s, e, h, table):
+    """Index of the name ``b[s:e]`` (of hash ``h``) in a :func:`names_table`, or -1."""
+    cat, off, lens, slots = table
     n = e - s
-    if n >= len(lstart):
-        return -1
-    for j in range(lstart[n], lend[n]):
-        o = off[j]
-        same = True
-        for k in range(n):
-            if b[s + k] != cat[o + k]:
-                same = False
-                break
-        if same:
-            return codes[j]
-    return -1
+    j = np.int64(h & np.uint64(len(slots) - 1))
+    while True:
+        k = slots[j]
+        if k < 0:
+            return -1
+        if lens[k] == n:
+            o = off[k]
+            same = True
+            for q in range(n - 1, -1, -1):
+                if b[s + q] != cat[o + q]:
+                    same = False
+                    break
+            if same:
+                return k
+        j = (j + 1) & (len(slots) - 1)
 
 
 @njit(cache=True, nogil=True)
@@ -405,7 +506,6 @@ def _attributes(b, i, kv, cnt, slot, parent, keys, stack):
     i = _ws(b, i + 1)
     if b[i] == 93:
         return i + 1
-    cat, off, codes, lstart, lend = keys
     while True:
         if b[i] != 123:
             return _ERR
@@ -414,6 +514,12 @@ def _attributes(b, i, kv, cnt, slot, parent, keys, stack):
             return _ERR
         cnt[slot] = row + 1
         kv[KV_PARENT, row] = parent
+        j = _compact_kv(b, i, kv, row, keys)
+        if j >= 0:
+            i, end = _next(b, j, 93)
+            if end:
+                return i
+            continue
         kv[KV_KEY, row] = -1
         kv[KV_FLAGS, row] = 0
         i = _ws(b, i + 1)
@@ -430,7 +536,7 @@ def _attributes(b, i, kv, cnt, slot, parent, keys, stack):
                     ks, ke, i = _plain_string(b, i)
                     if i < 0:
                         return _ERR
-                    kv[KV_KEY, row] = _match(b, ks, ke, cat, off, codes, lstart, lend)
+                    kv[KV_KEY, row] = _match(b, ks, ke, _hash_of(b, ks, ke), keys)
                 elif s >= 0 and _eq(b, s, e, _F_VALUE):
                     if seen & 2 or b[i] != 123:
                         return _ERR
@@ -462,7 +568,6 @@ def _events(b, i, ev, ekv, cnt, span, keys, names, stack):
     i = _ws(b, i + 1)
     if b[i] == 93:
         return i + 1
-    cat, off, codes, lstart, lend = names
     while True:
         if b[i] != 123:
             return _ERR
@@ -486,7 +591,7 @@ def _events(b, i, ev, ekv, cnt, span, keys, names, stack):
                     ns, ne, i = _plain_string(b, i)
                     if i < 0:
                         return _ERR
-                    code = _match(b, ns, ne, cat, off, codes, lstart, lend)
+                    code = _match(b, ns, ne, _hash_of(b, ns, ne), names)
                     if code < 0:
                         return _ERR  # an unknown event
                     ev[EV_NAME, row] = code
@@ -635,7 +740,6 @@ def _scope_spans(b, i, sp, ev, skv, ekv, cnt, keys, names, scopes, stack):
     if b[i] == 125:
         return _ERR  # no scope
     seen = 0
-    scat, soff, scodes, sls, sle = scopes
     while True:
         s, e, i = _key(b, i)
         if i < 0:
@@ -658,7 +762,7 @@ def _scope_spans(b, i, sp, ev, skv, ekv, cnt, keys, names, scopes, stack):
                         ns, ne, i = _plain_string(b, i)
                         if i < 0:
                             return _ERR
-                        scope = _match(b, ns, ne, scat, soff, scodes, sls, sle)
+                        scope = _match(b, ns, ne, _hash_of(b, ns, ne), scopes)
                     else:
                         i = _skip(b, i, stack)
                         if i < 0:

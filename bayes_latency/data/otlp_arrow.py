@@ -221,18 +221,23 @@ class _Attrs:
                 return
             from bayes_latency.data import otlp_scan as _s
 
-            code = _scan_remap(keys)[kv[_s.KV_KEY]]
+            raw, remap = kv[_s.KV_KEY], _scan_remap(keys)
             take = _scanned_values(kv, buf)
         else:
             if not len(kvs):
                 return
             f = _fields(kvs)
-            code = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
+            raw = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
+            remap = np.append(np.arange(len(keys), dtype=np.int64), -1)
             take = _arrow_values(_fields(f["value"]))
-        self._build(keys, code, parent, group, specs, take)
+        self._build(keys, raw, remap, np.ascontiguousarray(parent), group, specs, take)
 
-    def _build(self, keys: tuple[str, ...], code: np.ndarray, parent: np.ndarray,
-               group: np.ndarray, specs: tuple[dict[str, int], ...], take: Any) -> None:
+    def _build(self, keys: tuple[str, ...], raw: np.ndarray, remap: np.ndarray,
+               parent: np.ndarray, group: np.ndarray, specs: tuple[dict[str, int], ...],
+               take: Any) -> None:
+        """``raw``: each attribute's key code, ``remap[raw]`` its index in ``keys`` (-1 none)."""
+        from bayes_latency.data.otlp_scan import group_by_key
+
         kinds: dict[str, int] = {}
         for spec in specs:
             for k, t in spec.items():
@@ -242,32 +247,29 @@ class _Attrs:
         for g, spec in enumerate(specs):
             for k in spec:
                 known[g, keys.index(k)] = True
-        sel = code >= 0
-        sel[sel] = known[group[parent[sel]], code[sel]]
-        idx = np.flatnonzero(sel)
-        if not len(idx):
+        order, bounds, dup = group_by_key(raw, remap, parent, np.ascontiguousarray(group),
+                                          known)
+        if not len(order):
             return
-        c, p = code[idx].astype(np.int16), parent[idx]
-        order = np.argsort(c, kind="stable")  # radix sort of small ints
-        c, p, idx = c[order], p[order], idx[order]
-        bounds = np.searchsorted(c, np.arange(len(keys) + 1))
         # parents are in increasing order within a key: a key twice in one list is a repeat
-        if ((c[1:] == c[:-1]) & (p[1:] == p[:-1])).any():
+        if dup:
             raise _Fallback
         # one take (and one parse) per value type over all keys of that type
-        kind_of = np.array([kinds[k] for k in keys], dtype=np.int64)
         for kind in (_o._INT, _o._FLOAT, _o._STR):
-            of_kind = kind_of[c] == kind
-            if not of_kind.any():
+            ks = [k for k in range(len(keys)) if kinds[keys[k]] == kind
+                  and bounds[k + 1] > bounds[k]]
+            if not ks:
                 continue
-            v = take(kind, idx[of_kind])
+            ii = np.concatenate([order[bounds[k]:bounds[k + 1]] for k in ks])
+            v = take(kind, ii)
             if kind == _o._FLOAT and (not np.isfinite(v).all() or np.signbit(v[v == 0.0]).any()):
                 raise _Fallback  # non-finite, or -0 (Python reads JSON -0 as int 0)
-            pos = np.flatnonzero(of_kind)
-            for k in np.flatnonzero(kind_of == kind):
-                a, b = np.searchsorted(pos, (bounds[k], bounds[k + 1]))
-                if b > a:
-                    self.values[keys[k]] = (p[bounds[k]:bounds[k + 1]], v[a:b])
+            a = 0
+            for k in ks:
+                b = a + bounds[k + 1] - bounds[k]
+                rows = ii[a:b]
+                self.values[keys[k]] = (parent[rows], v[a:b])
+                a = b
 
     def get(self, key: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of ``key`` for every parent (or ``rows``); absent = 0 / None."""

@@ -25,6 +25,7 @@ it as ``malformed_json``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -410,17 +411,13 @@ def _scanned_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
 
     if b"\r" in buf:
         return None
-    # rows at most: a span takes 26 bytes or more, an event 11, an attribute usually 30
-    # (a chunk of more attributes than that is refused)
     n = len(buf)
-    b = np.frombuffer(buf + bytes(8), dtype=np.uint8)  # zero bytes end every scan
-    sp = np.empty((_s.SP_WIDTH, n // 26 + 1), dtype=np.int64)
-    ev = np.empty((_s.EV_WIDTH, n // 11 + 1), dtype=np.int64)
-    skv = np.empty((_s.KV_WIDTH, n // 16 + 1), dtype=np.int64)
-    ekv = np.empty((_s.KV_WIDTH, n // 16 + 1), dtype=np.int64)
+    b, sp, ev, skv, ekv = _workspace(n)
+    b[:n] = np.frombuffer(buf, dtype=np.uint8)
+    b[n:n + 8] = 0  # zero bytes end every scan
     cnt = np.zeros(4, dtype=np.int64)
     tabs = _scan_tables()
-    lines = _s.scan_kernel(b, len(buf), sp, ev, skv, ekv, cnt, *tabs,
+    lines = _s.scan_kernel(b, n, sp, ev, skv, ekv, cnt, *tabs,
                            np.empty(_s.MAX_DEPTH, dtype=np.uint8))
     if lines != n_lines:
         return None
@@ -445,6 +442,30 @@ def _scanned_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
 
 
 _TABLES: list[tuple] = []
+_WORK = threading.local()
+#: Largest chunk whose scanner workspace is kept for the next chunk of the thread.
+_KEEP_BYTES = 16 << 20
+
+
+def _workspace(n: int) -> tuple[np.ndarray, ...]:
+    """The scanner's arrays for a chunk of ``n`` bytes: the bytes (and 8 more), spans, events,
+    span and event attributes (rows at most: a span takes 26 bytes or more, an event 11, an
+    attribute usually 30; a chunk of more attributes than ``n // 16`` is refused). Kept per
+    thread for chunks up to :data:`_KEEP_BYTES` (fresh pages cost a page fault each)."""
+    from bayes_latency.data import otlp_scan as _s
+
+    ws = getattr(_WORK, "ws", None)
+    if ws is not None and len(ws[0]) >= n + 8:
+        return ws
+    cap = max(n, 1 << 20) if n <= _KEEP_BYTES else n
+    ws = (np.empty(cap + 8, dtype=np.uint8),
+          np.empty((_s.SP_WIDTH, cap // 26 + 1), dtype=np.int64),
+          np.empty((_s.EV_WIDTH, cap // 11 + 1), dtype=np.int64),
+          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64),
+          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64))
+    if n <= _KEEP_BYTES:
+        _WORK.ws = ws
+    return ws
 
 
 def _scan_tables() -> tuple:

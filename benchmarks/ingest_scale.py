@@ -951,6 +951,17 @@ def _markdown(r: dict) -> str:
            " MB per worker CPU-second there, which is the MB/s per core of one worker that "
            "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
           else []),
+        *([f"- Inline against the workers: the demo fleet inline takes {stages['total']:.2f} "
+           f"CPU-s (section 1, {j['trace_mb'] / stages['total']:.1f} MB per CPU-s), "
+           f"{c['factor_bytes'] * stages['total']:.1f} CPU-s for this fleet's "
+           f"{c['factor_bytes']}x the bytes; the workers spent {r1['ingest_worker_cpu_s']} / "
+           f"{r2['ingest_worker_cpu_s']} CPU-s, so "
+           f"{r1['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} / "
+           f"{r2['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} CPU-s "
+           "(1 / 2 workers) more than inline (worker start-up and numba, the event loop, "
+           "task results, GC, or the same work costing more in a worker: not split here), "
+           "which is what now keeps one worker below 50 MB per CPU-s."]
+          if "factor_bytes" in c else []),
         *_defaults_lines(c),
         f"- The previous run (seventh pass, main 1808e63's code: pyarrow.json parse; load "
         f"average 6.1-6.6): {BEFORE_SCALE_SEVENTH['mb_s_per_core'][0]} / "

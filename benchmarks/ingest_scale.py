@@ -198,6 +198,8 @@ BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0
 #: Part 3 of the sixth pass (main de30309's code, ``parallel.local_cluster``'s worker settings;
 #: 2026-11-24 22:10 UTC, load average 1.2-1.9).
 BEFORE_SCALE_SIXTH = {"mb_s_per_core": (34.5, 29.6), "mb_per_cpu_s": (34.6, 33.2)}
+#: Seventh pass (main 1808e63's code, load average 6.1-6.6).
+BEFORE_SCALE_SEVENTH = {"mb_s_per_core": (25.2, 14.1), "mb_per_cpu_s": (36.7, 34.0)}
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -367,6 +369,28 @@ def json_path(demo: list[Path], work: Path) -> dict:
                 use_threads=False, block_size=len(b) + 1))
         best_c = min(best_c, time.process_time() - c0)
     res["decode_mb_per_cpu_s[pyarrow.json tokenizer]"] = round(mb / best_c, 1)
+    # the compiled scanner of the default path (data/otlp_scan.py) over whole files
+    import numpy as np
+
+    from bayes_latency.data import otlp_arrow as oa
+    from bayes_latency.data import otlp_scan
+
+    best_c = best_w = float("inf")
+    for _ in range(3):
+        c0, w0 = time.process_time(), time.perf_counter()
+        for b in blobs:
+            n = len(b)
+            arr = np.frombuffer(b + bytes(8), dtype=np.uint8)
+            ws = [np.empty((w, n // d + 1), dtype=np.int64) for w, d in (
+                (otlp_scan.SP_WIDTH, 26), (otlp_scan.EV_WIDTH, 11), (otlp_scan.KV_WIDTH, 16),
+                (otlp_scan.KV_WIDTH, 16))]
+            assert otlp_scan.scan_kernel(arr, n, *ws, np.zeros(4, dtype=np.int64),
+                                         *oa._scan_tables(),
+                                         np.empty(otlp_scan.MAX_DEPTH, dtype=np.uint8)) > 0
+        best_c = min(best_c, time.process_time() - c0)
+        best_w = min(best_w, time.perf_counter() - w0)
+    res["decode_mb_per_cpu_s[scanner]"] = round(mb / best_c, 1)
+    res["decode_mb_s[scanner]"] = round(mb / best_w, 1)
     del blobs
 
     def refuse(raw: bytes) -> None:
@@ -376,8 +400,10 @@ def json_path(demo: list[Path], work: Path) -> dict:
     typed = otlp._decode_typed
     try:
         for name, fn, chunk in (("generic", refuse, 0), ("typed", typed, 0),
+                                ("columnar pyarrow.json", typed, None),
                                 ("columnar", typed, None)):
             otlp._decode_typed = fn
+            oa.SCAN = name == "columnar"
             best_c = best_w = float("inf")
             for _ in range(2):
                 c0, w0 = time.process_time(), time.perf_counter()
@@ -388,7 +414,8 @@ def json_path(demo: list[Path], work: Path) -> dict:
             res[f"read_otlp_mb_s[{name}]"] = round(mb / best_w, 1)
     finally:
         otlp._decode_typed = typed
-    for other in ("typed", "columnar"):
+        oa.SCAN = True
+    for other in ("typed", "columnar pyarrow.json", "columnar"):
         for a, b in zip(tabs["generic"], tabs[other], strict=True):
             for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
                 pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
@@ -707,8 +734,9 @@ def _numba_lines(j: dict) -> list[str]:
         return lo if lo == hi else f"{lo}-{hi}"
 
     return [
-        "The batch rebuild's loops (journey segments and the replay) run compiled by numba "
-        "since this pass (`data/reconstruct_kernel.py`, loaded on the first rebuild). What that "
+        "The batch rebuild's loops (`data/reconstruct_kernel.py`, since the seventh pass) and "
+        "the OTLP scanner (`data/otlp_scan.py`, since the eighth) run compiled by numba, "
+        "loaded on the first trace read. What that "
         "costs a fresh process, CPU seconds of the import of `data.experiment`, then of the "
         "inline ingest of the first and of the second demo experiment, each in a fresh process "
         f"(this tree with an empty numba cache: compilation; with the cache filled, 2 runs; "
@@ -818,18 +846,26 @@ def _markdown(r: dict) -> str:
         *([f"| pyarrow.json, a schema of no field used (its tokenizer alone) | "
            f"{j['decode_mb_per_cpu_s[pyarrow.json tokenizer]']} |"]
           if "decode_mb_per_cpu_s[pyarrow.json tokenizer]" in j else []),
+        *([f"| compiled scanner of the OTLP fields (`data/otlp_scan.py`, whole files) | "
+           f"{j['decode_mb_per_cpu_s[scanner]']} ({j['decode_mb_s[scanner]']}) |"]
+          if "decode_mb_per_cpu_s[scanner]" in j else []),
         f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "
         f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
         f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
         f"{j['read_otlp_mb_per_cpu_s[typed]']} ({j['read_otlp_mb_s[typed]']}) |",
-        f"| `read_otlp` end to end, columnar path (pyarrow.json chunks, the default) | "
+        *([f"| `read_otlp` end to end, columnar path with pyarrow.json chunks | "
+           f"{j['read_otlp_mb_per_cpu_s[columnar pyarrow.json]']} "
+           f"({j['read_otlp_mb_s[columnar pyarrow.json]']}) |"]
+          if "read_otlp_mb_per_cpu_s[columnar pyarrow.json]" in j else []),
+        f"| `read_otlp` end to end, columnar path with the compiled scanner (the default) | "
         f"{j['read_otlp_mb_per_cpu_s[columnar]']} ({j['read_otlp_mb_s[columnar]']}) |",
         "",
-        f"Tables and reports of the three paths identical: {j['tables_identical']}. "
+        f"Tables and reports of the four paths identical: {j['tables_identical']}. "
         "\"msgspec typed\" decodes each line straight into Structs of the OTLP schema; a line "
-        "the schema refuses takes the generic path. The columnar path parses 4 MB chunks of "
-        "lines with pyarrow.json and builds the columns with pyarrow.compute / numpy; a chunk "
-        "it refuses is read line by line.",
+        "the schema refuses takes the generic path. The columnar path reads 4 MB chunks of "
+        "lines with the compiled scanner (numba; spans, events and attributes as flat tables, "
+        "keys matched, integers parsed in the scan), else with pyarrow.json, and builds the "
+        "columns with numpy; a chunk both refuse is read line by line.",
         "",
         stage_text,
         "",
@@ -915,8 +951,24 @@ def _markdown(r: dict) -> str:
            " MB per worker CPU-second there, which is the MB/s per core of one worker that "
            "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
           else []),
+        *([f"- Inline against the workers: the demo fleet inline takes {stages['total']:.2f} "
+           f"CPU-s (section 1, {j['trace_mb'] / stages['total']:.1f} MB per CPU-s), "
+           f"{c['factor_bytes'] * stages['total']:.1f} CPU-s for this fleet's "
+           f"{c['factor_bytes']}x the bytes; the workers spent {r1['ingest_worker_cpu_s']} / "
+           f"{r2['ingest_worker_cpu_s']} CPU-s, so "
+           f"{r1['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} / "
+           f"{r2['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} CPU-s "
+           "(1 / 2 workers) more than inline (worker start-up and numba, the event loop, "
+           "task results, GC, or the same work costing more in a worker: not split here), "
+           "which is what now keeps one worker below 50 MB per CPU-s."]
+          if "factor_bytes" in c else []),
         *_defaults_lines(c),
-        f"- The previous run (sixth pass, main de30309's code: Python replay loop; load "
+        f"- The previous run (seventh pass, main 1808e63's code: pyarrow.json parse; load "
+        f"average 6.1-6.6): {BEFORE_SCALE_SEVENTH['mb_s_per_core'][0]} / "
+        f"{BEFORE_SCALE_SEVENTH['mb_s_per_core'][1]} MB/s per core and "
+        f"{BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][1]} MB "
+        "per worker CPU-second (1 / 2 workers).",
+        f"- Sixth pass (main de30309's code: Python replay loop; load "
         f"average 1.2-1.9): {BEFORE_SCALE_SIXTH['mb_s_per_core'][0]} / "
         f"{BEFORE_SCALE_SIXTH['mb_s_per_core'][1]} MB/s per core and "
         f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB "
@@ -947,14 +999,12 @@ def _markdown(r: dict) -> str:
         + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
                     for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
                     if k != "total" and v > 0)
-        + f". pyarrow.json's parse alone runs at {j['decode_mb_per_cpu_s[pyarrow.json]']} MB "
-        f"per CPU-s ({j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f} CPU-s of the "
-        f"{stages['total']:.2f}), so 50 MB per CPU-s ("
-        f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s) leaves "
-        f"{j['trace_mb'] / TARGET_MB_S_PER_CORE - j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}"
-        " CPU-s for everything after the parse: the span columns, the tables, the batch "
-        "rebuild (its loops compiled since the seventh pass), observations and the Parquet "
-        "encoding (its fixed cost alone, 182 files, is about 0.07 CPU-s).",
+        + (f". The compiled scanner runs at {j['decode_mb_per_cpu_s[scanner]']} MB per CPU-s "
+           f"({j['trace_mb'] / j['decode_mb_per_cpu_s[scanner]']:.2f} CPU-s of the "
+           f"{stages['total']:.2f}; pyarrow.json's parse took "
+           f"{j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}); 50 MB per CPU-s is "
+           f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s for the demo fleet."
+           if "decode_mb_per_cpu_s[scanner]" in j else "."),
         f"- 1-worker and 2-worker tables identical (exact): "
         f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
         f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",
@@ -971,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--keep", action="store_true", help="keep the generated fleets and tables")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ingest_scale"))
-    ap.add_argument("--base", default="de30309",
+    ap.add_argument("--base", default="1808e63",
                     help="git commit whose ingest CPU per stage part 1 measures alternating with "
                          "this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",

@@ -1,9 +1,10 @@
 """The columnar OTLP path (``data/otlp_arrow.py``) reads exactly like the line-by-line path.
 
-Every comparison reads one file twice: line by line (``chunk_bytes=0``) and with the columnar
-path (the default chunk size, and a tiny one that splits the file into chunks some of which the
-columnar path takes and some it refuses); tables (values, dtypes, column order) and reports must
-be equal.
+Every comparison reads one file line by line (``chunk_bytes=0``) and with the columnar path (the
+default chunk size, and a tiny one that splits the file into chunks some of which the columnar
+path takes and some it refuses), each with the compiled scanner (``data/otlp_scan.py``) first
+and with ``pyarrow.json`` alone; tables (values, dtypes, column order) and reports must be
+equal.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def _read(path: Path, chunk_bytes: int | None) -> Any:
 
 def _same_all_ways(path: Path) -> Any:
     ref = _read(path, 0)
-    for cb in (None, 700):
-        _assert_same_reading(_read(path, cb), ref)
+    for scan in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(oa, "SCAN", scan)
+            for cb in (None, 700):
+                _assert_same_reading(_read(path, cb), ref)
     return ref
 
 
@@ -87,8 +91,13 @@ def test_clean_example_takes_the_columnar_path(example_docs: list[dict], tmp_pat
     single = _write(tmp_path / "one.jsonl", example_docs)
     with pytest.MonkeyPatch.context() as mp:
         count = _Count(mp)
+        scanned = []
+        orig = oa._scanned_chunk
+        mp.setattr(oa, "_scanned_chunk", lambda buf, n: scanned.append(orig(buf, n)) or
+                   scanned[-1])
         t = read_otlp(single)
     assert (count.taken, count.refused) == (1, 0) and t.report.n_dropped == 0
+    assert len(scanned) == 1 and scanned[0] is not None  # the compiled scanner took it
 
 
 def _set_values(docs: list[dict], rng: random.Random, how: str) -> None:
@@ -143,3 +152,78 @@ def test_span_without_events_counts_events_like_the_line_path(tmp_path: Path) ->
          "status": {}}]}]}]}
     ref = _same_all_ways(_write(tmp_path / "traces.jsonl", [line]))
     assert ref.report.read["events"] == 0 and "events" in ref.report.to_dict()["read"]
+
+
+# byte-level variants of the example's lines (json.dumps never writes them): each is read by the
+# compiled scanner, or refused by it and read by pyarrow.json or line by line, always with the
+# line path's tables and counts
+_EDITS = [
+    ("compact", lambda ln: ln.replace(", ", ",").replace(": ", ":")),
+    ("tabs", lambda ln: ln.replace(": ", ":\t").replace(", ", " ,\t")),
+    ("crlf", lambda ln: ln + "\r"),
+    ("escaped key", lambda ln: ln.replace('"key": "step.id"', '"key": "step\\/id"')),
+    ("escaped value", lambda ln: ln.replace('"stringValue": "', '"stringValue": "\\t', 1)),
+    ("escaped route", lambda ln: ln.replace('"stringValue": "/v1', '"stringValue": "\\/v1')),
+    ("escaped skipped", lambda ln: ln.replace('"name": "', '"kind_note": "a\\"b", "name": "', 1)),
+    ("bad escape", lambda ln: ln.replace('"name": "', '"kind_note": "a\\qb", "name": "', 1)),
+    ("int 007", lambda ln: ln.replace('"intValue": "', '"intValue": "00', 1)),
+    ("int -0", lambda ln: ln.replace('{"intValue": "0"}', '{"intValue": "-0"}')),
+    ("int 19 digits", lambda ln: ln.replace('{"intValue": "1"}',
+                                           '{"intValue": "9223372036854775807"}')),
+    ("int 20 digits", lambda ln: ln.replace('{"intValue": "1"}',
+                                           '{"intValue": "92233720368547758070"}')),
+    ("int as number", lambda ln: ln.replace('{"intValue": "3"}', '{"intValue": 3}')),
+    ("double exponent", lambda ln: ln.replace('"doubleValue": 1.0', '"doubleValue": 1e0')),
+    ("double 1.", lambda ln: ln.replace('"doubleValue": 1.0', '"doubleValue": 1.')),
+    ("double string", lambda ln: ln.replace('"doubleValue": 1.0', '"doubleValue": "1.0"')),
+    ("number 01", lambda ln: ln.replace('"kind": ', '"kind": 0')),
+    ("literal", lambda ln: ln.replace('"kind": ', '"x": tru, "kind": ', 1)),
+    ("literals", lambda ln: ln.replace('"kind": ', '"x": [true, false, null, -1.5e-3, {}], '
+                                                    '"kind": ', 1)),
+    ("trailing comma", lambda ln: ln.replace("}]}]}", "},]}]}", 1)),
+    ("trailing text", lambda ln: ln + " x"),
+    ("two objects", lambda ln: ln + " {}"),
+    ("duplicate field", lambda ln: ln.replace('"traceId": ', '"traceId": "x", "traceId": ', 1)),
+    ("duplicate value", lambda ln: ln.replace('{"intValue": "',
+                                              '{"intValue": "5", "intValue": "', 1)),
+    ("null parent", lambda ln: ln.replace('"parentSpanId": "', '"parentSpanId": null, "p": "')),
+    ("null status", lambda ln: ln.replace('"status": {}', '"status": null')),
+    ("status code", lambda ln: ln.replace('"status": {}', '"status": {"code": 2, "m": "x"}')),
+    ("status code 1.0", lambda ln: ln.replace('"status": {}', '"status": {"code": 1.0}')),
+    ("dropped 0", lambda ln: ln.replace('"status": ', '"droppedEventsCount": 0, "status": ')),
+    ("dropped 2", lambda ln: ln.replace('"status": ', '"droppedEventsCount": 2, "status": ')),
+    ("scope last", lambda ln: ln.replace('{"scope": {"name": "vllm.api"}, ', '{')[:-5]
+     + ', "scope": {"name": "vllm.api"}' + ln[-5:] if '"vllm.api"' in ln else ln),
+    ("no spans", lambda ln: ln.replace('"spans": [', '"spanz": [', 1)),
+    ("empty key", lambda ln: ln.replace('{"key": "', '{"": 1, "key": "', 1)),
+    ("no key", lambda ln: ln.replace('{"key": "http.route", ', '{', 1)),
+    ("empty value", lambda ln: ln.replace('"value": {"stringValue": "/v1/completions"}',
+                                          '"value": {}', 1)),
+    ("bool value", lambda ln: ln.replace('{"intValue": "1"}', '{"boolValue": true}')),
+    ("deep", lambda ln: ln.replace('"kind": ', '"x": ' + "[" * 300 + "]" * 300 + ', "kind": ',
+                                   1)),
+    ("control char", lambda ln: ln.replace('"name": "', '"name": "\x01', 1)),
+    ("unknown event", lambda ln: ln.replace('"name": "api.ARRIVED"', '"name": "api.OTHER"')),
+    ("unicode", lambda ln: ln.replace('"stringValue": "', '"stringValue": "\u00e9\u4e2d', 1)),
+]
+
+
+@pytest.mark.parametrize("edit", [e for _, e in _EDITS], ids=[n for n, _ in _EDITS])
+def test_byte_level_variants_read_like_the_line_path(example_docs: list[dict], tmp_path: Path,
+                                                     edit: Any) -> None:
+    lines = [edit(json.dumps(d)) for d in example_docs]
+    p = tmp_path / "traces.jsonl"
+    p.write_bytes(("\n".join(lines) + "\n").encode())
+    _same_all_ways(p)
+
+
+def test_scanner_reads_compact_lines_itself(example_docs: list[dict]) -> None:
+    """The usual compact lines (and json.dumps' spaced ones) are taken by the scanner; a value
+    with an escape is refused by it (then read by pyarrow.json)."""
+    for sep in ((",", ":"), (", ", ": ")):
+        buf = ("\n".join(json.dumps(d, separators=sep) for d in example_docs) + "\n").encode()
+        assert oa._scanned_chunk(buf, len(example_docs)) is not None
+        assert oa._scanned_chunk(buf, len(example_docs) + 1) is None  # wrong line count
+    esc = buf.replace(b'"stringValue": "/v1/', b'"stringValue": "\\/v1/')
+    assert esc != buf and oa._scanned_chunk(esc, len(example_docs)) is None
+    assert oa.read_chunk(esc, len(example_docs)) is not None

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import pandas_dtype
 
+from bayes_latency.data.frames import frame
 from bayes_latency.data.report import IngestReport
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
@@ -196,9 +197,9 @@ def _assemble(parts: Sequence[dict[str, Any]], terms: Sequence[str], *, experime
     if report is not None:
         # drop_out_of_domain's check on the columns, before the frame exists (same rows kept)
         viol = _violations(out)
-        df = pd.DataFrame(out)
+        df = frame(out)
         return _drop_rows(df, viol, report) if viol else df
-    return pd.DataFrame(out)
+    return frame(out)
 
 
 def _label(df: pd.DataFrame, *, experiment_id: str, workload: str, arch: Any, gpu: Any,

@@ -25,6 +25,7 @@ it as ``malformed_json``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,9 @@ _EVENT_SCOPE = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 2], dt
 _EVENT_GROUP = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 3], dtype=np.int64)
 _EVENT_SPECS = (_o._API_EVENT_SPEC, _o._JOURNEY_SPEC, _o._STEP_SPEC, _o._SNAPSHOT_SPEC)
 _SPAN_SPECS = (_o._API_SPEC, _o._CORE_SPEC, {})
+#: Whether :func:`read_chunk` tries the compiled scanner (:mod:`.otlp_scan`) before
+#: ``pyarrow.json`` (tests switch it off to check the ``pyarrow.json`` path alone).
+SCAN = True
 
 
 class _Fallback(Exception):
@@ -115,6 +119,86 @@ def _no_nulls(arr: pa.Array) -> pa.Array:
     return arr
 
 
+def _spec_keys(specs: tuple[dict[str, int], ...]) -> tuple[str, ...]:
+    return tuple(sorted({k for spec in specs for k in spec}))
+
+
+#: Known attribute keys of every spec: the key codes of the scanner's attribute tables.
+_ALL_KEYS = _spec_keys((*_SPAN_SPECS, *_EVENT_SPECS))
+_REMAPS: dict[tuple[str, ...], np.ndarray] = {}
+
+
+def _scan_remap(keys: tuple[str, ...]) -> np.ndarray:
+    """Index in ``keys`` of each scanner key code (-1 when not in ``keys``), with one more
+    entry -1 at the end for the code -1 (an unknown key)."""
+    remap = _REMAPS.get(keys)
+    if remap is None:
+        remap = np.array([keys.index(k) if k in keys else -1 for k in _ALL_KEYS] + [-1],
+                         dtype=np.int64)
+        _REMAPS[keys] = remap
+    return remap
+
+
+def _arrow_values(value: dict[str, pa.Array]) -> Any:
+    """``take(kind, rows)``: the values of kind ``kind`` of attributes ``rows`` parsed by
+    ``pyarrow.json`` (``value``: the fields of their value structs); raises _Fallback."""
+
+    def take(kind: int, ii: np.ndarray) -> np.ndarray:
+        if kind == _o._INT:
+            raw = _no_nulls(value["intValue"].take(ii))
+            try:
+                return pc.cast(raw, pa.int64()).to_numpy()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise _Fallback from exc
+        if kind == _o._FLOAT:
+            return _no_nulls(value["doubleValue"].take(ii)).to_numpy()
+        return _no_nulls(value["stringValue"].take(ii)).to_numpy(zero_copy_only=False)
+
+    return take
+
+
+def _scanned_values(kv: np.ndarray, b: np.ndarray) -> Any:
+    """``take(kind, rows)`` of :func:`_arrow_values` for the rows of an attribute table of
+    :func:`bayes_latency.data.otlp_scan.scan_kernel` (``b``: the chunk's bytes)."""
+    from bayes_latency.data import otlp_scan as _s
+
+    def take(kind: int, ii: np.ndarray) -> np.ndarray:
+        flags = kv[_s.KV_FLAGS][ii]
+        if kind == _o._INT:
+            want = _s.HAS_INT | _s.INT_OK
+            if ((flags & want) != want).any():
+                raise _Fallback  # missing, or a text the scanner does not parse
+            return kv[_s.KV_INT][ii]
+        if kind == _o._FLOAT:
+            if not (flags & _s.HAS_DBL).all():
+                raise _Fallback
+            try:
+                return pc.cast(_large_strings(b, kv[_s.KV_DBL_S][ii], kv[_s.KV_DBL_E][ii]),
+                               pa.float64()).to_numpy()
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise _Fallback from exc
+        if not (flags & _s.HAS_STR).all():
+            raise _Fallback
+        return _large_strings(b, kv[_s.KV_STR_S][ii], kv[_s.KV_STR_E][ii]).to_numpy(
+            zero_copy_only=False)
+
+    return take
+
+
+def _large_strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """The byte ranges ``b[starts:ends]`` (UTF-8 text) as an Arrow ``large_string`` array."""
+    from bayes_latency.data.otlp_scan import gather
+
+    data, off = gather(b, np.ascontiguousarray(starts), np.ascontiguousarray(ends))
+    return pa.Array.from_buffers(pa.large_string(), len(starts),
+                                 [None, pa.py_buffer(off), pa.py_buffer(data)])
+
+
+def _texts(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Object array of the str of each byte range."""
+    return _large_strings(b, starts, ends).to_numpy(zero_copy_only=False)
+
+
 class _Attrs:
     """Known attributes of a set of parents (spans or events), one dense column per key.
 
@@ -123,61 +207,70 @@ class _Attrs:
     usual value type, parse, be finite and appear once, or the chunk is refused.
     """
 
-    def __init__(self, kvs: pa.Array, parent: np.ndarray, group: np.ndarray, n: int,
-                 specs: tuple[dict[str, int], ...]) -> None:
+    def __init__(self, kvs: pa.Array | None, parent: np.ndarray, group: np.ndarray, n: int,
+                 specs: tuple[dict[str, int], ...], scanned: tuple | None = None) -> None:
+        """``kvs``: the attributes as parsed by ``pyarrow.json``; or ``scanned``: ``(rows of an
+        attribute table of otlp_scan.scan_kernel, the chunk's bytes)``, ``kvs`` None."""
         self.n = n
-        keys = sorted({k for spec in specs for k in spec})
-        kinds = {}
+        keys = _spec_keys(specs)
+        self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if not keys:
+            return
+        if scanned is not None:
+            kv, buf = scanned
+            if not kv.shape[1]:
+                return
+            from bayes_latency.data import otlp_scan as _s
+
+            raw, remap = kv[_s.KV_KEY], _scan_remap(keys)
+            take = _scanned_values(kv, buf)
+        else:
+            if not len(kvs):
+                return
+            f = _fields(kvs)
+            raw = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
+            remap = np.append(np.arange(len(keys), dtype=np.int64), -1)
+            take = _arrow_values(_fields(f["value"]))
+        self._build(keys, raw, remap, np.ascontiguousarray(parent), group, specs, take)
+
+    def _build(self, keys: tuple[str, ...], raw: np.ndarray, remap: np.ndarray,
+               parent: np.ndarray, group: np.ndarray, specs: tuple[dict[str, int], ...],
+               take: Any) -> None:
+        """``raw``: each attribute's key code, ``remap[raw]`` its index in ``keys`` (-1 none)."""
+        from bayes_latency.data.otlp_scan import group_by_key
+
+        kinds: dict[str, int] = {}
         for spec in specs:
             for k, t in spec.items():
                 if kinds.setdefault(k, t) != t:  # pragma: no cover - specs agree on types
                     raise AssertionError(k)
-        self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if not len(kvs) or not keys:
-            return
-        f = _fields(kvs)
-        code = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
         known = np.zeros((len(specs), len(keys)), dtype=bool)
         for g, spec in enumerate(specs):
             for k in spec:
                 known[g, keys.index(k)] = True
-        sel = code >= 0
-        sel[sel] = known[group[parent[sel]], code[sel]]
-        idx = np.flatnonzero(sel)
-        if not len(idx):
+        order, bounds, dup = group_by_key(raw, remap, parent, np.ascontiguousarray(group),
+                                          known)
+        if not len(order):
             return
-        c, p = code[idx].astype(np.int16), parent[idx]
-        order = np.argsort(c, kind="stable")  # radix sort of small ints
-        c, p, idx = c[order], p[order], idx[order]
-        bounds = np.searchsorted(c, np.arange(len(keys) + 1))
         # parents are in increasing order within a key: a key twice in one list is a repeat
-        if ((c[1:] == c[:-1]) & (p[1:] == p[:-1])).any():
+        if dup:
             raise _Fallback
         # one take (and one parse) per value type over all keys of that type
-        value = _fields(f["value"])
-        kind_of = np.array([kinds[k] for k in keys], dtype=np.int64)
         for kind in (_o._INT, _o._FLOAT, _o._STR):
-            of_kind = kind_of[c] == kind
-            if not of_kind.any():
+            ks = [k for k in range(len(keys)) if kinds[keys[k]] == kind
+                  and bounds[k + 1] > bounds[k]]
+            if not ks:
                 continue
-            ii = idx[of_kind]
-            if kind == _o._INT:
-                raw = _no_nulls(value["intValue"].take(ii))
-                try:
-                    v = pc.cast(raw, pa.int64()).to_numpy()
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise _Fallback from exc
-            elif kind == _o._FLOAT:
-                v = _no_nulls(value["doubleValue"].take(ii)).to_numpy()
-                if not np.isfinite(v).all() or np.signbit(v[v == 0.0]).any():
-                    raise _Fallback  # non-finite, or -0 (Python reads JSON -0 as int 0)
-            else:
-                v = _no_nulls(value["stringValue"].take(ii)).to_numpy(zero_copy_only=False)
-            pos = np.flatnonzero(of_kind)
-            for k in np.flatnonzero(kind_of == kind):
-                a, b = np.searchsorted(pos, (bounds[k], bounds[k + 1]))
-                if b > a:
-                    self.values[keys[k]] = (p[bounds[k]:bounds[k + 1]], v[a:b])
+            ii = np.concatenate([order[bounds[k]:bounds[k + 1]] for k in ks])
+            v = take(kind, ii)
+            if kind == _o._FLOAT and (not np.isfinite(v).all() or np.signbit(v[v == 0.0]).any()):
+                raise _Fallback  # non-finite, or -0 (Python reads JSON -0 as int 0)
+            a = 0
+            for k in ks:
+                b = a + bounds[k + 1] - bounds[k]
+                rows = ii[a:b]
+                self.values[keys[k]] = (parent[rows], v[a:b])
+                a = b
 
     def get(self, key: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of ``key`` for every parent (or ``rows``); absent = 0 / None."""
@@ -241,6 +334,13 @@ def read_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
     # (a backslash first: memchr, where the two-byte search takes 0.9 ms per MB)
     if (b"\\" in buf and b"\\u" in buf) or not _utf8_no_bom(buf):
         return None
+    if SCAN:
+        try:
+            cols = _scanned_chunk(buf, n_lines)
+        except _Fallback:
+            cols = None
+        if cols is not None:
+            return cols
     try:
         table = pj.read_json(pa.BufferReader(buf), parse_options=_PARSE,
                              read_options=pj.ReadOptions(use_threads=False,
@@ -300,7 +400,89 @@ def _columns(rs_lists: pa.Array) -> ChunkColumns:
         raise _Fallback  # unknown event, or an event of another scope's span
     ev_kv, ev_kv_parent = _flat(ef["attributes"])
     ev_attrs = _Attrs(ev_kv, ev_kv_parent, _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS)
+    return _chunk(span_scope, trace, span_id, parent, code, status_valid, span_attrs, ev_span,
+                  ev_code, ev_attrs)
 
+
+def _scanned_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
+    """:func:`_columns` of a chunk read by the compiled scanner (:mod:`.otlp_scan`) instead of
+    ``pyarrow.json``; None when the scanner refuses it (raises :class:`_Fallback`)."""
+    from bayes_latency.data import otlp_scan as _s
+
+    if b"\r" in buf:
+        return None
+    n = len(buf)
+    b, sp, ev, skv, ekv = _workspace(n)
+    b[:n] = np.frombuffer(buf, dtype=np.uint8)
+    b[n:n + 8] = 0  # zero bytes end every scan
+    cnt = np.zeros(4, dtype=np.int64)
+    tabs = _scan_tables()
+    lines = _s.scan_kernel(b, n, sp, ev, skv, ekv, cnt, *tabs,
+                           np.empty(_s.MAX_DEPTH, dtype=np.uint8))
+    if lines != n_lines:
+        return None
+    sp, ev = sp[:, :cnt[0]], ev[:, :cnt[1]]
+    skv, ekv = skv[:, :cnt[2]], ekv[:, :cnt[3]]
+    n_spans, n_ev = sp.shape[1], ev.shape[1]
+    span_scope = sp[_s.SP_SCOPE]
+    trace = _texts(b, sp[_s.SP_TRACE_S], sp[_s.SP_TRACE_E])
+    span_id = _texts(b, sp[_s.SP_ID_S], sp[_s.SP_ID_E])
+    parent = _texts(b, sp[_s.SP_PAR_S], sp[_s.SP_PAR_E])
+    code = sp[_s.SP_CODE]
+    status_valid = sp[_s.SP_STATUS] == 1
+    span_attrs = _Attrs(None, skv[_s.KV_PARENT], span_scope, n_spans, _SPAN_SPECS,
+                        scanned=(skv, b))
+    ev_span, ev_code = ev[_s.EV_SPAN], ev[_s.EV_NAME]
+    if (_EVENT_SCOPE[ev_code] != span_scope[ev_span]).any():
+        raise _Fallback  # an event of another scope's span
+    ev_attrs = _Attrs(None, ekv[_s.KV_PARENT], _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS,
+                      scanned=(ekv, b))
+    return _chunk(span_scope, trace, span_id, parent, code, status_valid, span_attrs, ev_span,
+                  ev_code, ev_attrs)
+
+
+_TABLES: list[tuple] = []
+_WORK = threading.local()
+#: Largest chunk whose scanner workspace is kept for the next chunk of the thread.
+_KEEP_BYTES = 16 << 20
+
+
+def _workspace(n: int) -> tuple[np.ndarray, ...]:
+    """The scanner's arrays for a chunk of ``n`` bytes: the bytes (and 8 more), spans, events,
+    span and event attributes (rows at most: a span takes 26 bytes or more, an event 11, an
+    attribute usually 30; a chunk of more attributes than ``n // 16`` is refused). Kept per
+    thread for chunks up to :data:`_KEEP_BYTES` (fresh pages cost a page fault each)."""
+    from bayes_latency.data import otlp_scan as _s
+
+    ws = getattr(_WORK, "ws", None)
+    if ws is not None and len(ws[0]) >= n + 8:
+        return ws
+    cap = max(n, 1 << 20) if n <= _KEEP_BYTES else n
+    ws = (np.empty(cap + 8, dtype=np.uint8),
+          np.empty((_s.SP_WIDTH, cap // 26 + 1), dtype=np.int64),
+          np.empty((_s.EV_WIDTH, cap // 11 + 1), dtype=np.int64),
+          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64),
+          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64))
+    if n <= _KEEP_BYTES:
+        _WORK.ws = ws
+    return ws
+
+
+def _scan_tables() -> tuple:
+    """Name tables of the scanner: attribute keys, event names, scope names."""
+    if not _TABLES:
+        from bayes_latency.data.otlp_scan import names_table
+
+        _TABLES.append((names_table(_ALL_KEYS), names_table(_EVENT_NAMES),
+                        names_table(_SCOPES)))
+    return _TABLES[0]
+
+
+def _chunk(span_scope: np.ndarray, trace: np.ndarray, span_id: np.ndarray, parent: np.ndarray,
+           code: np.ndarray, status_valid: np.ndarray, span_attrs: _Attrs, ev_span: np.ndarray,
+           ev_code: np.ndarray, ev_attrs: _Attrs) -> ChunkColumns:
+    """The chunk's columns from its span and event columns (raises :class:`_Fallback`)."""
+    n_spans, n_ev = len(span_scope), len(ev_code)
     keys = list(zip(trace.tolist(), span_id.tolist(), strict=True))
     if len(set(keys)) != len(keys):
         raise _Fallback  # a repeated span

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import pandas_dtype
 
+from bayes_latency.data.frames import frame
 from bayes_latency.data.otlp_fields import (
     _EVENT_RANK,
     _FINISH_STATUS,
@@ -127,7 +128,7 @@ class _Tables:
         cols = dict(self.steps)
         order = _key_order([cols["step.id"]])
         if order is not None:  # no repeated step id: the sort by step.id alone decides
-            df = pd.DataFrame({c: v[order] for c, v in cols.items()})
+            df = frame({c: v[order] for c, v in cols.items()})
             df["experiment_id"] = _str_repeat(experiment_id, len(df))
             return df
         df = pd.DataFrame(cols)
@@ -152,8 +153,8 @@ class _Tables:
                        else pd.array(s[c], dtype=_INT64))
         order = _key_order([s["step_id"], s["request_id"]])
         if order is not None:  # no repeated (step, request): sorted by them alone
-            return pd.DataFrame({c: v.take(order) for c, v in cols.items()}).reset_index(
-                drop=True)
+            return frame({c: (_take_series(v, order) if isinstance(v, pd.Series)
+                              else v.take(order)) for c, v in cols.items()})
         df = pd.DataFrame(cols)
         if len(df):
             df = _sort_all(df, first=["step_id", "request_id"])
@@ -206,8 +207,8 @@ class _Tables:
         """Sort order of the journey rows by (request, step (nulls first), ts, event rank) and
         each sorted row's request index (in ``sorted(self.cores)``) and event rank; None when
         two rows tie on those keys (the pandas sort then orders them by every column)."""
-        row = pd.Index(sorted(self.cores)).get_indexer(j["request_id"]).astype(np.int64)
-        rank = pd.Index(JOURNEY_EVENTS).get_indexer(j["event"]).astype(np.int64)
+        row = _positions(sorted(self.cores), j["request_id"])
+        rank = _positions(JOURNEY_EVENTS, j["event"])
         steps = pd.array(j["step"], dtype=_INT64)
         has_step = ~steps._mask
         step = np.where(has_step, steps._data, 0)
@@ -245,7 +246,7 @@ class _Tables:
                 else:
                     out[c] = pd.Series(np.asarray(v, dtype=object)[order], dtype=_OBJECT)
             out["request_id"] = cols["request_id"]
-            return pd.DataFrame(out)
+            return frame(out)
         for c in API_SPAN_COLUMNS[1:-1]:
             if c not in cols:  # the text columns
                 cols[c] = pd.Series(a[c], dtype=_OBJECT)
@@ -444,7 +445,14 @@ class _Tables:
                           ("ts_backwards", int(back.sum()))):
             if cnt:
                 rep.kept[name] += cnt
-        return pd.DataFrame({c: out[c] for c in REQUEST_COLUMNS})
+        return frame({c: out[c] for c in REQUEST_COLUMNS})
+
+
+def _take_series(s: pd.Series, order: np.ndarray) -> pd.Series:
+    """``s.take(order).reset_index(drop=True)`` of a Series with a default index."""
+    if isinstance(s.dtype, np.dtype):
+        return pd.Series(s.to_numpy()[order], dtype=s.dtype)
+    return pd.Series(s.array.take(order), copy=False)
 
 
 def _str_series(values: Any) -> pd.Series:
@@ -486,7 +494,7 @@ def _journey_frame(j: dict[str, Any], experiment_id: str,
     for c in _JOURNEY_STR:
         cols[c] = pd.Series(j[c], dtype=_OBJECT)
     # built in the table's column order (a reindex afterwards copied every column)
-    return pd.DataFrame({c: cols[c] for c in JOURNEY_COLUMNS})
+    return frame({c: cols[c] for c in JOURNEY_COLUMNS})
 
 
 def _taken_texts(rids: list[str], row: np.ndarray, rank: np.ndarray, j: dict[str, Any],
@@ -507,6 +515,18 @@ def _taken_texts(rids: list[str], row: np.ndarray, rank: np.ndarray, j: dict[str
     return (pd.Series(pd.array(req, dtype=_STR), copy=False) if req is not None
             else _str_series(j["request_id"][order]),
             pd.Series(pd.array(ev, dtype=_STR), copy=False))
+
+
+def _positions(keys: Sequence[str], values: np.ndarray) -> np.ndarray:
+    """``pd.Index(keys).get_indexer(values)`` (int64; -1 where absent) by a dict: pandas first
+    infers and converts the object array (3x the time on the demo fleet's journeys)."""
+    pos = {k: i for i, k in enumerate(keys)}
+    get = pos.get
+    try:
+        return np.fromiter((get(v, -1) for v in values.tolist()), dtype=np.int64,
+                           count=len(values))
+    except TypeError:  # an unhashable value: pandas decides
+        return pd.Index(keys).get_indexer(values).astype(np.int64)
 
 
 def _key_order(keys: list[Any]) -> np.ndarray | None:

@@ -76,6 +76,23 @@ BATCH_COLUMNS = [
 _EVENT_RANK = {"QUEUED": 0, "PREEMPTED": 1, "SCHEDULED": 2, "FIRST_TOKEN": 3, "FINISHED": 4}
 
 
+def _name_codes(values: pd.Series, names: list[str]) -> np.ndarray:
+    """``pd.Index(names).get_indexer(values)`` for a column of text, by one ``index_in`` of its
+    Arrow array (pandas converts the column first: 0.5 ms per experiment); anything but text
+    takes pandas' way."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        arr = pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        arr = None
+    if arr is None or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        return pd.Index(names).get_indexer(values)
+    return pc.index_in(arr, value_set=pa.array(names, type=arr.type)).fill_null(-1).to_numpy(
+        ).astype(np.intp)
+
+
 def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
                     experiment_id: str, with_members: bool
                     ) -> tuple[pd.DataFrame, pd.DataFrame | None, ReconstructionReport]:
@@ -87,7 +104,7 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
     # the journey rows as numpy arrays (filtered, typed and sorted with numpy: the pandas
     # copy / map / astype / sort_values chain took a third of the rebuild's time)
     names = list(_EVENT_RANK)
-    code = pd.Index(names).get_indexer(ev["event"])
+    code = _name_codes(ev["event"], names)
     known = code >= 0
     if (~known).any():
         rep.issues["unknown_event"] += int((~known).sum())

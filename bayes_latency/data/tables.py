@@ -63,7 +63,9 @@ def write_partition(tables_dir: str | Path, name: str, experiment_id: str,
 
     path = partition_path(tables_dir, name, experiment_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    df = df.reset_index(drop=True)
+    ix = df.index
+    if not (type(ix) is pd.RangeIndex and ix.start == 0 and ix.step == 1 and ix.name is None):
+        df = df.reset_index(drop=True)  # (a frame with the default index is written as is)
     try:
         atomic_write(path, lambda tmp: _write_parquet(df, tmp))
     except (TypeError, ValueError, ArithmeticError):

@@ -65,6 +65,14 @@ def _first_call_cpu_s(cache_dir: str | None) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _uptime() -> str:
+    """``uptime``'s line (the machine's load when measured), or the load averages."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> int:
     from bayes_latency.calibrate import replay_all
     from bayes_latency.data.observations import config_id
@@ -93,7 +101,7 @@ def main() -> int:
         beta = np.array([mean.beta[get_term(t).blis_index] for t in DEFAULT_TERMS])
         coefs[config_id(load_architecture(r.model).name, gpu.name, r.tp)] = (
             beta, dict(zip(ALPHA_TERMS, mean.alpha, strict=True)))
-    load0 = os.getloadavg()
+    load0, up0 = os.getloadavg(), _uptime()
     with tempfile.TemporaryDirectory() as tmp:
         cold_s = _first_call_cpu_s(tmp)
     warm_s = _first_call_cpu_s(None)
@@ -122,7 +130,7 @@ def main() -> int:
         normal = client_stages(runs)
         t0, c0 = time.perf_counter(), time.process_time()
         base = load_real_data(data).observations
-        lc0 = os.getloadavg()
+        lc0, upc0 = os.getloadavg(), _uptime()
         t0, c0 = time.perf_counter(), time.process_time()
         cal = calibrated_fit(base, normal, CLIENT_FIT, REAL_TERMS, start_settings=START_FIT,
                              log=print)
@@ -130,25 +138,40 @@ def main() -> int:
         wall = time.perf_counter() - t0
         tm = cal.timings
         fit_s, rep_s = float(h["fit_s"].sum()), float(h["replay_s"].sum())
+        conv = cal.model.convergence()
+        ft = cal.model.timings   # the last (full) fit's phases
+        ext = json.loads(cal.model.result.attrs.get("extension", "[]") or "[]")
         cal_res = {"wall_s": wall, "cpu_s": time.process_time() - c0,
                    "fits": int(len(h)), "fit_kinds": list(h["fit"]),
                    "fits_s": [float(x) for x in h["fit_s"]], "fit_s": fit_s, "replay_s": rep_s,
                    "compiles_s": [float(x) for x in h.get("compile_s", [])],
                    "groups_s": [float(x) for x in h.get("arviz_groups_s", [])],
-                   "start_fit_s": wall - tm["total_s"], "scale_start_s": tm["scale_start_s"],
+                   "start_fit_s": tm.get("start_fit_s", wall - tm["total_s"]),
+                   "scale_start_s": tm["scale_start_s"],
                    "first_replay_s": tm["first_replay_s"],
                    "other_s": tm["total_s"] - tm["scale_start_s"] - tm["first_replay_s"]
                    - fit_s - rep_s,
                    "converged": bool(cal.converged), "final_change": float(cal.final_change),
                    "max_change": [float(x) for x in h["max_change"]],
                    "unfitted": list(cal.unfitted), "load_before": lc0,
-                   "load_after": os.getloadavg()}
-    load1 = os.getloadavg()
+                   "load_after": os.getloadavg(), "uptime_before": upc0,
+                   "uptime_after": _uptime(),
+                   "full_fit": {"max_rhat": conv.get("max_rhat"),
+                                "min_ess_bulk": conv.get("min_ess_bulk"),
+                                "divergences": conv.get("divergences"),
+                                "passed": bool(conv.get("passed")),
+                                "draws": int(cal.model.result["posterior"].sizes["draw"]),
+                                "sampling_s": ft.get("sampling_s"),
+                                "sampling_cpu_s": ft.get("sampling_cpu_s"),
+                                "gate_checks_s": float(sum(c.get("check_s", 0.0) for c in ext)),
+                                "checkpoints": [c.get("draws") for c in ext]}}
+    load1, up1 = os.getloadavg(), _uptime()
     res = {"stages": len(stages), "runs": len(runs),
            "requests": int(sum(p["requests"] for p in per)),
            "steps": int(sum(p["steps"] for p in per)),
            "serial_wall_s": serial_s, "serial_cpu_s": serial_cpu,
            "dask_2_workers_wall_s": dask_s, "load_before": load0, "load_after": load1,
+           "uptime_before": up0, "uptime_after": up1,
            "engine_first_call_cold_cpu_s": cold_s, "engine_first_call_cached_cpu_s": warm_s,
            "per_stage": per, "calibration": cal_res}
     out = Path(args.out)
@@ -166,7 +189,8 @@ def main() -> int:
         f"The compiled scheduler loop's first call in a process: {cold_s:.1f} CPU-s with an empty "
         f"numba cache (compiling, once per environment), {warm_s:.2f} CPU-s from the cache (made "
         "before the serial replays above).", "",
-        f"Machine load average {load0[0]:.1f} before, {load1[0]:.1f} after (2 cores, shared).",
+        f"Machine load average {load0[0]:.1f} before, {load1[0]:.1f} after (2 cores, shared); "
+        f"`uptime` before: `{up0}`, after: `{up1}`.",
         "Slowest stages: " + ", ".join(f"{p['stage']} {p['seconds']:.1f} s "
                                        f"({p['steps']:,} steps)" for p in slow) + ".", "",
         "A calibration iteration replays the 20 stages of the 12 normal runs twice: at the "
@@ -190,7 +214,19 @@ def main() -> int:
                f"{', '.join(f'{x:.1f}' for x in cal_res.get('compiles_s', []))} s, ArviZ groups "
                f"{', '.join(f'{x:.1f}' for x in cal_res.get('groups_s', []))} s) | {cal_res['fit_s']:.1f} |",
                f"| replays after the fits (serial, one process) | {cal_res['replay_s']:.1f} |",
-               f"| rest (posterior means, rows) | {cal_res['other_s']:.1f} |"]
+               f"| rest (posterior means, rows) | {cal_res['other_s']:.1f} |", "",
+               f"`uptime` before the calibration: `{cal_res['uptime_before']}`; after: "
+               f"`{cal_res['uptime_after']}`.", "",
+               "The full (last) fit: R-hat {:.4f}, bulk ESS {:.0f}, {} divergences, gates passed: "
+               "{}; {} draws per chain kept (gates checked at {}: {:.1f} s of checks); sampling "
+               "{:.1f} s wall / {:.1f} CPU-s.".format(
+                   cal_res['full_fit']['max_rhat'], cal_res['full_fit']['min_ess_bulk'],
+                   cal_res['full_fit']['divergences'], cal_res['full_fit']['passed'],
+                   cal_res['full_fit']['draws'],
+                   ", ".join(str(x) for x in cal_res['full_fit']['checkpoints']) or "-",
+                   cal_res['full_fit']['gate_checks_s'],
+                   cal_res['full_fit']['sampling_s'] or float('nan'),
+                   cal_res['full_fit']['sampling_cpu_s'] or float('nan'))]
     out.with_suffix(".md").write_text("\n".join(md) + "\n", encoding="utf-8")
     print("\n".join(md))
     return 0

@@ -23,6 +23,7 @@ from bayes_latency.study import blis_e2e as be
 from bayes_latency.study.blis_spec import (
     CLIENT_TIMEOUT_S,
     PUBLISHED,
+    SUFFIX_TOKENS,
     BlisSetupError,
     Coefficients,
     RealRun,
@@ -107,12 +108,15 @@ def test_stage_spec_is_open_loop_with_real_rate_count_prefix_and_outputs() -> No
     assert spec["horizon"] == int((2.0 + 1800.0) * 1e6)
     cl = spec["clients"]
     assert len(cl) == 6 and len({c["id"] for c in cl}) == 6
-    assert {c["prefix_group"] for c in cl} == {"prompt-0", "prompt-1", "prompt-2"}
+    # each user resends one prompt: its client's prefix group caches the whole prompt
+    assert {c["tenant_id"] for c in cl} == {"prompt-0", "prompt-1", "prompt-2"}
+    assert {c["prefix_group"] for c in cl} == {c["id"] for c in cl}
     for c in cl:
         assert c["arrival"] == {"process": "poisson"} and c["rate_fraction"] == 1.0
         assert "reasoning" not in c and "closed_loop" not in c and "lifecycle" not in c
-        assert c["prefix_length"] == 64
-        assert c["input_distribution"] == {"type": "constant", "params": {"value": 200.0}}
+        assert c["prefix_length"] == 64 + 200 - SUFFIX_TOKENS
+        assert c["input_distribution"] == {"type": "constant",
+                                           "params": {"value": float(SUFFIX_TOKENS)}}
         assert c["output_distribution"] == {"type": "empirical",
                                             "params": {"20": 0.5, "60": 0.5}}
     yaml.safe_load(yaml.safe_dump(spec))  # serialisable

@@ -9,8 +9,10 @@ import pytest
 
 from bayes_latency.data.observations import validate_observations
 from bayes_latency.data.replay import (
+    MAX_CACHE_FRACTION,
     WORKLOAD_KINDS,
     ClientStage,
+    cache_fraction,
     predicted_means,
     replay_stage,
     stage_requests,
@@ -77,6 +79,24 @@ def test_prefix_caching_shrinks_prefill():
     plain = replay_stage(_stage(prefix_caching=False), ARCH, GPU, BETA, DEFAULT_TERMS)
     j = list(DEFAULT_TERMS).index("prefill_compute")
     assert cached.features["workload_ttft"][j] < 0.2 * plain.features["workload_ttft"][j]
+
+
+def test_prefix_cache_holds_every_repeated_prompt():
+    """Repeated prompts that need more than the engine's default quarter of the KV blocks are
+    all cached (vLLM keeps them in the free blocks): the prefill features do not depend on how
+    much room beside them the KV cache has."""
+    kw = dict(prompt_len=786, system_prompt_len=150, num_groups=10, users_per_group=5)
+    small, large = _stage(kv_blocks=6886, **kw), _stage(kv_blocks=40_000, **kw)
+    f = cache_fraction(stage_requests(small), 16, 6886)
+    need = 10 * (150 // 16) + 50 * (785 // 16 - 150 // 16)   # groups' and users' full blocks
+    assert f == pytest.approx((need + 1) / 6886) and 0.25 < f < MAX_CACHE_FRACTION
+    assert cache_fraction(stage_requests(large), 16, 40_000) == 0.25
+    # distinct prompts (no group) are never repeated: the default room
+    assert cache_fraction(stage_requests(_stage(num_groups=0)), 16, 100) == 0.25
+    j = list(DEFAULT_TERMS).index("prefill_compute")
+    a = replay_stage(small, ARCH, GPU, BETA, DEFAULT_TERMS).features["workload_ttft"][j]
+    b = replay_stage(large, ARCH, GPU, BETA, DEFAULT_TERMS).features["workload_ttft"][j]
+    assert a == pytest.approx(b, rel=0.05)
 
 
 def test_recorded_requests_are_replayed_as_given():

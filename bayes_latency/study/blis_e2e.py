@@ -50,6 +50,7 @@ from bayes_latency.study.blis_metrics import (  # noqa: F401 - re-exported (see 
 from bayes_latency.study.blis_spec import (
     CLIENT_TIMEOUT_S,
     PUBLISHED,
+    SUFFIX_TOKENS,
     BlisSetupError,
     Coefficients,
     RealRun,
@@ -523,8 +524,11 @@ def render_markdown(res: StudyResult) -> str:
         "What was simulated: each load stage of each run as its own BLIS run, open-loop Poisson "
         "arrivals at the rate the real client achieved (`load_summary.achieved_rate`) with the "
         "stage's request count (the profiles' `enable_multi_turn_chat: true` would make BLIS run "
-        "closed-loop sessions, which offer less load); one client per (system prompt, user) of the profile, shared prefix "
-        "= `system_prompt_len`, input = `question_len`" + longer + "; output lengths = the stage's real "
+        "closed-loop sessions, which offer less load); one client per (system prompt, user) of the profile, its own "
+        "prefix group whose cached prefix is the whole prompt (`system_prompt_len + question_len "
+        f"- {SUFFIX_TOKENS}`, input {SUFFIX_TOKENS} token: each user resends the same prompt, "
+        "and the real server computed 2-4 prefill tokens per step, median)" + longer
+        + "; output lengths = the stage's real "
         "`successes.output_len` distribution (an empirical PDF through its 13 quantiles, tilted "
         "to its mean). Per-request results of the stages are pooled like the client's summary; "
         "real numbers are successes only, simulated ones completed requests only. Workload seed "

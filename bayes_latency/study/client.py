@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,15 +85,22 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
     The first replay runs at the posterior means of ``start_model`` (or of a fit of ``base``
     alone with ``start_settings``; unseen configurations at the population's prediction).
     """
+    from bayes_latency.model.estimator import posterior_only
+
     start = None
+    t0 = time.perf_counter()
     if start_model is None and len(base) and start_settings is not None:
-        start_model = _fitter(start_settings, terms)(base)
+        with posterior_only():   # only its posterior means are used
+            start_model = _fitter(start_settings, terms)(base)
+    start_fit_s = time.perf_counter() - t0
     if start_model is not None:
         start = config_means(start_model, stages, DEFAULT_TERMS)
     fast = _fitter(FAST_FIT, terms) if fast_iter else None
-    return calibrate(base, stages, _fitter(settings, terms), terms=DEFAULT_TERMS, start=start,
-                     tol=tol, max_iter=max_iter, log=log, fast_fit=fast,
-                     max_fast_iter=max(fast_iter, 1))
+    cal = calibrate(base, stages, _fitter(settings, terms), terms=DEFAULT_TERMS, start=start,
+                    tol=tol, max_iter=max_iter, log=log, fast_fit=fast,
+                    max_fast_iter=max(fast_iter, 1))
+    cal.timings["start_fit_s"] = start_fit_s
+    return cal
 
 
 def drop_run(obs: pd.DataFrame, run_id: str) -> pd.DataFrame:

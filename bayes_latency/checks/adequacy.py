@@ -141,8 +141,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
 
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))
-    scale, nu = model._row_noise(rows)
-    off = model._row_offset(rows)  # multi-step rows: median of a sum above the sum of medians
+    # off: multi-step rows, the median of a sum above the sum of medians
+    scale, nu, off = model._row_noise(rows)
     rng = np.random.default_rng(seed + 3)
     pit = np.full(len(rows), np.nan)
     log_draws = np.empty((n_draws, len(rows)))

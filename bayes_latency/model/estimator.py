@@ -51,7 +51,7 @@ from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
 from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.extension import sample_extended
 from bayes_latency.model.likelihood import NoiseParams, noise_kind, row_loglik, student_t_draws
-from bayes_latency.model.persistence import assemble, rows_hash
+from bayes_latency.model.persistence import assemble, rows_hash, table_rows
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
@@ -67,7 +67,6 @@ from bayes_latency.model.summaries import (
     ConfigSummary,
     NoisePrior,
     feature_columns,
-    fit_rows,
     summarize,
 )
 from bayes_latency.model.unseen import _shared_effects, unseen_config_theta  # noqa: F401
@@ -175,11 +174,9 @@ class LatencyModel:
                    if c not in observations.columns]
         if missing:
             raise ConfigError(f"observation table lacks columns {missing} needed by terms {self.coefs}")
-        rows = fit_rows(observations, self.report, self.coefs)
+        rows = table_rows(observations, self.coefs, self.report)
         if rows.empty:
             raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
-        if "stack" not in rows.columns:  # tables written before the stack level existed
-            rows = rows.assign(stack=DEFAULT_STACK)
         configs = (rows[["config_id", "model", "gpu", "tp", "stack"]].drop_duplicates("config_id")
                    .set_index("config_id").sort_index())
         configs["tp"] = configs["tp"].astype(int)
@@ -520,35 +517,31 @@ class LatencyModel:
         return xr.DataArray(mu, dims=("sample", "obs"),
                             coords={"obs": observations["obs_id"].to_numpy()}, name="mu_us")
 
-    def _row_noise(self, observations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    def _row_noise(self, observations: pd.DataFrame
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row noise of each row's (configuration, noise class): the log-scale ``s_i``, the
+        Student-t dof and the offset of ``log y`` over ``log mu`` of multi-step rows
+        (:mod:`.likelihood`)."""
         scale = np.empty(len(observations))
         nu = np.empty(len(observations))
+        off = np.zeros(len(observations))
         n = observations["n_steps"].to_numpy(dtype=float)
         key = [observations["config_id"].to_numpy(), noise_kind(observations)]
         for (c, k), idx in pd.Series(0, index=observations.index).groupby(key).indices.items():
             p = self.noise(str(c), str(k))
             scale[idx] = p.scale(n[idx])
             nu[idx] = p.nu
-        return scale, nu
-
-    def _row_offset(self, observations: pd.DataFrame) -> np.ndarray:
-        """Per-row offset of ``log y`` over ``log mu`` of multi-step rows (:mod:`.likelihood`)."""
-        off = np.zeros(len(observations))
-        n = observations["n_steps"].to_numpy(dtype=float)
-        key = [observations["config_id"].to_numpy(), noise_kind(observations)]
-        for (c, k), idx in pd.Series(0, index=observations.index).groupby(key).indices.items():
-            off[idx] = self.noise(str(c), str(k)).log_offset(n[idx])
-        return off
+            off[idx] = p.log_offset(n[idx])
+        return scale, nu, off
 
     def sample_posterior_predictive(self, observations: pd.DataFrame, n_draws: int = 200,
                                     seed: int = 0) -> xr.DataArray:
         """Posterior predictive draws (µs) of each row, with the fitted heavy-tailed noise."""
         mu = self.predict(observations, n_draws=n_draws, seed=seed)
-        scale, nu = self._row_noise(observations)
+        scale, nu, off = self._row_noise(observations)
         rng = np.random.default_rng(seed + 1)
-        off = self._row_offset(observations)[None, :]
-        vals = student_t_draws(rng, np.log(np.maximum(mu.values, 1e-12)) + off, scale[None, :],
-                               nu[None, :])
+        vals = student_t_draws(rng, np.log(np.maximum(mu.values, 1e-12)) + off[None, :],
+                               scale[None, :], nu[None, :])
         return mu.copy(data=vals).rename("y_us")
 
     def pointwise_loglik(self, observations: pd.DataFrame, seed: int = 0) -> xr.DataArray:
@@ -557,8 +550,7 @@ class LatencyModel:
         C, D = post.sizes["chain"], post.sizes["draw"]
         X = observations[feature_columns(self.coefs)].to_numpy(dtype=float)
         log_y = np.log(observations["value_us"].to_numpy(dtype=float))
-        scale, nu = self._row_noise(observations)
-        off = self._row_offset(observations)
+        scale, nu, off = self._row_noise(observations)
         cfg = observations["config_id"].to_numpy()
         ll = np.empty((C * D, len(observations)), dtype=np.float32)
         for c in pd.unique(cfg):

@@ -211,9 +211,9 @@ def observed_data(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> xr.Data
 
 def _row_inputs(model: LatencyModel, rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
-    scale, nu = model._row_noise(rows)
     # the offset of multi-step rows (.likelihood) shifts log y like the observed values
-    return X, scale, nu, rows["config_id"].astype(str).to_numpy(), model._row_offset(rows)
+    scale, nu, off = model._row_noise(rows)
+    return X, scale, nu, rows["config_id"].astype(str).to_numpy(), off
 
 
 def _theta(post: xr.Dataset, cfg: str, nb: int) -> np.ndarray:

@@ -80,14 +80,6 @@ def noise_kind(rows: pd.DataFrame) -> np.ndarray:
     return out.astype(str)
 
 
-def base_kind(noise_class: str) -> str:
-    """The observation kind of a noise class (inverse of :func:`noise_kind`'s naming)."""
-    for base, cls in PREFILL_NOISE_KINDS.items():
-        if noise_class == cls:
-            return base
-    return noise_class
-
-
 @dataclass(frozen=True)
 class NoiseParams:
     """Noise of one (configuration, kind): log-scale sd per step, anchor error, Student-t dof."""

@@ -25,6 +25,8 @@ import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
 from bayes_latency.data.identifiability import IdentifiabilityReport
+from bayes_latency.data.observations import DEFAULT_STACK
+from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
 from bayes_latency.model.likelihood import noise_kind
 from bayes_latency.model.summaries import feature_columns, fit_rows
@@ -43,6 +45,17 @@ def _priors_yaml(priors: object) -> str:
 def _hash_frame(df: pd.DataFrame) -> str:
     h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
     return hashlib.sha256(h.tobytes()).hexdigest()[:16]
+
+
+def table_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
+               report: IngestReport | None = None) -> pd.DataFrame:
+    """The rows a fit is made on (:func:`~bayes_latency.model.summaries.fit_rows`, drops
+    counted in ``report``), with the default serving stack where the table has no ``stack``
+    column (tables written before the stack level existed)."""
+    rows = fit_rows(observations, report, coefs)
+    if "stack" not in rows.columns:
+        rows = rows.assign(stack=DEFAULT_STACK)
+    return rows
 
 
 def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
@@ -196,11 +209,7 @@ def attach_rows(est: LatencyModel, observations: pd.DataFrame) -> None:
     ModelMismatchError
         ``observations`` do not give the fit's rows (their hash differs from its data hash).
     """
-    from bayes_latency.data.observations_table import DEFAULT_STACK
-
-    rows = fit_rows(observations, None, est.coefs)
-    if "stack" not in rows.columns:
-        rows = rows.assign(stack=DEFAULT_STACK)
+    rows = table_rows(observations, est.coefs)
     h = rows_hash(rows, est.coefs)
     if est._data_hash and h != est._data_hash:
         raise ModelMismatchError(f"these {len(observations)} observations are not the rows the fit "

@@ -273,6 +273,14 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     tables.mkdir()
     obs.to_parquet(tables / "observations.parquet")
     reqs.to_parquet(tables / "requests.parquet")
+    # an iterations table whose later steps are host-bound (schedule() 5 ms over its line)
+    n = 120
+    batch = np.where(np.arange(n) < 60, 30.0, 90.0)
+    pd.DataFrame({"experiment_id": "e1", "step_id": np.arange(n),
+                  "iteration_us": 15_000.0 + 30 * batch + np.where(np.arange(n) >= 80, 3_000, 0),
+                  "schedule_cpu_us": 200.0 + 3 * batch + np.where(np.arange(n) >= 80, 5_000, 0),
+                  "num_prefill_reqs": 0.0, "num_decode_reqs": batch}).to_parquet(
+        tables / "iterations.parquet")
     post = xr.Dataset({"beta": (("chain", "draw", "config", "term"),
                                 np.random.default_rng(0).normal(1, 0.1, (1, 100, 2, 2)))},
                       coords={"config": list(TRUE), "term": ["per_step", "decode_kv"]})
@@ -297,6 +305,8 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "APPROXIMATE" in printed and "workload_ppc" in printed
     assert "mean E2E error per experiment" in printed
+    assert "host CPU" in printed and "e1: 40 of 120 steps" in printed
+    assert pd.read_csv(out / "host_overhead.csv")["n_host_bound"].tolist() == [40]
     for name in ("step_ppc.csv", "request_ppc.csv", "workload_ppc.csv", "diagnostics.md",
                  "forest.png",
                  "ppc_iterations.png", "pit.png", "calibration.png",

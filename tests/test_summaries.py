@@ -382,3 +382,48 @@ def test_predictions_use_each_rows_noise_class():
     scale, nu, _ = m._row_noise(rows)
     np.testing.assert_allclose(scale, [0.01, 0.04, 0.02, 0.02])  # b has no prefill class: its kind's
     np.testing.assert_allclose(nu, [5.0, 3.0, 6.0, 6.0])
+
+
+def test_noise_kind_puts_host_bound_iterations_in_their_own_class():
+    from bayes_latency.model.likelihood import noise_kind
+
+    df = pd.DataFrame({"kind": ["iteration", "iteration", "iteration", "iteration",
+                                "benchmark_mean", "step_window"],
+                       "x_prefill_compute": [0.0, 3.0, 0.0, 3.0, 0.0, 0.0],
+                       "host_bound": [False, False, True, True, True, True]})
+    assert list(noise_kind(df)) == ["iteration", "iteration_prefill", "iteration_host",
+                                    "iteration_prefill_host", "benchmark_mean", "step_window"]
+    # NA (rows of a table concatenated with one without the column) is not host-bound
+    na = df.assign(host_bound=pd.Series([None, None, True, None, None, None], dtype=object))
+    assert list(noise_kind(na))[:4] == ["iteration", "iteration_prefill", "iteration_host",
+                                        "iteration_prefill"]
+    assert list(noise_kind(df.drop(columns="host_bound")))[2:4] == ["iteration",
+                                                                    "iteration_prefill"]
+
+
+def test_host_bound_rows_use_their_class_or_fall_back_to_the_quiet_one():
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.likelihood import NoiseParams
+
+    m = LatencyModel()
+    m._noise = {"a": {"iteration": NoiseParams(0.01, 0.0, 5.0),
+                      "iteration_host": NoiseParams(0.03, 0.0, 4.0)},
+                "b": {"iteration": NoiseParams(0.02, 0.0, 6.0)}}
+    rows = pd.DataFrame({"config_id": ["a", "a", "b", "b"], "kind": ["iteration"] * 4,
+                         "x_prefill_compute": 0.0, "host_bound": [False, True, False, True],
+                         "n_steps": 1})
+    scale, nu, _ = m._row_noise(rows)
+    np.testing.assert_allclose(scale, [0.01, 0.03, 0.02, 0.02])
+    np.testing.assert_allclose(nu, [5.0, 4.0, 6.0, 6.0])
+
+
+def test_prior_arrays_give_a_host_class_without_a_prior_its_base_class_prior():
+    from bayes_latency.model.design import prior_arrays
+    from bayes_latency.priors import load_priors
+
+    import copy
+
+    p = copy.deepcopy(load_priors())
+    p.noise.pop("iteration_prefill_host")
+    arr = prior_arrays(p, ("per_step",), ["H100"])
+    assert arr.noise_sigma["iteration_prefill_host"] == arr.noise_sigma["iteration_prefill"]

@@ -117,6 +117,17 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
                 wl, out / "workload_observed_vs_predicted.png", facet="metric",
                 predicted="pred_median_us",
                 title="Workload means: observed vs predicted (90% band)")
+    iterations = _read_table(folder, "iterations")
+    if iterations is not None and len(iterations):
+        from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
+
+        host = host_overhead(iterations)
+        if len(host):
+            written["host_overhead"] = _write_csv(host, out / "host_overhead.csv")
+            notes = host_overhead_notes(host)
+            if notes:
+                written["host_overhead_notes"] = _write_text(
+                    out / "host_overhead.md", "".join(f"- {n}\n" for n in notes))
     if findings:
         written["findings"] = _write_text(out / "findings.json",
                                           json.dumps(findings, indent=2) + "\n")
@@ -201,6 +212,9 @@ def check_command(args: argparse.Namespace) -> int:
                 print(f"- {r.experiment_id}: {r.error_pct:+.1f}% "
                       f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
                       f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
+        if "host_overhead_notes" in written:
+            print("\nhost CPU (schedule() time in the step traces; not a gate):")
+            print(written["host_overhead_notes"].read_text().rstrip())
         adq = json.loads(written["adequacy"].read_text())
         adequacy_failed = not adq["passed"]
         if adq["passed"]:

@@ -126,14 +126,34 @@ def stage_ttft_table(pred: pd.DataFrame, stages: Sequence[Any]) -> pd.DataFrame:
     ].reset_index(drop=True)
 
 
-def _stage_ttft_lines(t: pd.DataFrame, unfitted: Sequence[str]) -> list[str]:
+def _host_lines(host: pd.DataFrame | None) -> list[str]:
+    """What the real step traces say of the host's CPU (:mod:`bayes_latency.data.host_overhead`)."""
+    if host is None or not len(host):
+        return []
+    parts = [f"{r.experiment_id.split('-', 2)[-1]}: {r.n_host_bound} of {r.n_steps} steps "
+             f"({100 * r.host_bound_fraction:.0f}%), `schedule()` {r.cpu_ms_median_host_bound:.1f} "
+             f"ms where its batch of {r.batch_median_host_bound:.0f} predicts "
+             f"{r.cpu_ms_expected_host_bound:.1f} ms, iteration {r.iteration_ms_median_host_bound:.1f}"
+             f" ms against {r.iteration_ms_median_quiet:.1f} ms on quiet steps"
+             for r in host.itertuples(index=False)]
+    return ["The step traces of the two general runs (the only runs traced) show the host's CPU "
+            "saturating in their 20 req/s stage: host-bound steps (`data/host_overhead.py`, "
+            "`bayes-latency check --tables` reports them) are " + "; ".join(parts) + ". The "
+            "contention comes from what shares the host with the engine (API server, "
+            "detokenization, streaming), slows the engine loop itself and grows with the load; "
+            "neither BLIS's per-request alphas nor its batch-linear step time can follow it.", ""]
+
+
+def _stage_ttft_lines(t: pd.DataFrame, unfitted: Sequence[str],
+                      host: pd.DataFrame | None = None) -> list[str]:
     if t.empty:
         return []
     lines = ["## TTFT by load stage (the package's replay at the calibrated posterior mean)", "",
              "Mean TTFT of every load stage against its request rate. A per-request constant "
              "(BLIS's alphas) cannot follow an overhead that grows with the request rate (e.g. "
              "the API server streaming ~4,000-5,000 tokens/s at 20 req/s); the errors of the "
-             "20 req/s stages against the others show how much of the TTFT gap is that.", ""]
+             "20 req/s stages against the others show how much of the TTFT gap is that.", "",
+             *_host_lines(host)]
     for r_, g in t.groupby("rate"):
         e = 100 * g["error"].to_numpy(float)
         lines.append(f"- {r_:g} req/s: {len(g)} stages, TTFT error {e.min():+.1f}% to "
@@ -286,7 +306,7 @@ def render(res: dict[str, Any]) -> str:
                          f"decode interval {_apct(p['median_decode_interval'])}.")
         lines += ["", *_run_table(_mine(t)), ""]
     if res.get("stage_ttft") is not None:
-        lines += _stage_ttft_lines(res["stage_ttft"], res.get("unfitted", []))
+        lines += _stage_ttft_lines(res["stage_ttft"], res.get("unfitted", []), res.get("host"))
     lines += ["## Fits", "", _md(_round(res["fits"])), ""]
     return "\n".join(lines) + "\n"
 
@@ -316,6 +336,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if parts is None:
         parts = ["insample"] + ["loro"] * loro + ["lomo"] * lomo
     run_parts = tuple(p_ for p_ in PARTS if p_ in parts)
+    from bayes_latency.data.host_overhead import host_overhead
     from bayes_latency.study.blis_e2e import POINT_SEEDS, check_blis, run_study
     from bayes_latency.study.blis_spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
@@ -386,7 +407,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "replay_s": float(history["replay_s"].iloc[-1]),
                            "calibrate_s": calibrate_s,
                            "stage_ttft": stage_ttft_table(pred, stages) if pred is not None
-                           else None}
+                           else None,
+                           "host": host_overhead(data.iterations)}
     part_fits: dict[str, list[dict[str, Any]]] = {}
     if resume:  # the tables of parts that ran in another process or an earlier run
         for key in PARTS:

@@ -117,15 +117,14 @@ def run_within(obs: pd.DataFrame, work: Path) -> None:
 def host_lines() -> tuple[dict[str, bool], list[str]]:
     """``obs_id -> host_bound`` of the real iterations and the markdown of their host-overhead
     table (:mod:`bayes_latency.data.host_overhead`); empty without the real data."""
-    from bayes_latency.data.host_overhead import host_overhead
+    from bayes_latency.data.host_overhead import host_bound_mask, host_overhead
     from bayes_latency.study.real import load_real_data, real_data_dir
 
     d = real_data_dir()
     if d is None:
         return {}, []
     data = load_real_data(d)
-    obs = data.observations
-    flags = dict(zip(obs["obs_id"], obs["host_bound"].astype(bool), strict=True))
+    flags = dict(zip(data.iterations["obs_id"], host_bound_mask(data.iterations), strict=True))
     t = host_overhead(data.iterations)
     t["run"] = t["experiment_id"].str.split("-", n=2).str[2]
     cols = ["run", "n_steps", "n_host_bound", "host_bound_fraction", "first_host_bound_step",
@@ -139,8 +138,7 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
              "(the 20 req/s stage; 75-92% of its steps are host-bound, 5-13% before): `schedule()` takes 5.3-5.4 ms where 0.6-0.8 ms is "
              "expected, and the decode iterations scatter more (`log_mad_*`: scaled MAD of "
              "log iteration time over decode-only steps of the group's middle batch sizes). "
-             "Since MODEL_VERSION 10 their `iteration` rows have noise classes of their own "
-             "(`iteration_host`, `iteration_prefill_host`). BLIS cannot represent this overhead "
+             "They are what the bands cover least (by step class above). BLIS cannot represent this overhead "
              "(step time linear in the batch, per-request alphas); it is what its TTFT misses "
              "at 20 req/s in `results/real/client/README.md`.", "",
              _markdown_table(t[cols].round(4)), ""]

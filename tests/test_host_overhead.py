@@ -9,6 +9,7 @@ import pytest
 from bayes_latency.data.host_overhead import (
     CPU_FACTOR,
     HOST_CPU_SHARE,
+    host_bound_mask,
     host_overhead,
     host_overhead_notes,
 )
@@ -92,12 +93,14 @@ def test_real_h100_runs_are_host_bound_in_their_20_rps_stage(real_dir):
     assert len(host_overhead_notes(t)) == 2
 
 
-def test_real_observations_flag_host_bound_iterations(real_dir):
-    from bayes_latency.study.realdata import load_real_data
 
-    rd = load_real_data(real_dir)
-    obs = rd.observations
-    assert obs["host_bound"].dtype == bool
-    it_rows = obs[obs["kind"] == "iteration"]
-    assert int(it_rows["host_bound"].sum()) == int(host_overhead(rd.iterations)["n_host_bound"].sum())
-    assert not obs.loc[obs["kind"] == "benchmark_mean", "host_bound"].any()
+def test_host_bound_mask_is_aligned_with_the_rows():
+    busy = _iterations("busy", 300, contended_from=200, seed=3)
+    it = pd.concat([_iterations("quiet", 100, None), busy.iloc[::-1]], ignore_index=True)
+    it.loc[0, "iteration_us"] = np.nan
+    mask = host_bound_mask(it)
+    assert mask.shape == (400,) and not mask[:100].any()
+    assert np.array_equal(mask[100:], (busy["step_id"] >= 200).to_numpy()[::-1])
+    # a table without schedule() times, or an experiment of too few steps: nothing flagged
+    assert not host_bound_mask(it.drop(columns="schedule_cpu_us")).any()
+    assert not host_bound_mask(busy.tail(15)).any()

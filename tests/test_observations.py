@@ -210,9 +210,7 @@ def test_observations_from_iterations():
     X = basis_matrix(it.iloc[[0, 2]][[c for c in BATCH_COLUMNS if c in it]], ARCH, GPU,
                      ServingConfig())
     np.testing.assert_allclose(obs[X_COLS].to_numpy(), X)
-    # the contract columns, then whether the step is host-bound (too few steps to judge: no)
-    assert list(obs.columns) == observation_columns() + ["host_bound"]
-    assert obs["host_bound"].dtype == bool and not obs["host_bound"].any()
+    assert list(obs.columns) == observation_columns()
 
 
 def test_microbench_rows():

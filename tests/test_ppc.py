@@ -269,14 +269,17 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     from bayes_latency.checks.command import check_command
 
     obs, reqs = make_world(n_req=30, sigma=0.1, n_iter=100)
+    a = (obs["kind"] == "iteration") & (obs["experiment_id"] == "expA")
+    obs.loc[a, "step_first"] = obs.loc[a, "step_last"] = np.arange(int(a.sum()))
     tables = tmp_path / "tables"
     tables.mkdir()
     obs.to_parquet(tables / "observations.parquet")
     reqs.to_parquet(tables / "requests.parquet")
-    # an iterations table whose later steps are host-bound (schedule() 5 ms over its line)
+    # an iterations table of expA whose steps from 80 on are host-bound (schedule() 5 ms over
+    # its line): 20 of expA's 100 iteration rows
     n = 120
     batch = np.where(np.arange(n) < 60, 30.0, 90.0)
-    pd.DataFrame({"experiment_id": "e1", "step_id": np.arange(n),
+    pd.DataFrame({"experiment_id": "expA", "step_id": np.arange(n),
                   "iteration_us": 15_000.0 + 30 * batch + np.where(np.arange(n) >= 80, 3_000, 0),
                   "schedule_cpu_us": 200.0 + 3 * batch + np.where(np.arange(n) >= 80, 5_000, 0),
                   "num_prefill_reqs": 0.0, "num_decode_reqs": batch}).to_parquet(
@@ -305,8 +308,10 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "APPROXIMATE" in printed and "workload_ppc" in printed
     assert "mean E2E error per experiment" in printed
-    assert "host CPU" in printed and "e1: 40 of 120 steps" in printed
+    assert "host CPU" in printed and "expA: 40 of 120 steps" in printed
     assert pd.read_csv(out / "host_overhead.csv")["n_host_bound"].tolist() == [40]
+    md = (out / "host_overhead.md").read_text()
+    assert "| expA | host-bound | 20 |" in md and "| expA | quiet | 80 |" in md
     for name in ("step_ppc.csv", "request_ppc.csv", "workload_ppc.csv", "diagnostics.md",
                  "forest.png",
                  "ppc_iterations.png", "pit.png", "calibration.png",

@@ -126,8 +126,12 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
             written["host_overhead"] = _write_csv(host, out / "host_overhead.csv")
             notes = host_overhead_notes(host)
             if notes:
-                written["host_overhead_notes"] = _write_text(
-                    out / "host_overhead.md", "".join(f"- {n}\n" for n in notes))
+                cov = _host_coverage(rows, step_rows, iterations) if len(step_rows) else None
+                text = "".join(f"- {n}\n" for n in notes)
+                if cov is not None and len(cov):
+                    text += ("\nIteration rows inside their predictive bands, host-bound and quiet "
+                             "steps apart:\n\n" + _md_table(cov) + "\n")
+                written["host_overhead_notes"] = _write_text(out / "host_overhead.md", text)
     if findings:
         written["findings"] = _write_text(out / "findings.json",
                                           json.dumps(findings, indent=2) + "\n")
@@ -143,6 +147,33 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     written["adequacy"] = _write_text(out / "adequacy.json",
                                       json.dumps(adq.to_dict(), indent=2) + "\n")
     return written
+
+
+def _host_coverage(rows: pd.DataFrame, step_rows: pd.DataFrame,
+                   iterations: pd.DataFrame) -> pd.DataFrame:
+    """Per experiment, the share of ``iteration`` rows inside their 90% / 50% bands, host-bound
+    steps (:func:`~bayes_latency.data.host_overhead.host_bound_mask`) and quiet ones apart."""
+    from bayes_latency.data.host_overhead import host_bound_mask
+
+    mask = host_bound_mask(iterations)
+    hot = set(zip(iterations["experiment_id"].astype(str).to_numpy()[mask],
+                  iterations["step_id"].to_numpy(dtype=np.int64)[mask], strict=True))
+    it = step_rows[(step_rows["kind"] == "iteration") & step_rows["step_first"].notna()]
+    flag = {o: (str(e), int(f)) in hot
+            for o, e, f in zip(it["obs_id"], it["experiment_id"], it["step_first"], strict=True)}
+    r = rows[rows["kind"] == "iteration"]
+    r = r.assign(steps=r["obs_id"].map(flag).map({True: "host-bound", False: "quiet"}))
+    r = r[r["steps"].notna()]
+    return (r.groupby(["experiment_id", "steps"])
+            .agg(n=("in_90", "size"), in_90=("in_90", "mean"), in_50=("in_50", "mean"))
+            .round(3).reset_index())
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    """A markdown table of ``df`` (no index)."""
+    head = "| " + " | ".join(map(str, df.columns)) + " |\n|" + "---|" * len(df.columns) + "\n"
+    return head + "".join("| " + " | ".join(map(str, r)) + " |\n"
+                          for r in df.itertuples(index=False))
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> Path:

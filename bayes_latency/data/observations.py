@@ -47,7 +47,6 @@ import pandas as pd
 # the module is split by concern: the table (columns, rows, assembly, domain) and the rows from
 # the journeys live in observations_table / observations_journey; their public names (and the
 # helpers other modules use, e.g. data/replay.py's _finish and _rows) are re-exported here
-from bayes_latency.data.host_overhead import HOST_COLUMN, host_bound_mask
 from bayes_latency.data.observations_journey import (
     LONG_GAP_FACTOR,
     MIN_CALIBRATION,
@@ -253,9 +252,7 @@ def observations_from_iterations(iterations: pd.DataFrame, arch: Any, gpu: Any, 
     Returns
     -------
     pandas.DataFrame
-        Observation rows of kind ``iteration``, with a boolean ``host_bound`` column after the
-        contract columns (:func:`bayes_latency.data.host_overhead.host_bound_mask`; all False
-        without ``schedule_cpu_us``).
+        Observation rows of kind ``iteration``.
     """
     it = iterations
     # tables from step summaries have no prefill_input_pairs: the basis fills it in
@@ -273,18 +270,11 @@ def observations_from_iterations(iterations: pd.DataFrame, arch: Any, gpu: Any, 
     frames = []
     eids = (it["experiment_id"].astype(str).to_numpy() if experiment_id is None
             and "experiment_id" in it else np.full(len(it), experiment_id or ""))
-    # host-bound steps (schedule() CPU time far above what the batch predicts) get a noise
-    # class of their own in the model (model/likelihood.HOST_COLUMN)
-    host = host_bound_mask(it.assign(experiment_id=eids))
-    order = []
     for eid in dict.fromkeys(eids):
         part = df[eids == eid].reset_index(drop=True)
-        order.append(np.flatnonzero(eids == eid))
         frames.append(_label(part, experiment_id=str(eid), workload=workload, arch=arch, gpu=gpu,
                              serving=serving))
-    out = _finish(frames, terms)
-    out[HOST_COLUMN] = host[np.concatenate(order)] if order else np.zeros(0, dtype=bool)
-    return out
+    return _finish(frames, terms)
 
 
 _SPLITWISE_MODELS = {"llama2-70b": "llama-2-70b", "bloom-176b": "bloom-176b",

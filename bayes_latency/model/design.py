@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.data.observations import DEFAULT_STACK
-from bayes_latency.model.likelihood import HOST_NOISE_KINDS, PREFILL_NOISE_KINDS
+from bayes_latency.model.likelihood import PREFILL_NOISE_KINDS
 
 
 @dataclass
@@ -66,9 +66,6 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
     noise = getattr(priors, "noise", {}) or {}
     nsig = {k: _half_scale(v.get("sigma") if isinstance(v, dict) else None, 0.5) for k, v in noise.items()}
     for base, cls in PREFILL_NOISE_KINDS.items():  # a prefill class without its own prior: its kind's
-        if cls not in nsig and base in nsig:
-            nsig[cls] = nsig[base]
-    for base, cls in HOST_NOISE_KINDS.items():  # a host-bound class without its own prior: its base's
         if cls not in nsig and base in nsig:
             nsig[cls] = nsig[base]
     nu_entry = next((v.get("nu") for v in noise.values() if isinstance(v, dict) and "nu" in v), {})

@@ -84,10 +84,6 @@ NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
                "benchmark_mean": ("iteration",),
                # a noise class without rows in the configuration: its kind's other class
                "iteration_prefill": ("iteration",), "iteration": ("iteration_prefill",),
-               # host-bound steps (likelihood.HOST_NOISE_KINDS) in a configuration without any
-               # fitted: the quiet class (narrower than it should be, as before MODEL_VERSION 10)
-               "iteration_host": ("iteration", "iteration_prefill_host"),
-               "iteration_prefill_host": ("iteration_prefill", "iteration_host", "iteration"),
                "benchmark_mean_prefill": ("benchmark_mean", "iteration_prefill"),
                "workload_decode": ("workload_e2e",)}
 

@@ -43,8 +43,6 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from bayes_latency.data.host_overhead import HOST_COLUMN
-
 #: Kinds whose rows are fitted, and the coefficient block they inform.
 FIT_ROLES = ("beta", "alpha", "workload")
 #: Kinds with an anchor-timing error term ``tau``.
@@ -60,20 +58,12 @@ PREFILL_NOISE_KINDS = {"iteration": "iteration_prefill",
                        "benchmark_mean": "benchmark_mean_prefill"}
 #: Feature columns whose being non-zero marks a row's steps as carrying prefill work.
 _PREFILL_FEATURES = ("x_prefill_compute", "x_prefill_kv")
-#: Iteration classes whose host-bound rows have a noise of their own, and its name. Measured on
-#: the real H100 iterations (MODEL_VERSION 9, within-run held-out blocks): host-bound steps (a
-#: third to 44% of each run's, all in its 20 req/s stage) fell inside their 90% band 0.83 of the
-#: time and quiet ones 0.95; in the run's held-out last third 0.75 and 0.89. Their log-scatter
-#: is about twice the quiet steps' (decode 0.017 against 0.009 for Llama-2-70B TP4).
-HOST_NOISE_KINDS = {"iteration": "iteration_host", "iteration_prefill": "iteration_prefill_host"}
 
 
 def noise_kind(rows: pd.DataFrame) -> np.ndarray:
     """Each row's noise class: its ``kind``, or for a kind of :data:`PREFILL_NOISE_KINDS` whose
     steps carry prefill work (a non-zero ``x_prefill_compute``, else ``x_prefill_kv``), that
-    kind's prefill class (``iteration_prefill``, ``benchmark_mean_prefill``); an ``iteration``
-    row flagged in :data:`HOST_COLUMN` then takes its class's host-bound class
-    (:data:`HOST_NOISE_KINDS`: ``iteration_host``, ``iteration_prefill_host``).
+    kind's prefill class (``iteration_prefill``, ``benchmark_mean_prefill``).
 
     The likelihood's ``sigma, tau, nu`` are per (configuration, noise class); everything else
     (checks, reports) still groups rows by ``kind``. Rows without either feature column keep
@@ -81,17 +71,12 @@ def noise_kind(rows: pd.DataFrame) -> np.ndarray:
     """
     kind = rows["kind"].astype(str).to_numpy()
     col = next((c for c in _PREFILL_FEATURES if c in rows.columns), None)
+    if col is None:
+        return kind
+    pre = rows[col].to_numpy(dtype=float) > 0
     out = kind.astype(object)
-    if col is not None:
-        pre = rows[col].to_numpy(dtype=float) > 0
-        for base, cls in PREFILL_NOISE_KINDS.items():
-            out[(kind == base) & pre] = cls
-    if HOST_COLUMN in rows.columns:
-        host = rows[HOST_COLUMN].astype("boolean").fillna(False).to_numpy(dtype=bool)
-        if host.any():
-            cls_now = out.copy()
-            for base, cls in HOST_NOISE_KINDS.items():
-                out[(cls_now == base) & host] = cls
+    for base, cls in PREFILL_NOISE_KINDS.items():
+        out[(kind == base) & pre] = cls
     return out.astype(str)
 
 

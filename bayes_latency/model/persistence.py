@@ -28,7 +28,7 @@ from bayes_latency.data.identifiability import IdentifiabilityReport
 from bayes_latency.data.observations import DEFAULT_STACK
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
-from bayes_latency.model.likelihood import HOST_COLUMN, noise_kind
+from bayes_latency.model.likelihood import noise_kind
 from bayes_latency.model.summaries import feature_columns, fit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,12 +60,7 @@ def table_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
 
 def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
     """The data hash of a fit's rows (kept in the result's ``data_hash``)."""
-    df = rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)]
-    if HOST_COLUMN in rows.columns:  # tables without host-bound rows keep their hash
-        host = rows[HOST_COLUMN].astype("boolean").fillna(False).to_numpy(dtype=bool)
-        if host.any():
-            df = df.assign(**{HOST_COLUMN: host})
-    return _hash_frame(df)
+    return _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)])
 
 
 def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:

@@ -154,11 +154,8 @@ def load_real_data(data_dir: Path) -> RealData:
     mobs["source"] = "microbench"
     for c in ("phase", "prefill_tokens_step", "decode_tokens_step"):
         mobs[c] = tok[c].to_numpy()
-    mobs["host_bound"] = False  # benchmark means: no schedule() times
     frames.append(mobs)
     obs = pd.concat(frames, ignore_index=True)
-    obs["host_bound"] = obs["host_bound"].astype(bool)
-    notes.append(f"{int(obs['host_bound'].sum())} host-bound iterations (data/host_overhead.py)")
     notes.append(f"{len(obs)} observation rows: "
                  + ", ".join(f"{k} {v}" for k, v in obs["kind"].value_counts().items()))
     return RealData(observations=obs, iterations=pd.concat(it_frames, ignore_index=True),

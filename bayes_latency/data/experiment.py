@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -87,6 +88,23 @@ _TRACE_NAMES = ("traces.jsonl", "traces.json", "traces.jsonl.gz", "traces.json.g
 _CONFIG_NAMES = ("serving.yaml", "serving.yml", "exp-config.yaml")
 
 
+#: libyaml's loader when PyYAML has it: 4x less CPU for the client, which reads every
+#: experiment's serving YAML before the first task starts (520 experiments: 0.33 -> 0.08 CPU-s)
+_CLoader = getattr(yaml, "CSafeLoader", None)
+_PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")
+
+
+def _safe_load(text: str) -> Any:
+    """``yaml.safe_load(text)``; printable ASCII is parsed with libyaml (same result), anything
+    else and any text libyaml refuses with PyYAML's own parser (its result and error messages)."""
+    if _CLoader is not None and _PLAIN.fullmatch(text):
+        try:
+            return yaml.load(text, Loader=_CLoader)  # noqa: S506 - CSafeLoader is the safe one
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
+
+
 def load_serving_yaml(path: str | Path) -> dict[str, Any]:
     """Read a serving YAML (or an inference-perf ``exp-config.yaml`` plus a ``gpu`` key).
 
@@ -111,7 +129,7 @@ def load_serving_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
+            doc = _safe_load(fh.read())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read serving config: {exc}") from exc
     except yaml.YAMLError as exc:

@@ -223,6 +223,19 @@ BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0
 BEFORE_SCALE_SIXTH = {"mb_s_per_core": (34.5, 29.6), "mb_per_cpu_s": (34.6, 33.2)}
 #: Seventh pass (main 1808e63's code, load average 6.1-6.6).
 BEFORE_SCALE_SEVENTH = {"mb_s_per_core": (25.2, 14.1), "mb_per_cpu_s": (36.7, 34.0)}
+#: Eighth pass (main 8168d25 / 15aad3a's code, one task per experiment; load average 0.6-1.4).
+BEFORE_SCALE_EIGHTH = {"mb_s_per_core": (46.3, 44.3), "mb_per_cpu_s": (46.3, 50.8)}
+#: Earlier runs of part 3, newest first: (pass, code, load average, constants).
+SCALE_HISTORY = (
+    ("eighth", "8168d25, compiled OTLP scanner", "0.6-1.4", BEFORE_SCALE_EIGHTH),
+    ("seventh", "1808e63, pyarrow.json parse", "6.1-6.6", BEFORE_SCALE_SEVENTH),
+    ("sixth", "de30309, Python replay loop", "1.2-1.9", BEFORE_SCALE_SIXTH),
+    ("fifth", "ef08d5c, Dask's default worker settings", "7-8", BEFORE_SCALE_FIFTH),
+    ("fourth", "7840784", "6-8", BEFORE_SCALE_FOURTH),
+    ("third", "55528c4, columnar reader", "9-10", BEFORE_SCALE_55528C4),
+    ("before the columnar path", "33b82e4", "5-10", BEFORE_SCALE_33B82E4),
+    ("before typed decoding", "9ab4453", "11-13", BEFORE_SCALE_9AB4453),
+)
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -901,6 +914,36 @@ def _defaults_lines(c: dict) -> list[str]:
     ]
 
 
+def _target_lines(c: dict) -> list[str]:
+    """Section 3's verdict on the 50 MB/s per core target, for 1 and for 2 workers."""
+    r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
+    out = []
+    for n, r in ((1, r1), (2, r2)):
+        per = r["ingest_mb_s_per_core"]
+        warm = r.get("warm_up")
+        with_warm = (c["fleet_trace_mb"] / (r["ingest_s"] + warm["s"]) / n) if warm else None
+        target_s = c["fleet_trace_mb"] / TARGET_MB_S_PER_CORE / n
+        out.append(
+            f"- Target {TARGET_MB_S_PER_CORE:.0f} MB/s per core, {n} worker{'s' * (n > 1)} "
+            f"({target_s:.1f} s wall): {'met' if per >= TARGET_MB_S_PER_CORE else 'NOT met'} "
+            f"({per} MB/s per core in {r['ingest_s']} s"
+            + (f"; {with_warm:.1f} counting the warm-up" if with_warm is not None else "")
+            + f"; {r['ingest_mb_per_cpu_s']} MB per worker CPU-second; load average "
+            f"{r['load_average_at_start']} at the start, {r['load_average_at_end']} at the end).")
+    return out
+
+
+def _history_lines() -> list[str]:
+    """Earlier runs of section 3 (:data:`SCALE_HISTORY`), one table."""
+    lines = ["", "Earlier runs of this section (MB/s per core and MB per worker CPU-second, "
+             "1 / 2 workers):", "", "| pass | code | load average | MB/s per core | "
+             "MB per worker CPU-s |", "|---|---|---|---|---|"]
+    for name, code, load, v in SCALE_HISTORY:
+        lines.append(f"| {name} | {code} | {load} | {v['mb_s_per_core'][0]} / "
+                     f"{v['mb_s_per_core'][1]} | {v['mb_per_cpu_s'][0]} / {v['mb_per_cpu_s'][1]} |")
+    return [*lines, ""]
+
+
 def _workers_ab_lines(c: dict) -> list[str]:
     """Section 3's ingest on workers, this tree against the commit before this pass."""
     ab = c.get("workers_ab")
@@ -1075,29 +1118,7 @@ def _markdown(r: dict) -> str:
         f"(speed-up {c['speedup_2_over_1']}x; stage 1 {c['stage1_speedup_2_over_1']}x).",
         f"- Peak RSS of any worker: {c['peak_rss_per_worker_gb']} GB (budget {MEM_BUDGET_GB} GB: "
         f"{'met' if c['within_memory_budget'] else 'NOT met'}).",
-        f"- Target {TARGET_MB_S_PER_CORE:.0f} MB/s per core for ingest: "
-        f"{'met' if r1['ingest_mb_s_per_core'] >= TARGET_MB_S_PER_CORE else 'NOT met'} "
-        f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
-        f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
-        "CPU-second).",
-        f"- Idle-machine estimate: a worker that never waits for a core turns its CPU time into "
-        f"wall time one for one (at load 2, before the sixth pass's worker settings, the demo fleet on one "
-        f"worker took 2.8-3.2 s wall for 2.8-2.9 worker CPU-s, the client and scheduler on the "
-        f"other core), so about {r1['ingest_mb_per_cpu_s']} MB/s per core with one worker "
-        f"(its MB per worker CPU-second, which waiting does not change) and a little under "
-        f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
-        "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
-        "2.23-2.38 against 2.33-2.40 CPU-s).",
-        *([f"- Idle estimate from the previous run: on a quiet machine (load 1.2-1.9) "
-           f"{ab['base_ref']}'s code measured {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / "
-           f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
-           f"this run's alternating inline ingest puts this tree at {ab['base']['total']:.2f} / "
-           f"{ab['this']['total']:.2f} = {ab['base']['total'] / ab['this']['total']:.3f}x that "
-           f"speed, so about {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0] * ab['base']['total'] / ab['this']['total']:.1f}"
-           f" / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1] * ab['base']['total'] / ab['this']['total']:.1f}"
-           " MB per worker CPU-second there, which is the MB/s per core of one worker that "
-           "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
-          else []),
+        *_target_lines(c),
         *([f"- Inline against the workers: the demo fleet inline takes {stages['total']:.2f} "
            f"CPU-s (section 1, {j['trace_mb'] / stages['total']:.1f} MB per CPU-s), "
            f"{c['factor_bytes'] * stages['total']:.1f} CPU-s for this fleet's "
@@ -1111,38 +1132,7 @@ def _markdown(r: dict) -> str:
           if "factor_bytes" in c else []),
         *_defaults_lines(c),
         *_workers_ab_lines(c),
-        f"- The previous run (seventh pass, main 1808e63's code: pyarrow.json parse; load "
-        f"average 6.1-6.6): {BEFORE_SCALE_SEVENTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_SEVENTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Sixth pass (main de30309's code: Python replay loop; load "
-        f"average 1.2-1.9): {BEFORE_SCALE_SIXTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_SIXTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Fifth pass (main ef08d5c's code with Dask's default worker "
-        f"settings, load average 7-8): {BEFORE_SCALE_FIFTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_FIFTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_FIFTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_FIFTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Fourth pass (main 7840784's code, load average 6-8): "
-        f"{BEFORE_SCALE_FOURTH['mb_s_per_core'][0]} / {BEFORE_SCALE_FOURTH['mb_s_per_core'][1]} "
-        f"MB/s per core and {BEFORE_SCALE_FOURTH['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_FOURTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
-        f"- Before the fourth pass (main 55528c4, load average 9-10): "
-        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_55528C4['mb_per_cpu_s'][0]} / {BEFORE_SCALE_55528C4['mb_per_cpu_s'][1]} "
-        "MB per worker CPU-second (1 / 2 workers).",
-        f"- Before the columnar path (main 33b82e4, load average 5-10): "
-        f"{BEFORE_SCALE_33B82E4['mb_s_per_core'][0]} / {BEFORE_SCALE_33B82E4['mb_s_per_core'][1]}"
-        f" MB/s per core and {BEFORE_SCALE_33B82E4['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_33B82E4['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
-        f"before the typed decoding and numpy tables (9ab4453, load average 11-13): "
-        f"{BEFORE_SCALE_9AB4453['mb_s_per_core'][0]} / {BEFORE_SCALE_9AB4453['mb_s_per_core'][1]}"
-        f" and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]}.",
+        *_history_lines(),
         "- Where the rest goes (section 1, inline): "
         + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
                     for k, v in sorted(stages.items(), key=lambda kv: -kv[1])

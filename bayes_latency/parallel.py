@@ -1,7 +1,7 @@
 """Running independent units of work inline or as tasks on Dask distributed.
 
-Ingest (one task per experiment) and stage 1 of the fit (one task per configuration) are maps
-over independent units. :func:`run_units` runs such a map with **one** function for both ways,
+Ingest (one unit per experiment, several per task: ``batch=True``) and stage 1 of the fit (one
+task per configuration) are maps over independent units. :func:`run_units` runs such a map with **one** function for both ways,
 so a unit gives the same result inline and on a worker:
 
 - inline, in this process, when the work is small (a local cluster takes about 2 s to start; see

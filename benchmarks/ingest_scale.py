@@ -94,17 +94,40 @@ class MemorySampler:
                 pass
 
 
-def _cluster(n: int):
-    """The local cluster ``ingest --scheduler local`` starts (:func:`parallel.local_cluster`)."""
+def _warm_worker(folder: str) -> float:
+    """Imports and the compiled kernels (numba) loaded in this process, by ingesting the
+    experiment ``folder`` in memory; CPU seconds of this process it took."""
+    import time as _t
+    from pathlib import Path as _P
+
+    c0 = _t.process_time()
+    import bayes_latency.model.summaries  # noqa: F401
+    from bayes_latency.data.experiment import _inputs, ingest_experiment
+
+    trace, cfg, fold, eid = _inputs([_P(folder)], None)[0]
+    ingest_experiment(trace, cfg, experiment_id=eid, folder=fold)
+    return _t.process_time() - c0
+
+
+def _cluster(n: int, warm: Path | None = None):
+    """The local cluster ``ingest --scheduler local`` starts (:func:`parallel.local_cluster`),
+    its workers warmed: imports, and with ``warm`` (an experiment folder) the compiled kernels
+    loaded by ingesting it in memory, so that timings are of the work. Returns the cluster, the
+    client and the warm-up (wall seconds, worker CPU seconds)."""
     from distributed import Client
 
     from bayes_latency.parallel import local_cluster
 
     cluster = local_cluster(n, memory_limit="6GB")
     client = Client(cluster)
-    # warm the workers (imports), so that timings are of the work
-    client.run(lambda: __import__("bayes_latency.data.experiment")
-               and __import__("bayes_latency.model.summaries"))
+    t0 = time.perf_counter()
+    if warm is None:
+        cpu = client.run(lambda: __import__("bayes_latency.data.experiment")
+                         and __import__("bayes_latency.model.summaries") and 0.0)
+    else:
+        cpu = client.run(_warm_worker, str(warm))
+    cluster.warm_up = {"s": round(time.perf_counter() - t0, 2),
+                       "worker_cpu_s": round(sum(cpu.values()), 2)}
     return cluster, client
 
 
@@ -200,6 +223,19 @@ BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0
 BEFORE_SCALE_SIXTH = {"mb_s_per_core": (34.5, 29.6), "mb_per_cpu_s": (34.6, 33.2)}
 #: Seventh pass (main 1808e63's code, load average 6.1-6.6).
 BEFORE_SCALE_SEVENTH = {"mb_s_per_core": (25.2, 14.1), "mb_per_cpu_s": (36.7, 34.0)}
+#: Eighth pass (main 8168d25 / 15aad3a's code, one task per experiment; load average 0.6-1.4).
+BEFORE_SCALE_EIGHTH = {"mb_s_per_core": (46.3, 44.3), "mb_per_cpu_s": (46.3, 50.8)}
+#: Earlier runs of part 3, newest first: (pass, code, load average, constants).
+SCALE_HISTORY = (
+    ("eighth", "8168d25, compiled OTLP scanner", "0.6-1.4", BEFORE_SCALE_EIGHTH),
+    ("seventh", "1808e63, pyarrow.json parse", "6.1-6.6", BEFORE_SCALE_SEVENTH),
+    ("sixth", "de30309, Python replay loop", "1.2-1.9", BEFORE_SCALE_SIXTH),
+    ("fifth", "ef08d5c, Dask's default worker settings", "7-8", BEFORE_SCALE_FIFTH),
+    ("fourth", "7840784", "6-8", BEFORE_SCALE_FOURTH),
+    ("third", "55528c4, columnar reader", "9-10", BEFORE_SCALE_55528C4),
+    ("before the columnar path", "33b82e4", "5-10", BEFORE_SCALE_33B82E4),
+    ("before typed decoding", "9ab4453", "11-13", BEFORE_SCALE_9AB4453),
+)
 
 
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
@@ -659,7 +695,85 @@ def dask_defaults_ab(folders: list[Path], work: Path, rounds: int = 2) -> dict:
             "load_average": f"{min(loads)}-{max(loads)}"}
 
 
-def scale(demo: list[Path], work: Path, factor: int) -> dict:
+def _workers_run(folders: list[Path], n: int, out: Path, warm: Path) -> dict:
+    """Ingest ``folders`` on a fresh local cluster of ``n`` warmed workers (:func:`_cluster`):
+    wall seconds, worker CPU seconds (user + system, and system), CPU seconds of this process
+    (client, scheduler and nannies) and idle core-seconds (``n`` x wall - worker CPU)."""
+    from bayes_latency.data.experiment import ingest
+
+    cluster, client = _cluster(n, warm=warm)
+    try:
+        pids = client.run(os.getpid)
+        files = set(client.run(lambda: __import__("bayes_latency").__file__).values())
+        with MemorySampler(pids) as mem:
+            t0, c0 = time.perf_counter(), time.process_time()
+            ingest(folders, out, scheduler=client)
+            wall, cc = time.perf_counter() - t0, time.process_time() - c0
+        cpu = sum(mem.cpu.values())
+        shutil.rmtree(out, ignore_errors=True)
+        return {"s": round(wall, 2), "worker_cpu_s": round(cpu, 2),
+                "system_cpu_s": round(sum(mem.sys.values()), 2), "client_cpu_s": round(cc, 2),
+                "idle_core_s": round(n * wall - cpu, 2), "package": sorted(files),
+                "load": round(os.getloadavg()[0], 2)}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _workers_run_in(pkg: Path, folders: list[Path], n: int, out: Path, warm: Path) -> dict:
+    """:func:`_workers_run` in a fresh process (and its workers) importing ``bayes_latency`` from
+    ``pkg``; the compiled kernels are loaded (compiled the first time) inline first."""
+    import subprocess
+
+    code = ("import importlib.util, json, sys\n"
+            f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
+            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
+            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
+            "bayes_latency.__file__\n"
+            "import cloudpickle; sys.modules['bench'] = b; cloudpickle.register_pickle_by_value(b)\n"
+            "from pathlib import Path\n"
+            "b._warm_worker(sys.argv[5])\n"
+            "folders = [Path(x) for x in json.loads(sys.argv[2])]\n"
+            "print(json.dumps(b._workers_run(folders, int(sys.argv[3]), Path(sys.argv[4]), "
+            "Path(sys.argv[5]))))\n")
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    run = subprocess.run([sys.executable, "-c", code, str(pkg),
+                          json.dumps([str(d) for d in folders]), str(n), str(out), str(warm)],
+                         capture_output=True, text=True, env=env, cwd=str(pkg), check=True)
+    shutil.rmtree(out, ignore_errors=True)
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(f.startswith(str(pkg)) for f in r["package"]), r["package"]
+    return r
+
+
+def workers_ab(folders: list[Path], warm: Path, work: Path, base: str, rounds: int = 3) -> dict:
+    """Ingest of ``folders`` on 1 and on 2 warmed workers with this tree and with git commit
+    ``base``, each in a fresh process, alternating ``rounds`` times; the best (least worker CPU)
+    of each."""
+    pkg = _base_package(work / f"base_{base}", base)
+    best: dict[str, dict] = {}
+    loads = []
+    try:
+        for k in range(rounds):
+            for name, where in (("base", pkg), ("this", REPO)):
+                for n in (1, 2):
+                    r = _workers_run_in(where, folders, n, work / f"wab_{name}_{n}_{k}", warm)
+                    key = f"{name}_{n}w"
+                    if key not in best or r["worker_cpu_s"] < best[key]["worker_cpu_s"]:
+                        best[key] = r
+                    loads.append(r["load"])
+    finally:
+        shutil.rmtree(pkg, ignore_errors=True)
+    mb = _trace_bytes(folders) / 1e6
+    for r in best.values():
+        r.pop("package", None)
+        r["mb_per_worker_cpu_s"] = round(mb / r["worker_cpu_s"], 1)
+    return {"base_ref": base, "experiments": len(folders), "trace_mb": round(mb, 1),
+            "rounds": rounds, **best, "load_average": f"{min(loads)}-{max(loads)}"}
+
+
+def scale(demo: list[Path], work: Path, factor: int, base: str = "") -> dict:
     from bayes_latency.data.experiment import ingest
     from bayes_latency.data.tables import read_table
 
@@ -672,15 +786,16 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
                  "generate_s": round(time.perf_counter() - t0, 1), "runs": {}}
     summaries = {}
     for n in (1, 2):
-        cluster, client = _cluster(n)
+        cluster, client = _cluster(n, warm=demo[0])
         try:
             pids = client.run(os.getpid)
             load0 = os.getloadavg()[0]
             out = work / f"scale_tables_{n}w"
             with MemorySampler(pids) as mem_i:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 ingest(folders, out, scheduler=client)
                 t_ingest = time.perf_counter() - t0
+                c_client = time.process_time() - c0
             obs = read_table(out, "observations")
             with MemorySampler(pids) as mem_s:
                 s, t_stage1, n_rows = _stage1(obs, client)
@@ -693,6 +808,9 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
                 "ingest_worker_cpu_s": round(cpu_i, 1),
                 "ingest_mb_per_cpu_s": round(mb / max(cpu_i, 1e-9), 1),
                 "ingest_worker_system_cpu_s": round(sum(mem_i.sys.values()), 1),
+                "ingest_client_cpu_s": round(c_client, 1),
+                "ingest_idle_core_s": round(n * t_ingest - cpu_i, 1),
+                "warm_up": cluster.warm_up,
                 "ingest_peak_rss_gb": {k: round(v / 1e9, 3) for k, v in mem_i.peak.items()},
                 "observation_rows": len(obs),
                 "stage1_rows": n_rows,
@@ -715,6 +833,8 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
     res["tables_1w_vs_2w"] = _compare_tables(work / "scale_tables_1w", work / "scale_tables_2w")
     res["stage1_1w_vs_2w_max_rel_diff"] = _summary_diff(summaries[1], summaries[2])
     res["dask_defaults_ab"] = dask_defaults_ab(folders[:5 * len(demo)], work)
+    if base:
+        res["workers_ab"] = workers_ab(folders[:5 * len(demo)], demo[0], work, base)
     peak = max(max(r["ingest_peak_rss_gb"].values()) for r in res["runs"].values())
     peak = max(peak, max(max(r["stage1_peak_rss_gb"].values()) for r in res["runs"].values()))
     res["peak_rss_per_worker_gb"] = peak
@@ -792,6 +912,59 @@ def _defaults_lines(c: dict) -> list[str]:
         f"{d['system_cpu_s']} against {lc['system_cpu_s']}; peak RSS {d['peak_rss_gb']} against "
         f"{lc['peak_rss_gb']} GB.",
     ]
+
+
+def _target_lines(c: dict) -> list[str]:
+    """Section 3's verdict on the 50 MB/s per core target, for 1 and for 2 workers."""
+    r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
+    out = []
+    for n, r in ((1, r1), (2, r2)):
+        per = r["ingest_mb_s_per_core"]
+        warm = r.get("warm_up")
+        with_warm = (c["fleet_trace_mb"] / (r["ingest_s"] + warm["s"]) / n) if warm else None
+        target_s = c["fleet_trace_mb"] / TARGET_MB_S_PER_CORE / n
+        out.append(
+            f"- Target {TARGET_MB_S_PER_CORE:.0f} MB/s per core, {n} worker{'s' * (n > 1)} "
+            f"({target_s:.1f} s wall): {'met' if per >= TARGET_MB_S_PER_CORE else 'NOT met'} "
+            f"({per} MB/s per core in {r['ingest_s']} s"
+            + (f"; {with_warm:.1f} counting the warm-up" if with_warm is not None else "")
+            + f"; {r['ingest_mb_per_cpu_s']} MB per worker CPU-second; load average "
+            f"{r['load_average_at_start']} at the start, {r['load_average_at_end']} at the end).")
+    return out
+
+
+def _history_lines() -> list[str]:
+    """Earlier runs of section 3 (:data:`SCALE_HISTORY`), one table."""
+    lines = ["", "Earlier runs of this section (MB/s per core and MB per worker CPU-second, "
+             "1 / 2 workers):", "", "| pass | code | load average | MB/s per core | "
+             "MB per worker CPU-s |", "|---|---|---|---|---|"]
+    for name, code, load, v in SCALE_HISTORY:
+        lines.append(f"| {name} | {code} | {load} | {v['mb_s_per_core'][0]} / "
+                     f"{v['mb_s_per_core'][1]} | {v['mb_per_cpu_s'][0]} / {v['mb_per_cpu_s'][1]} |")
+    return [*lines, ""]
+
+
+def _workers_ab_lines(c: dict) -> list[str]:
+    """Section 3's ingest on workers, this tree against the commit before this pass."""
+    ab = c.get("workers_ab")
+    if not ab:
+        return []
+    lines = [
+        f"- This tree against {ab['base_ref']} (before this pass) on the first "
+        f"{ab['experiments']} experiments ({ab['trace_mb']} MB), warmed workers of a fresh "
+        f"cluster, each in a fresh process, alternating {ab['rounds']} times, best (least "
+        f"worker CPU) of each (load average {ab['load_average']}):",
+        "",
+        "| | 1 worker: base | 1 worker: this | 2 workers: base | 2 workers: this |",
+        "|---|---|---|---|---|",
+    ]
+    rows = (("wall s", "s"), ("worker CPU-s", "worker_cpu_s"), ("of which system", "system_cpu_s"),
+            ("MB per worker CPU-s", "mb_per_worker_cpu_s"),
+            ("client process CPU-s", "client_cpu_s"), ("idle core-s", "idle_core_s"))
+    for label, k in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            str(ab[f"{who}_{n}w"][k]) for n in (1, 2) for who in ("base", "this")) + " |")
+    return [*lines, ""]
 
 
 def _markdown(r: dict) -> str:
@@ -904,8 +1077,12 @@ def _markdown(r: dict) -> str:
         "Copies of the demo fleet's experiments under new ids (`<id>-rNN`), generated in "
         f"{c['generate_s']} s outside the repository and deleted afterwards. One run, a local "
         "cluster of 1 then 2 worker processes (1 thread each); ingest = read + rebuild + "
-        "observations + Parquet partitions, one task per experiment; stage 1 = one task per "
-        "configuration.",
+        "observations + Parquet partitions of every experiment, in tasks of several "
+        "experiments (`run_units(batch=True)`: largest first, tasks of decreasing size); "
+        "stage 1 = one task per configuration."
+        + (" Each cluster's workers were warmed when it started (imports, and the compiled "
+           "kernels loaded by ingesting one demo experiment in memory; not in the ingest "
+           "times, its cost is the warm-up row)." if "warm_up" in r1 else ""),
         "",
         "| | 1 worker | 2 workers |",
         "|---|---|---|",
@@ -917,6 +1094,19 @@ def _markdown(r: dict) -> str:
         f"| ingest worker CPU-s (of which system) | {r1['ingest_worker_cpu_s']} "
         f"({r1.get('ingest_worker_system_cpu_s', '')}) | {r2['ingest_worker_cpu_s']} "
         f"({r2.get('ingest_worker_system_cpu_s', '')}) |",
+        *([f"| ingest CPU-s of the client process (client, scheduler, nannies) | "
+           f"{r1['ingest_client_cpu_s']} | {r2['ingest_client_cpu_s']} |",
+           f"| ingest idle core-s (workers x wall - worker CPU) | {r1['ingest_idle_core_s']} | "
+           f"{r2['ingest_idle_core_s']} |"] if "ingest_client_cpu_s" in r1 else []),
+        *([f"| warm-up at cluster start: s (worker CPU-s) | {r1['warm_up']['s']} "
+           f"({r1['warm_up']['worker_cpu_s']}) | {r2['warm_up']['s']} "
+           f"({r2['warm_up']['worker_cpu_s']}) |",
+           f"| ingest MB/s per core, warm-up included | "
+           f"{c['fleet_trace_mb'] / (r1['ingest_s'] + r1['warm_up']['s']):.1f} | "
+           f"{c['fleet_trace_mb'] / (r2['ingest_s'] + r2['warm_up']['s']) / 2:.1f} |",
+           f"| load average at start / end of the ingest | {r1['load_average_at_start']} / "
+           f"{r1['load_average_at_end']} | {r2['load_average_at_start']} / "
+           f"{r2['load_average_at_end']} |"] if "warm_up" in r1 else []),
         f"| ingest peak RSS per worker (GB) | {max(r1['ingest_peak_rss_gb'].values())} | "
         f"{max(r2['ingest_peak_rss_gb'].values())} |",
         f"| stage 1 ({r1['stage1_configs']} configurations, {r1['stage1_rows']:,} rows) | "
@@ -928,29 +1118,7 @@ def _markdown(r: dict) -> str:
         f"(speed-up {c['speedup_2_over_1']}x; stage 1 {c['stage1_speedup_2_over_1']}x).",
         f"- Peak RSS of any worker: {c['peak_rss_per_worker_gb']} GB (budget {MEM_BUDGET_GB} GB: "
         f"{'met' if c['within_memory_budget'] else 'NOT met'}).",
-        f"- Target {TARGET_MB_S_PER_CORE:.0f} MB/s per core for ingest: "
-        f"{'met' if r1['ingest_mb_s_per_core'] >= TARGET_MB_S_PER_CORE else 'NOT met'} "
-        f"(best measured {max(r1['ingest_mb_s_per_core'], r2['ingest_mb_s_per_core'])} MB/s "
-        f"per core, {max(r1['ingest_mb_per_cpu_s'], r2['ingest_mb_per_cpu_s'])} MB per "
-        "CPU-second).",
-        f"- Idle-machine estimate: a worker that never waits for a core turns its CPU time into "
-        f"wall time one for one (at load 2, before the sixth pass's worker settings, the demo fleet on one "
-        f"worker took 2.8-3.2 s wall for 2.8-2.9 worker CPU-s, the client and scheduler on the "
-        f"other core), so about {r1['ingest_mb_per_cpu_s']} MB/s per core with one worker "
-        f"(its MB per worker CPU-second, which waiting does not change) and a little under "
-        f"{r2['ingest_mb_per_cpu_s']} with two (the client and scheduler then share their cores); "
-        "CPU seconds themselves were within 10% at load 3 and load 6.6 (inline demo ingest "
-        "2.23-2.38 against 2.33-2.40 CPU-s).",
-        *([f"- Idle estimate from the previous run: on a quiet machine (load 1.2-1.9) "
-           f"{ab['base_ref']}'s code measured {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / "
-           f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
-           f"this run's alternating inline ingest puts this tree at {ab['base']['total']:.2f} / "
-           f"{ab['this']['total']:.2f} = {ab['base']['total'] / ab['this']['total']:.3f}x that "
-           f"speed, so about {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0] * ab['base']['total'] / ab['this']['total']:.1f}"
-           f" / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1] * ab['base']['total'] / ab['this']['total']:.1f}"
-           " MB per worker CPU-second there, which is the MB/s per core of one worker that "
-           "never waits for a core: below 50."] if ab and ab.get("base_ref") == "de30309"
-          else []),
+        *_target_lines(c),
         *([f"- Inline against the workers: the demo fleet inline takes {stages['total']:.2f} "
            f"CPU-s (section 1, {j['trace_mb'] / stages['total']:.1f} MB per CPU-s), "
            f"{c['factor_bytes'] * stages['total']:.1f} CPU-s for this fleet's "
@@ -958,43 +1126,13 @@ def _markdown(r: dict) -> str:
            f"{r2['ingest_worker_cpu_s']} CPU-s, so "
            f"{r1['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} / "
            f"{r2['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} CPU-s "
-           "(1 / 2 workers) more than inline (worker start-up and numba, the event loop, "
-           "task results, GC, or the same work costing more in a worker: not split here), "
-           "which is what now keeps one worker below 50 MB per CPU-s."]
+           "(1 / 2 workers) more than inline (a negative figure: less; the workers were "
+           "warmed first; CPU time per unit of work also grows with the load of the shared "
+           "machine, see the alternating runs below)."]
           if "factor_bytes" in c else []),
         *_defaults_lines(c),
-        f"- The previous run (seventh pass, main 1808e63's code: pyarrow.json parse; load "
-        f"average 6.1-6.6): {BEFORE_SCALE_SEVENTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_SEVENTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SEVENTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Sixth pass (main de30309's code: Python replay loop; load "
-        f"average 1.2-1.9): {BEFORE_SCALE_SIXTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_SIXTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_SIXTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_SIXTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Fifth pass (main ef08d5c's code with Dask's default worker "
-        f"settings, load average 7-8): {BEFORE_SCALE_FIFTH['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_FIFTH['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_FIFTH['mb_per_cpu_s'][0]} / {BEFORE_SCALE_FIFTH['mb_per_cpu_s'][1]} MB "
-        "per worker CPU-second (1 / 2 workers).",
-        f"- Fourth pass (main 7840784's code, load average 6-8): "
-        f"{BEFORE_SCALE_FOURTH['mb_s_per_core'][0]} / {BEFORE_SCALE_FOURTH['mb_s_per_core'][1]} "
-        f"MB/s per core and {BEFORE_SCALE_FOURTH['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_FOURTH['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers).",
-        f"- Before the fourth pass (main 55528c4, load average 9-10): "
-        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][0]} / "
-        f"{BEFORE_SCALE_55528C4['mb_s_per_core'][1]} MB/s per core and "
-        f"{BEFORE_SCALE_55528C4['mb_per_cpu_s'][0]} / {BEFORE_SCALE_55528C4['mb_per_cpu_s'][1]} "
-        "MB per worker CPU-second (1 / 2 workers).",
-        f"- Before the columnar path (main 33b82e4, load average 5-10): "
-        f"{BEFORE_SCALE_33B82E4['mb_s_per_core'][0]} / {BEFORE_SCALE_33B82E4['mb_s_per_core'][1]}"
-        f" MB/s per core and {BEFORE_SCALE_33B82E4['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_33B82E4['mb_per_cpu_s'][1]} MB per worker CPU-second (1 / 2 workers); "
-        f"before the typed decoding and numpy tables (9ab4453, load average 11-13): "
-        f"{BEFORE_SCALE_9AB4453['mb_s_per_core'][0]} / {BEFORE_SCALE_9AB4453['mb_s_per_core'][1]}"
-        f" and {BEFORE_SCALE_9AB4453['mb_per_cpu_s'][0]} / "
-        f"{BEFORE_SCALE_9AB4453['mb_per_cpu_s'][1]}.",
+        *_workers_ab_lines(c),
+        *_history_lines(),
         "- Where the rest goes (section 1, inline): "
         + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
                     for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
@@ -1024,6 +1162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="1808e63",
                     help="git commit whose ingest CPU per stage part 1 measures alternating with "
                          "this tree ('' to skip)")
+    ap.add_argument("--ab-base", default="15aad3a",
+                    help="git commit whose ingest on 1 and 2 workers part 3 measures alternating "
+                         "with this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",
                     help="parts to run (json, same, scale); the others are kept from OUT.json")
     args = ap.parse_args(argv)
@@ -1064,7 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             r["dates"]["same"] = stamp
             print("same:", r["same"], file=sys.stderr)
         if "scale" in parts:
-            r["scale"] = scale(demo, work, args.factor)
+            r["scale"] = scale(demo, work, args.factor, args.ab_base)
             r["dates"]["scale"] = stamp
             print("scale:", json.dumps(r["scale"], indent=1), file=sys.stderr)
         r["uptime"]["end"] = _uptime()

@@ -59,18 +59,63 @@ def test_tasks_run_on_the_workers(client, monkeypatch):
     assert run_units(os.getpid, [()]) == [os.getpid()]
 
 
+def _twice_or_fail(x: int) -> int:
+    if x < 0:
+        raise ValueError(f"negative {x}")
+    return 2 * x
+
+
+def test_batches_largest_first_and_shrinking():
+    from bayes_latency.parallel import batches
+
+    w = [1.0, 5.0, 2.0, 2.0, 8.0, 1.0, 3.0] * 20
+    for n in (1, 2, 3):
+        g = batches(w, n, per_worker=4)
+        flat = [i for b in g for i in b]
+        assert sorted(flat) == list(range(len(w)))  # every unit once
+        assert [w[i] for i in flat] == sorted(w, reverse=True)  # largest first
+        sums = [sum(w[i] for i in b) for b in g]
+        assert len(g[-1]) == 1 and len(g) < len(w) / 2
+        assert sums[0] >= sum(w) / (4 * n) and sums[0] == max(sums)
+    assert batches([], 2) == [] and batches([3.0], 2) == [[0]]
+    assert batches([1.0, 1.0, 1.0], 2) == [[0], [1], [2]]
+
+
+def test_batched_units_keep_their_order_and_errors(client):
+    units = [(x,) for x in range(40)]
+    w = [float((7 * x) % 11 + 1) for x in range(40)]
+    assert run_units(_twice_or_fail, units, scheduler=client, weights=w, batch=True) == \
+        [2 * x for x in range(40)]
+    with pytest.raises(ValueError, match="negative -3"):
+        run_units(_twice_or_fail, [*units, (-3,)], scheduler=client, batch=True)
+
+
+def test_ingest_units_raise_the_gc_threshold_and_restore_it():
+    import gc
+
+    from bayes_latency.data.experiment import GC_GEN0_THRESHOLD, _few_gc_passes
+
+    before = gc.get_threshold()
+    with _few_gc_passes():
+        assert gc.get_threshold()[0] == max(before[0], GC_GEN0_THRESHOLD)
+        with _few_gc_passes():
+            assert gc.get_threshold()[1:] == before[1:]
+    assert gc.get_threshold() == before
+
+
 def _worker_settings() -> tuple:
     import dask
 
     return (os.environ.get("MALLOC_TRIM_THRESHOLD_"),
-            dask.config.get("distributed.worker.profile.enabled"))
+            dask.config.get("distributed.worker.profile.enabled"),
+            dask.config.get("distributed.admin.tick.interval"))
 
 
 def test_local_cluster_workers_keep_glibc_malloc_defaults(client):
     # Dask's MALLOC_TRIM_THRESHOLD_=65536 costs ingest ~15% CPU in page faults (parallel.py)
     env = os.environ.get("MALLOC_TRIM_THRESHOLD_")
     env = None if env == "65536" else env  # Dask's value, left by an earlier Dask nanny
-    assert set(client.run(_worker_settings).values()) == {(env, False)}
+    assert set(client.run(_worker_settings).values()) == {(env, False, "1s")}
     assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
 
 

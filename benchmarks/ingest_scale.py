@@ -292,16 +292,22 @@ def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> d
     return {k: round(v, 3) for k, v in best.items()}
 
 
-def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
-    """:func:`_stage_cpu` in a fresh process importing ``bayes_latency`` from ``pkg``."""
-    import subprocess
-
-    code = ("import importlib.util, json, sys\n"
+#: Start of the scripts run in a fresh process by :func:`_stage_cpu_in` and
+#: :func:`_workers_run_in`: this module loaded as ``b``, then ``bayes_latency`` imported from the
+#: checkout given as ``sys.argv[1]`` (checked).
+_PRELUDE = ("import importlib.util, json, sys\n"
             f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
             "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
             "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
-            "bayes_latency.__file__\n"
+            "bayes_latency.__file__\n")
+
+
+def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
+    """:func:`_stage_cpu` in a fresh process importing ``bayes_latency`` from ``pkg``."""
+    import subprocess
+
+    code = (_PRELUDE +
             "from pathlib import Path\n"
             "demo = [Path(x) for x in json.loads(sys.argv[2])]\n"
             "print(json.dumps(b._stage_cpu(demo, Path(sys.argv[3]))))\n")
@@ -725,12 +731,7 @@ def _workers_run_in(pkg: Path, folders: list[Path], n: int, out: Path, warm: Pat
     ``pkg``; the compiled kernels are loaded (compiled the first time) inline first."""
     import subprocess
 
-    code = ("import importlib.util, json, sys\n"
-            f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
-            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
-            "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
-            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
-            "bayes_latency.__file__\n"
+    code = (_PRELUDE +
             "import cloudpickle; sys.modules['bench'] = b; cloudpickle.register_pickle_by_value(b)\n"
             "from pathlib import Path\n"
             "b._warm_worker(sys.argv[5])\n"

@@ -7,7 +7,7 @@ study's cross-validation). Per case: max R-hat, min bulk ESS (over the variables
 check), divergences, the posterior variables that fail (worst first) and the time.
 
     python benchmarks/convergence_matrix.py [--cases tiny,one,two,demo,real] [--cv]
-        [--label TEXT] [--work /tmp/convergence_matrix]
+        [--label TEXT] [--work /tmp/convergence_matrix] [--keep]
 
 Writes ``results/benchmarks/convergence_matrix[_LABEL].md`` and ``.json``.
 """
@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--work", default="/tmp/convergence_matrix")
     ap.add_argument("--save", action="store_true", help="keep the posteriors in WORK/posteriors")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the rows of the cases not run this time from the current "
+                         "convergence_matrix.json (their commit column says when they ran)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -184,9 +187,13 @@ def main() -> None:
                     o = data.observations
                     rows.append(run_case(f"real CV: without {sp.name}",
                                          o[~o["experiment_id"].isin(sp.held_out)], None, save))
-    df = pd.DataFrame(rows)
     out = ROOT / "results" / "benchmarks" / "convergence_matrix"  # one current file (label: title)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.keep and out.with_suffix(".json").exists():
+        new = {r["case"]: r for r in rows}
+        old = json.loads(out.with_suffix(".json").read_text())
+        rows = [new.pop(r["case"], r) for r in old] + list(new.values())
+    df = pd.DataFrame(rows)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [f"# Convergence of `bayes-latency fit` with no flags{' (' + args.label + ')' if args.label else ''}",
              "", f"Gates: max R-hat <= {GATES['max_rhat']}, min bulk ESS >= "

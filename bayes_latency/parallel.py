@@ -237,10 +237,10 @@ def run_units(fn: Callable[..., Any], units: Sequence[tuple], *, scheduler: Any 
             if hasattr(client, "scheduler_info") else None
         nw = len(info) if info is not None else None
         batched = batch and not scatter
+        groups = [[i] for i in range(len(units))]  # unit indices of each task
         if scatter:
             args = [client.scatter(list(u), hash=False) for u in units] if units else []
             futs = [client.submit(_apply, fn, a, pure=False) for a in args]
-            groups = [[i] for i in range(len(units))]
         elif batched:
             threads = sum(int(v.get("nthreads", 1)) for v in info.values()) if info else 1
             groups = batches(w, threads)
@@ -249,7 +249,6 @@ def run_units(fn: Callable[..., Any], units: Sequence[tuple], *, scheduler: Any 
                                   priority=len(groups) - j) for j, g in enumerate(groups)]
         else:
             futs = [client.submit(fn, *u, pure=False) for u in units]
-            groups = [[i] for i in range(len(units))]
         index = {f.key: j for j, f in enumerate(futs)}
         with _bar(sum(w), desc, unit) as bar:
             for fut in as_completed(futs):

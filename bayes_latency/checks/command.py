@@ -119,6 +119,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
                 title="Workload means: observed vs predicted (90% band)")
     iterations = _read_table(folder, "iterations")
     if iterations is not None and len(iterations):
+        from bayes_latency.checks.diagnostics_report import _markdown_table
         from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
 
         host = host_overhead(iterations)
@@ -130,7 +131,7 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
                 text = "".join(f"- {n}\n" for n in notes)
                 if cov is not None and len(cov):
                     text += ("\nIteration rows inside their predictive bands, host-bound and quiet "
-                             "steps apart:\n\n" + _md_table(cov) + "\n")
+                             "steps apart:\n\n" + _markdown_table(cov) + "\n")
                 written["host_overhead_notes"] = _write_text(out / "host_overhead.md", text)
     if findings:
         written["findings"] = _write_text(out / "findings.json",
@@ -167,13 +168,6 @@ def _host_coverage(rows: pd.DataFrame, step_rows: pd.DataFrame,
     return (r.groupby(["experiment_id", "steps"])
             .agg(n=("in_90", "size"), in_90=("in_90", "mean"), in_50=("in_50", "mean"))
             .round(3).reset_index())
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    """A markdown table of ``df`` (no index)."""
-    head = "| " + " | ".join(map(str, df.columns)) + " |\n|" + "---|" * len(df.columns) + "\n"
-    return head + "".join("| " + " | ".join(map(str, r)) + " |\n"
-                          for r in df.itertuples(index=False))
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> Path:

@@ -100,6 +100,26 @@ def _hot(gap: np.ndarray, cpu: np.ndarray, batch: np.ndarray,
     return (cpu > CPU_FACTOR * expected) & (cpu - expected > share * gap), expected
 
 
+def _classify(iterations: pd.DataFrame, share: float) -> dict[str, np.ndarray]:
+    """Row-aligned arrays of an ``iterations`` table with ``iteration_us`` and
+    ``schedule_cpu_us``: ``judged`` (usable, in an experiment of at least :data:`MIN_STEPS`
+    usable steps), ``hot`` (host-bound), ``expected`` (the quiet steps' CPU time for the
+    step's batch; NaN where not judged), ``gap``, ``cpu``, ``batch``, ``pre`` and ``exp``."""
+    ok, gap, cpu, batch, pre = _usable(iterations)
+    n = len(iterations)
+    exp = (iterations["experiment_id"].astype(str).to_numpy() if "experiment_id" in iterations
+           else np.full(n, ""))
+    judged, hot = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    expected = np.full(n, np.nan)
+    for eid in pd.unique(exp[ok]):
+        m = np.flatnonzero(ok & (exp == eid))
+        if len(m) >= MIN_STEPS:
+            judged[m] = True
+            hot[m], expected[m] = _hot(gap[m], cpu[m], batch[m], share)
+    return {"judged": judged, "hot": hot, "expected": expected, "gap": gap, "cpu": cpu,
+            "batch": batch, "pre": pre, "exp": exp}
+
+
 def host_bound_mask(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> np.ndarray:
     """Whether each row of an ``iterations`` table is a host-bound step (see
     :func:`host_overhead`), aligned with the table's rows.
@@ -108,17 +128,9 @@ def host_bound_mask(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> 
     with fewer than :data:`MIN_STEPS` usable steps, and for every row when the table lacks
     ``schedule_cpu_us``.
     """
-    out = np.zeros(len(iterations), dtype=bool)
     if any(c not in iterations.columns for c in ("iteration_us", "schedule_cpu_us")):
-        return out
-    ok, gap, cpu, batch, _ = _usable(iterations)
-    exp = (iterations["experiment_id"].astype(str).to_numpy() if "experiment_id" in iterations
-           else np.full(len(iterations), ""))
-    for eid in pd.unique(exp[ok]):
-        m = np.flatnonzero(ok & (exp == eid))
-        if len(m) >= MIN_STEPS:
-            out[m] = _hot(gap[m], cpu[m], batch[m], share)[0]
-    return out
+        return np.zeros(len(iterations), dtype=bool)
+    return _classify(iterations, share)["hot"]
 
 
 def host_overhead(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> pd.DataFrame:
@@ -152,18 +164,14 @@ def host_overhead(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> pd
     need = ("experiment_id", "step_id", "iteration_us", "schedule_cpu_us")
     if iterations is None or any(c not in iterations.columns for c in need):
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in _COLUMNS})
-    it = iterations
-    ok, gap, cpu, batch, pre = _usable(it)
+    k = _classify(iterations, share)
+    sid_all = iterations["step_id"].to_numpy()
     rows = []
-    exp = it["experiment_id"].astype(str).to_numpy()
-    for eid in pd.unique(exp[ok]):
-        m = ok & (exp == eid)
-        if m.sum() < MIN_STEPS:
-            continue
-        g, c, b, p = gap[m], cpu[m], batch[m], pre[m]
-        sid = it["step_id"].to_numpy()[m]
+    for eid in pd.unique(k["exp"][k["judged"]]):
+        m = k["judged"] & (k["exp"] == eid)
+        g, c, b, p = k["gap"][m], k["cpu"][m], k["batch"][m], k["pre"][m]
+        hot, expected, sid = k["hot"][m], k["expected"][m], sid_all[m]
         s = c / g
-        hot, expected = _hot(g, c, b, share)
         row = {"experiment_id": eid, "n_steps": int(m.sum()),
                "cpu_share_median": float(np.median(s)), "n_host_bound": int(hot.sum()),
                "host_bound_fraction": float(hot.mean()),

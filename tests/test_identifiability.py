@@ -88,3 +88,23 @@ def test_config_id_and_design_stack_level() -> None:
     assert list(d.index("stack")) == [1, 0]
     legacy = Design(("a",), ("a",), (), configs.drop(columns="stack"))
     assert legacy.stacks == ["vllm"] and list(legacy.index("stack")) == [0, 0]
+
+
+def test_configurations_flat_in_both_coefficients_do_not_separate_them():
+    """A pair one group in some configuration and each flat on its own elsewhere (real data:
+    per_layer / per_step in the Splitwise Bloom benchmark means) is confounded everywhere; a
+    configuration that identifies one of the two and not the other still separates them."""
+    from bayes_latency.data.identifiability import ConfigIdentifiability, IdentifiabilityReport
+
+    def cfg(name, groups, active=("a", "b", "c")):
+        return ConfigIdentifiability(config_id=name, active=list(active), rank=0,
+                                     groups=[list(g) for g in groups])
+
+    joint = cfg("joint", [("a", "b")])
+    both_alone = cfg("both_alone", [("a",), ("b",)])
+    assert IdentifiabilityReport([joint, both_alone]).confounded_everywhere == [["a", "b"]]
+    # before: the configuration where both are flat alone counted as separating them
+    one_alone = cfg("one_alone", [("a",)])  # a flat, b identified: they are told apart
+    assert IdentifiabilityReport([joint, one_alone]).confounded_everywhere == []
+    apart = cfg("apart", [("a", "c"), ("b",)])
+    assert IdentifiabilityReport([joint, both_alone, apart]).confounded_everywhere == []

@@ -170,12 +170,6 @@ def _stage_ttft_lines(t: pd.DataFrame, unfitted: Sequence[str],
     return lines + [""]
 
 
-def _settings_label(s: FitSettings) -> str:
-    ext = (f", sampling on until the convergence gates pass (at most {s.max_draws} draws)"
-           if s.max_draws and s.max_draws > s.draws else "")
-    return f"{s.chains} x {s.draws} draws after {s.tune} tuning steps{ext}"
-
-
 def _round(df: pd.DataFrame) -> pd.DataFrame:
     return df.apply(lambda c: c.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
 
@@ -362,7 +356,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     log(f"[client] {len(stages)} client stages of {len(normal)} normal runs; "
         f"{len(data.observations)} step and benchmark rows")
     post_path, obs_path = out / "posterior.nc", out / "observations.parquet"
-    settings_label = _settings_label(settings)
+    settings_label = settings.describe()
     if resume and post_path.is_file() and obs_path.is_file() \
             and (out / "calibration.csv").is_file():
         from bayes_latency.model.estimator import LatencyModel
@@ -405,7 +399,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "point_seeds": POINT_SEEDS,
                            "unfitted": unfitted,
                            "settings": settings_label,
-                           "cv_settings": _settings_label(cv_settings),
+                           "cv_settings": cv_settings.describe(),
                            "replay_s": float(history["replay_s"].iloc[-1]),
                            "calibrate_s": calibrate_s,
                            "stage_ttft": stage_ttft_table(pred, stages) if pred is not None

@@ -93,16 +93,12 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
     L: list[str] = []
     L.append("# Real-data study: the hierarchy on H100 step traces and Splitwise benchmarks\n")
 
-    def sset(s: FitSettings) -> str:
-        return (f"{s.chains} chains x {s.draws} draws after {s.tune} tuning, target_accept "
-                f"{s.target_accept}, seed {s.seed}")
-
     L.append(f"Regenerate with `{COMMAND}` (this folder is overwritten). "
              f"Mode: {'QUICK (2 splits, draws 200)' if quick else 'full'}. Every fit of ours: "
              f"`LatencyModel(terms=REAL_TERMS)` (default priors and method, NUTS via nutpie), "
              f"REAL_TERMS = {', '.join(f'`{t}`' for t in REAL_TERMS)}; all-data fit "
-             f"{sset(settings)}; H100-only fits {sset(h100_settings)}; cross-validation fits "
-             f"{sset(cv_settings)}. "
+             f"{settings.describe()}; H100-only fits {h100_settings.describe()}; cross-validation fits "
+             f"{cv_settings.describe()}. "
              f"Total runtime {runtime_s / 60:.1f} min on 2 shared cores.\n")
     # ---- summary
     L.append("## Summary\n")

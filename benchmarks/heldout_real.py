@@ -138,9 +138,12 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
              "(the 20 req/s stage; 75-92% of its steps are host-bound, 5-13% before): `schedule()` takes 5.3-5.4 ms where 0.6-0.8 ms is "
              "expected, and the decode iterations scatter more (`log_mad_*`: scaled MAD of "
              "log iteration time over decode-only steps of the group's middle batch sizes). "
-             "They are what the bands cover least (by step class above). BLIS cannot represent this overhead "
-             "(step time linear in the batch, per-request alphas); it is what its TTFT misses "
-             "at 20 req/s in `results/real/client/README.md`.", "",
+             "They are what the bands cover least (by step class above), but not because they "
+             "are slower: at a matched batch size their decode iterations take the same time as "
+             "quiet ones (the extra CPU time overlaps the forward pass; `data/host_overhead.py`), "
+             "so they are the heavy-load steps, with a wider spread. The busy host shows in the "
+             "time before a request reaches the engine, which BLIS's per-request alphas cannot "
+             "follow: the TTFT misses at 20 req/s in `results/real/client/README.md`.", "",
              _markdown_table(t[cols].round(4)), ""]
     return flags, lines
 

@@ -24,12 +24,19 @@ iterations are noisier than the rest and why a simulated TTFT near capacity fall
 - :func:`host_bound_mask` flags the steps row by row (``check --tables`` reports the predictive
   bands' coverage of host-bound and quiet iterations apart).
 
-The model does not use the flag. A noise class of its own for host-bound iterations was tried
-(session 13): in-sample it moved their 90% coverage from 0.80-0.87 to 0.82-0.89 (quiet steps 0.94-
-0.97 to 0.92-0.94), but the held-out Llama-2-70B vLLM run's MdAPE went from 8.3% to 17.0% (the
-fit then leans on the quiet steps, whose slope in the batch misses the host's extra 3 ms) and the
-later-third split stayed at 0.77, since host-bound steps also sit off the batch-linear mean, which
-no noise class fixes (``priors/README.md``).
+The model does not use the flag, and measured, it has no reason to. At a matched batch size,
+host-bound decode-only steps take the same time as quiet ones (real H100 runs, medians: Llama-2-70B
+TP4 at 40-60 running 18.87 vs 18.90 ms, at 100-130 21.53 vs 21.62 ms; CodeLlama-34B TP2 at 80-100
+16.74 vs 16.86 ms): the extra ``schedule()`` CPU time overlaps the forward pass, and host-bound
+steps are slower only because their batches are larger, which the basis already charges. Two
+model changes were measured and not kept (``priors/README.md``):
+- a noise class of their own (session 13): in-sample 90% coverage of host-bound iterations
+  0.80-0.87 -> 0.82-0.89, later-third split 0.776 -> 0.769, held-out Llama-2-70B run MdAPE 8.3% ->
+  17.0%;
+- an additive term per host-bound step (session 14, branch ``host-shift``): fitted at 21-40 µs
+  (0.2% of an iteration), coverage within 0.009 of without (``later third`` 0.780 vs 0.778).
+What the flag marks is a busy host: the same stages' TTFT grows (the API server's work before a
+request reaches the engine), which BLIS's per-request alphas cannot follow.
 
 Pure pandas / numpy; no model.
 """

@@ -62,25 +62,22 @@ class FitSettings:
                 f"target_accept {self.target_accept}, seed {self.seed}{ext}")
 
 
-#: The all-data fit and every cross-validation fit: what ``bayes-latency fit`` does with no flags
-#: (2 x 2000 draws after 1000 tuning steps, target_accept 0.99, sampling on until the convergence
-#: gates pass, at most 12000 draws). Until MODEL_VERSION 10 they were fixed at 4000 (all data)
-#: and 2000 (cross-validation) draws, no setting passed every gate (package at 9d619d7: 4000
-#: after 1000 gave R-hat 1.0035, ESS 410, 1 divergence), and at MODEL_VERSION 10 those fixed
-#: lengths gave all data R-hat 1.013 / ESS 349 and 0 of 8 cross-validation fits passing (max
-#: R-hat 1.031, min ESS 92; 3.8 min for the whole study).
-FULL = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, target_accept=TARGET_ACCEPT,
-                   max_draws=DEFAULT_MAX_DRAWS)
+#: What ``bayes-latency fit`` does with no flags: 2 x 2000 draws after 1000 tuning steps,
+#: target_accept 0.99, sampling on until the convergence gates pass (at most 12000 draws).
+CLI_FIT = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, target_accept=TARGET_ACCEPT,
+                      max_draws=DEFAULT_MAX_DRAWS)
+#: The all-data fit and every cross-validation fit: :data:`CLI_FIT`. Until MODEL_VERSION 10 they
+#: were fixed at 4000 (all data) and 2000 (cross-validation) draws, no setting passed every gate
+#: (package at 9d619d7: 4000 after 1000 gave R-hat 1.0035, ESS 410, 1 divergence), and at
+#: MODEL_VERSION 10 those fixed lengths gave all data R-hat 1.013 / ESS 349 and 0 of 8
+#: cross-validation fits passing (max R-hat 1.031, min ESS 92; 3.8 min for the whole study).
+FULL = FULL_CV = CLI_FIT
 #: The two fits on the H100 iterations only (REAL_TERMS and, for comparison, the 11 default
 #: terms). REAL_TERMS at 2000 draws, seeds 0-3: target_accept 0.99 left 1 divergence in 4000
 #: transitions with seed 0 (R-hat 1.003-1.005, ESS 821-1109); 0.995 passes every gate with all
 #: four seeds (R-hat 1.003-1.007, ESS 892-1422, 0 divergences, 8-13 s).
 FULL_H100 = FitSettings(target_accept=0.995, max_draws=DEFAULT_MAX_DRAWS)
-FULL_CV = FULL
 QUICK = FitSettings(draws=200, tune=200)
-#: What ``bayes-latency fit`` does with no flags: 2 x 2000 draws after 1000 tuning steps,
-#: target_accept 0.99, sampling on until the convergence gates pass (at most 12000 draws).
-CLI_FIT = FULL
 #: Labels of the two fits on the H100 iterations only (rows of ``convergence.csv``).
 H100_FIT = "h100 iterations only"
 H100_FIT_DEFAULT = "h100 iterations only, 11 default terms"

@@ -222,6 +222,7 @@ def host_overhead_notes(table: pd.DataFrame, min_fraction: float = MIN_FRACTION)
             f"median batch of {r.batch_median_host_bound:.0f}, against "
             f"{r.cpu_ms_median_quiet:.2f} of {r.iteration_ms_median_quiet:.2f} ms at "
             f"{r.batch_median_quiet:.0f}){mad}: the host's CPU is contended. These iterations "
-            f"are noisier than the rest, and BLIS (step time linear in the batch, per-request "
-            f"alphas) cannot follow an overhead that grows with the host's load.")
+            f"are noisier than the rest (on the real H100 runs no slower at a matched batch "
+            f"size); a busy host delays requests before they reach the engine, which BLIS's "
+            f"per-request alphas cannot follow.")
     return out

@@ -31,12 +31,6 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                     config=Path(args.config) if args.config else None,
                     scheduler=args.scheduler)
     print(report.format())
-    from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
-    from bayes_latency.data.tables import read_table, table_files
-
-    if table_files(Path(args.out), "iterations"):
-        for note in host_overhead_notes(host_overhead(read_table(Path(args.out), "iterations"))):
-            print(f"host CPU: {note}")
     return 0
 
 

@@ -117,15 +117,15 @@ def run_within(obs: pd.DataFrame, work: Path) -> None:
 def host_lines() -> tuple[dict[str, bool], list[str]]:
     """``obs_id -> host_bound`` of the real iterations and the markdown of their host-overhead
     table (:mod:`bayes_latency.data.host_overhead`); empty without the real data."""
-    from bayes_latency.data.host_overhead import host_bound_mask, host_overhead
+    from bayes_latency.data.host_overhead import host_overhead_and_mask
     from bayes_latency.study.real import load_real_data, real_data_dir
 
     d = real_data_dir()
     if d is None:
         return {}, []
     data = load_real_data(d)
-    flags = dict(zip(data.iterations["obs_id"], host_bound_mask(data.iterations), strict=True))
-    t = host_overhead(data.iterations)
+    t, hot = host_overhead_and_mask(data.iterations)
+    flags = dict(zip(data.iterations["obs_id"], hot, strict=True))
     t["run"] = t["experiment_id"].str.split("-", n=2).str[2]
     cols = ["run", "n_steps", "n_host_bound", "host_bound_fraction", "first_host_bound_step",
             "batch_median_quiet", "batch_median_host_bound", "cpu_ms_median_quiet",

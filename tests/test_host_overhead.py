@@ -104,3 +104,31 @@ def test_host_bound_mask_is_aligned_with_the_rows():
     # a table without schedule() times, or an experiment of too few steps: nothing flagged
     assert not host_bound_mask(it.drop(columns="schedule_cpu_us")).any()
     assert not host_bound_mask(busy.tail(15)).any()
+
+
+def test_ingest_reports_host_bound_steps(tiny_fleet_seed5, tmp_path):
+    """``ingest`` notes host-bound steps from the iterations it has just built (one note per
+    experiment, ``host CPU: ...``), and none on the clean synthetic traces."""
+    import re
+    import shutil
+
+    from bayes_latency.data.experiment import ingest
+
+    name = "llama-2-7b-h100-tp1-general"
+    exp = tmp_path / name
+    shutil.copytree(tiny_fleet_seed5 / name, exp)
+    trace = exp / "traces.jsonl"
+    text = trace.read_text()
+    pat = re.compile(r'("key":"step\.duration_us","value":\{"intValue":")(\d+)(")')
+    n = len(pat.findall(text))
+    assert n > 2 * 20
+    seen = iter(range(n))
+
+    def busy(m: re.Match) -> str:  # the second half of the steps: +8 ms of schedule() CPU time
+        return m.group(1) + str(int(m.group(2)) + (8000 if next(seen) >= n // 2 else 0)) + m.group(3)
+
+    trace.write_text(pat.sub(busy, text))
+    notes = [x for x in ingest([exp], tmp_path / "busy").notes if x.startswith("host CPU:")]
+    assert len(notes) == 1 and name in notes[0] and "steps" in notes[0]
+    clean = ingest([tiny_fleet_seed5 / name], tmp_path / "clean").notes
+    assert not [x for x in clean if x.startswith("host CPU:")]

@@ -120,14 +120,14 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     iterations = _read_table(folder, "iterations")
     if iterations is not None and len(iterations):
         from bayes_latency.checks.diagnostics_report import _markdown_table
-        from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
+        from bayes_latency.data.host_overhead import host_overhead_and_mask, host_overhead_notes
 
-        host = host_overhead(iterations)
+        host, hot = host_overhead_and_mask(iterations)
         if len(host):
             written["host_overhead"] = _write_csv(host, out / "host_overhead.csv")
             notes = host_overhead_notes(host)
             if notes:
-                cov = _host_coverage(rows, step_rows, iterations) if len(step_rows) else None
+                cov = _host_coverage(rows, step_rows, iterations, hot) if len(step_rows) else None
                 text = "".join(f"- {n}\n" for n in notes)
                 if cov is not None and len(cov):
                     text += ("\nIteration rows inside their predictive bands, host-bound and quiet "
@@ -150,13 +150,11 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     return written
 
 
-def _host_coverage(rows: pd.DataFrame, step_rows: pd.DataFrame,
-                   iterations: pd.DataFrame) -> pd.DataFrame:
+def _host_coverage(rows: pd.DataFrame, step_rows: pd.DataFrame, iterations: pd.DataFrame,
+                   mask: np.ndarray) -> pd.DataFrame:
     """Per experiment, the share of ``iteration`` rows inside their 90% / 50% bands, host-bound
-    steps (:func:`~bayes_latency.data.host_overhead.host_bound_mask`) and quiet ones apart."""
-    from bayes_latency.data.host_overhead import host_bound_mask
-
-    mask = host_bound_mask(iterations)
+    steps (``mask``, row-aligned with ``iterations``:
+    :func:`~bayes_latency.data.host_overhead.host_overhead_and_mask`) and quiet ones apart."""
     hot = set(zip(iterations["experiment_id"].astype(str).to_numpy()[mask],
                   iterations["step_id"].to_numpy(dtype=np.int64)[mask], strict=True))
     it = step_rows[(step_rows["kind"] == "iteration") & step_rows["step_first"].notna()]

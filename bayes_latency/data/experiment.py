@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
 from bayes_latency.data.jsonl import _replace_lone_surrogates
 from bayes_latency.data.observations import build_observations, empty_observations
 from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
@@ -300,6 +301,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
                             "(ctx_approximated)")
     out["batches"], out["iterations"] = batches, iterations
     report.kept["iterations"] += len(iterations)
+    report.notes.extend(f"host CPU: {n}" for n in host_overhead_notes(host_overhead(iterations)))
     if folder is not None:
         kv = _find(folder, ("kv_events.jsonl", "kv_events.jsonl.gz"))
         if kv is not None:

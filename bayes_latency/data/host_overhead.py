@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["CPU_FACTOR", "HOST_CPU_SHARE", "MIN_FRACTION", "MIN_STEPS", "host_bound_mask",
-           "host_overhead", "host_overhead_notes"]
+           "host_overhead", "host_overhead_and_mask", "host_overhead_notes"]
 
 #: A step is host-bound when its ``schedule()`` CPU time is above :data:`CPU_FACTOR` times what
 #: the experiment's quiet steps predict for its batch size (a line in the batch size: the engine's
@@ -140,6 +140,26 @@ def host_bound_mask(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> 
     return _classify(iterations, share)["hot"]
 
 
+def host_overhead_and_mask(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE
+                           ) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`host_overhead` and :func:`host_bound_mask` from one classification of the steps.
+
+    Returns
+    -------
+    (table, mask)
+        The per-experiment table of :func:`host_overhead` and the row-aligned host-bound flags
+        of :func:`host_bound_mask`.
+    """
+    if not 0 < share < 1:
+        raise ValueError(f"share must be in (0, 1), got {share}")
+    need = ("experiment_id", "step_id", "iteration_us", "schedule_cpu_us")
+    n = 0 if iterations is None else len(iterations)
+    if iterations is None or any(c not in iterations.columns for c in need):
+        return _empty(), np.zeros(n, dtype=bool)
+    k = _classify(iterations, share)
+    return _table(k, iterations["step_id"].to_numpy()), k["hot"]
+
+
 def host_overhead(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> pd.DataFrame:
     """Per experiment, how much of the engine loop is ``schedule()`` CPU time.
 
@@ -166,13 +186,16 @@ def host_overhead(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> pd
         spread is not the batch mix); and ``first_host_bound_step``. Empty (with these columns)
         when the table lacks ``schedule_cpu_us`` or has no usable step.
     """
-    if not 0 < share < 1:
-        raise ValueError(f"share must be in (0, 1), got {share}")
-    need = ("experiment_id", "step_id", "iteration_us", "schedule_cpu_us")
-    if iterations is None or any(c not in iterations.columns for c in need):
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in _COLUMNS})
-    k = _classify(iterations, share)
-    sid_all = iterations["step_id"].to_numpy()
+    return host_overhead_and_mask(iterations, share)[0]
+
+
+def _empty() -> pd.DataFrame:
+    """The table of :func:`host_overhead` without rows."""
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in _COLUMNS})
+
+
+def _table(k: dict[str, np.ndarray], sid_all: np.ndarray) -> pd.DataFrame:
+    """Per-experiment rows of :func:`host_overhead` from :func:`_classify`'s arrays."""
     rows = []
     for eid in pd.unique(k["exp"][k["judged"]]):
         m = k["judged"] & (k["exp"] == eid)
@@ -197,7 +220,7 @@ def host_overhead(iterations: pd.DataFrame, share: float = HOST_CPU_SHARE) -> pd
             row[f"log_mad_{name}"] = _mad(np.log(g[d])) if d.sum() >= 4 else np.nan
         rows.append(row)
     if not rows:
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in _COLUMNS})
+        return _empty()
     return pd.DataFrame(rows)[list(_COLUMNS)]
 
 

@@ -66,6 +66,23 @@ _TOP_KEYS = {"schema_version", "terms", "gpu_overrides", "hierarchy", "ard", "no
 _NOISE_PARAMS = ("sigma", "nu")
 
 
+#: Factors whose effects a prior file may switch off for some terms (``hierarchy.<f>.without``).
+WITHOUT_FACTORS: tuple[str, ...] = ("model", "gpu", "tp", "stack")
+
+
+def _check_without(value: object, factor: str, terms: set[str], src: str) -> tuple[str, ...]:
+    """``hierarchy.<factor>.without``: a list of known term names, for a crossed factor."""
+    where = f"hierarchy {factor!r}"
+    if factor not in WITHOUT_FACTORS:
+        raise _fail(src, where, "without", f"only the factors {list(WITHOUT_FACTORS)} take it")
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise _fail(src, where, "without", f"expected a list of term names, got {value!r}")
+    for name in value:
+        if not isinstance(name, str) or name not in terms:
+            raise _fail(src, where, "without", f"{name!r} is not a known term")
+    return tuple(str(n) for n in value)
+
+
 def _fail(src: str, where: str, fld: str | None, msg: str) -> PriorError:
     f = f", field {fld!r}" if fld else ""
     return PriorError(f"{src}: {where}{f}: {msg}")
@@ -196,7 +213,11 @@ class PriorSet:
         if effect not in self.hierarchy:
             raise PriorError(f"{self.path}: hierarchy {effect!r}: missing (have "
                              f"{', '.join(self.hierarchy)})")
-        return dict(self.hierarchy[effect])
+        return {k: v for k, v in self.hierarchy[effect].items() if k not in ("spread", "without")}
+
+    def hierarchy_without(self, effect: str) -> tuple[str, ...]:
+        """Terms without an effect of factor ``effect`` (``hierarchy.<effect>.without``)."""
+        return tuple(self.hierarchy.get(effect, {}).get("without", ()))
 
     def noise_prior(self, kind: str) -> dict[str, dict[str, Any]]:
         """``{"sigma": prior, "nu": prior}`` of an observation kind."""
@@ -270,13 +291,17 @@ def parse_priors(raw: Any, source: str = "<dict>", terms: Sequence[str] = DEFAUL
     hierarchy = {}
     for k, v in raw_h.items():
         spread = v.get("spread") if isinstance(v, Mapping) else None
-        entry = {kk: vv for kk, vv in v.items() if kk != "spread"} if isinstance(v, Mapping) else v
+        without = v.get("without") if isinstance(v, Mapping) else None
+        entry = ({kk: vv for kk, vv in v.items() if kk not in ("spread", "without")}
+                 if isinstance(v, Mapping) else v)
         hierarchy[str(k)] = _check_dist(entry, src, f"hierarchy {k!r}", allowed=_POSITIVE_SUPPORT)
         if spread is not None:
             if isinstance(spread, bool) or not isinstance(spread, (int, float)) \
                     or not math.isfinite(float(spread)) or float(spread) <= 0:
                 raise _fail(src, f"hierarchy {k!r}", "spread", f"must be a number > 0, got {spread!r}")
             hierarchy[str(k)]["spread"] = float(spread)
+        if without is not None:
+            hierarchy[str(k)]["without"] = _check_without(without, str(k), known, src)
     for eff in HIERARCHY_EFFECTS:
         if eff not in hierarchy:
             raise _fail(src, f"hierarchy {eff!r}", "hierarchy", "missing effect scale")

@@ -244,6 +244,43 @@ def test_pooled_effect_scales_option(data, tmp_path):
     assert {"sigma_model", "sigma_gpu"} <= {v.name for v in model.deterministics}
 
 
+def test_factor_without_terms_option(data, tmp_path):
+    """``hierarchy.tp.without``: no TP effect on those terms, in the model (prior draws of
+    ``eff_tp``) and for a TP degree the fit never saw (:func:`unseen_config_theta`)."""
+    import pymc as pm
+
+    from bayes_latency.model.design import prior_arrays
+    from bayes_latency.model.unseen import unseen_config_theta
+
+    raw = yaml.safe_load(Path(load_priors().path).read_text())
+    raw["hierarchy"]["tp"]["without"] = ["weight_loading"]
+    f = tmp_path / "tp_without.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    obs, _ = data
+    m = LatencyModel(priors=f)
+    model = m.build(obs)
+    k = list(m.coefs).index("weight_loading")
+    eff = pm.draw(model["eff_tp"], draws=50, random_seed=0)  # (draw, tp, coef)
+    assert eff.shape[1] == 3 and np.all(eff[:, :, k] == 0)
+    assert np.all(np.abs(np.delete(eff, k, axis=2)).max(axis=(0, 1)) > 0)
+    # an unseen TP degree: no draw on weight_loading, one on every other term
+    K, S = len(m.coefs), 400  # laid out as the stacked posterior: (..., coef, sample)
+    post = xr.Dataset({
+        "mu": (("coef", "sample"), np.zeros((K, S))),
+        "eff_model": (("model", "coef", "sample"), np.zeros((1, K, S))),
+        "eff_gpu": (("gpu", "coef", "sample"), np.zeros((1, K, S))),
+        "eff_tp": (("tp", "coef", "sample"), np.zeros((1, K, S))),
+        "sigma_tp": (("coef", "sample"), np.full((K, S), 0.3)),
+        "sigma_config": (("coef", "sample"), np.full((K, S), 1e-9)),
+    }, coords={"coef": list(m.coefs), "model": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
+    pa = prior_arrays(m.priors, m.coefs, ["H100"])
+    theta, unseen = unseen_config_theta(m, post, pa, "llama-2-7b", "H100", 8, "vllm",
+                                        np.random.default_rng(0))
+    logt = np.log(theta)
+    assert unseen == ["tp", "config"]
+    assert np.std(logt[:, k]) < 1e-6 and np.std(np.delete(logt, k, axis=1), axis=0).min() > 0.2
+
+
 def test_stack_level_only_when_stacks_mix(data):
     obs, _ = data
     two = obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:2])].copy()

@@ -39,6 +39,7 @@ def test_default_loads() -> None:
     assert 1000 <= p.prior_median("alpha_arrival") <= 20000
     for eff, s in (("model", 0.25), ("gpu", 0.3), ("tp", 0.3)):
         assert p.hierarchy_scale(eff) == {"dist": "halfnormal", "sigma": s}
+    assert p.hierarchy_without("tp") == ("weight_loading",) and p.hierarchy_without("model") == ()
     assert p.ard == {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0}
     for k in REQUIRED_NOISE_KINDS:
         n = p.noise_prior(k)
@@ -129,6 +130,10 @@ def test_term_errors_name_file_term_field(tmp_path: Path, case: str, field: str)
     (lambda r: r["hierarchy"]["gpu"].update(sigma=0), "hierarchy 'gpu'", "sigma"),
     (lambda r: r["hierarchy"]["gpu"].update(dist="normal"), "hierarchy 'gpu'", "dist"),
     (lambda r: r["hierarchy"]["gpu"].update(spread=-1), "hierarchy 'gpu'", "spread"),
+    (lambda r: r["hierarchy"]["tp"].update(without="weight_loading"), "hierarchy 'tp'", "without"),
+    (lambda r: r["hierarchy"]["tp"].update(without=["weight_loadin"]), "hierarchy 'tp'", "without"),
+    (lambda r: r["hierarchy"]["config"].update(without=["per_step"]), "hierarchy 'config'",
+     "without"),
     (lambda r: r.update(ard={"dist": "beta", "alpha": 1.0}), "ard", "beta"),
     (lambda r: r["noise"].pop("step_window"), "noise 'step_window'", "noise"),
     (lambda r: r["noise"]["iteration"].pop("nu"), "noise 'iteration'", "nu"),

@@ -35,6 +35,9 @@ class PriorArrays:
     nu_beta: float
     #: per factor, the scale of an effect common to every coefficient (``hierarchy.<f>_common``)
     common: dict[str, float | None] = field(default_factory=dict)
+    #: per factor, ``(K,)`` 1.0 where the factor has an effect on the coefficient and 0.0 for the
+    #: terms of ``hierarchy.<f>.without`` (no effect of that factor at all)
+    keep: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _half_scale(entry: object, default: float) -> float:
@@ -84,7 +87,14 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
         nu_beta=float(nu_entry.get("beta", 0.1)) if isinstance(nu_entry, dict) else 0.1,
         common={f: (_half_scale(hier[f"{f}_common"], 1.0) if f"{f}_common" in hier else None)
                 for f in ("model", "gpu", "tp", "stack", "config")},
+        keep={f: np.asarray([c not in _without(hier.get(f)) for c in coefs], dtype=float)
+              for f in ("model", "gpu", "tp", "stack")},
     )
+
+
+def _without(entry: object) -> tuple[str, ...]:
+    """Terms of a ``hierarchy.<factor>`` entry without that factor's effect."""
+    return tuple(entry.get("without", ())) if isinstance(entry, dict) else ()
 
 
 @dataclass

@@ -156,20 +156,23 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
     for f in factors:
         if len(design.coords()[f]) <= 1:
             _effect(f, factors[f], f, design, pa.spread[f],  # zero effects, scale from its prior
-                    pa.common.get(f), rep)
+                    pa.common.get(f), rep, pa.keep.get(f))
             continue
         groups.setdefault(_partition(design, f), []).append(f)
     for names in groups.values():
         if len(names) == 1:
             f = names[0]
             total = total + _effect(f, factors[f], f, design, pa.spread[f],
-                                    pa.common.get(f), rep)[design.index(f)]
+                                    pa.common.get(f), rep, pa.keep.get(f))[design.index(f)]
             continue
-        sig = pt.stack([_shared(_scale(f, factors[f], pa.spread[f]), rep)
-                        for f in names])  # (n, K)
+        keeps = [_keep(pa, f, design) for f in names]
+        sig = pt.stack([_shared(_scale(f, factors[f], pa.spread[f]), rep) * kp
+                        for f, kp in zip(names, keeps, strict=True)])  # (n, K)
         lead = names[0]
         S = pt.sqrt(pt.sum(sig**2, axis=0))
-        a = sig / S[None, :]
+        # a term without every factor of the group (hierarchy.<f>.without): S = 0, no effect
+        S_div = pt.switch(S > 0, S, 1.0)
+        a = pt.set_subtensor(sig[0], pt.switch(S > 0, sig[0], 1.0)) / S_div[None, :]
         v = pt.set_subtensor(a[0], a[0] + 1.0)  # a + e1, never 0 (a[0] > 0)
         vv = pt.sum(v**2, axis=0)
         z_joint = _shared(pm.ZeroSumNormal(f"z_{lead}", dims=("coef", lead)), rep)  # (K, L)
@@ -187,8 +190,8 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
             eff_f = (sig[i][:, None] * z_f).T[perm]
             com = _common(f, pa.common.get(f), design)
             if com is not None:  # on the data only through the sum too, but few parameters
-                eff_f = eff_f + com[:, None]
-                total = total + com[own][:, None]
+                eff_f = eff_f + com[:, None] * keeps[i][None, :]
+                total = total + com[own][:, None] * keeps[i][None, :]
             pm.Deterministic(f"eff_{f}", eff_f, dims=(f, "coef"))
         total = total + (S[:, None] * z_joint).T[lead_idx]
     return total
@@ -314,9 +317,16 @@ def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
     return x if rep is None else x[rep]
 
 
+def _keep(pa: PriorArrays, factor: str, design: Design) -> np.ndarray:
+    """``(K,)`` 1.0 where ``factor`` has an effect on the coefficient, 0.0 for the terms of the
+    prior file's ``hierarchy.<factor>.without``."""
+    k = pa.keep.get(factor)
+    return np.ones(len(design.coefs)) if k is None else np.asarray(k, dtype=float)
+
+
 def _effect(name: str, scale_prior: float, level: str, design: Design,
             spread: float | None = None, common: float | None = None,
-            rep: np.ndarray | None = None) -> pt.TensorVariable:
+            rep: np.ndarray | None = None, keep: np.ndarray | None = None) -> pt.TensorVariable:
     """Zero-sum effects ``e[level, k] = sigma[k] * z[level, k]`` (zero when there is one level).
 
     ``sigma[k] ~ HalfNormal(scale_prior)`` independently per term (default), or, with ``spread``
@@ -329,6 +339,9 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     (llama-2-70b 35%) against 90.5-93.6% with independent scales under the default
     ``HalfNormal(0.25)`` (``benchmarks/leave_one_model_out.py``); so the default prior file
     leaves pooling off.
+
+    ``keep`` (:func:`_keep`): the terms of the prior file's ``hierarchy.<factor>.without`` get
+    no effect of this factor (their ``sigma`` and ``z`` entries are then prior draws).
 
     Non-centred for every coefficient: centring the effects of well-measured coefficients gave
     106 divergences instead of 1-2 on the demo fleet (few levels per factor make the centred
@@ -343,4 +356,6 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     com = _common(name, common, design)
     if com is not None:
         eff = eff + com[:, None]
+    if keep is not None and not np.all(keep == 1.0):  # hierarchy.<factor>.without
+        eff = eff * np.asarray(keep, dtype=float)[None, :]
     return pm.Deterministic(f"eff_{name}", eff, dims=(level, "coef"))

@@ -52,10 +52,12 @@ def unseen_config_theta(est: LatencyModel, post: xr.Dataset, pa: Any, model: str
                 # members of a sum-only group share their group's effect (hierarchy)
                 rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
                 sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
-                logt = logt + sig * rng.standard_normal((S, K))[:, rep]
+                # terms without this factor's effect (hierarchy.<level>.without): none drawn
+                keep = np.asarray(pa.keep.get(level, np.ones(K)), dtype=float)[None, :]
+                logt = logt + sig * rng.standard_normal((S, K))[:, rep] * keep
                 if f"sigma_{level}_common" in post:  # plus the shift common to all terms
                     sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
-                    logt = logt + (sc_c * rng.standard_normal(S))[:, None]
+                    logt = logt + (sc_c * rng.standard_normal(S))[:, None] * keep
     unseen.append("config")
     if "sigma_config_common" in post:  # the shift common to a configuration's beta terms
         beta = np.asarray([c in est.terms for c in est.coefs], dtype=float)

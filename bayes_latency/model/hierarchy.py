@@ -8,7 +8,9 @@ terms, then the alpha terms), the population part is
                   + sigma_gpu[k]   * z_gpu[g, k]                    crossed partial pooling,
                   + sigma_tp[k]    * z_tp[t, k]                     non-centred, zero-sum effects
 
-and a configuration's coefficients scatter around it by what the crossed effects miss:
+(a factor's effect is zero on the terms of the prior file's ``hierarchy.<factor>.without``: by
+default the TP degree on ``weight_loading``, whose feature already divides the weights by TP), and
+a configuration's coefficients scatter around it by what the crossed effects miss:
 
     theta[c, k] ~ N(m[c, k], (m[c, k] * sigma_config[k])^2)        sigma_config ~ 3-21 %
 

@@ -39,6 +39,12 @@ class PriorArrays:
     #: terms of ``hierarchy.<f>.without`` (no effect of that factor at all)
     keep: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def factor_keep(self, factor: str) -> np.ndarray:
+        """``(K,)`` 1.0 where ``factor`` has an effect on the coefficient, 0.0 for the terms of
+        the prior file's ``hierarchy.<factor>.without`` (all ones for a factor without entry)."""
+        k = self.keep.get(factor)
+        return np.ones(len(self.mu_mean)) if k is None else np.asarray(k, dtype=float)
+
 
 def _half_scale(entry: object, default: float) -> float:
     if isinstance(entry, dict):

@@ -156,16 +156,16 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
     for f in factors:
         if len(design.coords()[f]) <= 1:
             _effect(f, factors[f], f, design, pa.spread[f],  # zero effects, scale from its prior
-                    pa.common.get(f), rep, pa.keep.get(f))
+                    pa.common.get(f), rep, pa.factor_keep(f))
             continue
         groups.setdefault(_partition(design, f), []).append(f)
     for names in groups.values():
         if len(names) == 1:
             f = names[0]
             total = total + _effect(f, factors[f], f, design, pa.spread[f],
-                                    pa.common.get(f), rep, pa.keep.get(f))[design.index(f)]
+                                    pa.common.get(f), rep, pa.factor_keep(f))[design.index(f)]
             continue
-        keeps = [_keep(pa, f, design) for f in names]
+        keeps = [pa.factor_keep(f) for f in names]
         sig = pt.stack([_shared(_scale(f, factors[f], pa.spread[f]), rep) * kp
                         for f, kp in zip(names, keeps, strict=True)])  # (n, K)
         lead = names[0]
@@ -317,13 +317,6 @@ def _shared(x: pt.TensorVariable, rep: np.ndarray | None) -> pt.TensorVariable:
     return x if rep is None else x[rep]
 
 
-def _keep(pa: PriorArrays, factor: str, design: Design) -> np.ndarray:
-    """``(K,)`` 1.0 where ``factor`` has an effect on the coefficient, 0.0 for the terms of the
-    prior file's ``hierarchy.<factor>.without``."""
-    k = pa.keep.get(factor)
-    return np.ones(len(design.coefs)) if k is None else np.asarray(k, dtype=float)
-
-
 def _effect(name: str, scale_prior: float, level: str, design: Design,
             spread: float | None = None, common: float | None = None,
             rep: np.ndarray | None = None, keep: np.ndarray | None = None) -> pt.TensorVariable:
@@ -340,8 +333,9 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     ``HalfNormal(0.25)`` (``benchmarks/leave_one_model_out.py``); so the default prior file
     leaves pooling off.
 
-    ``keep`` (:func:`_keep`): the terms of the prior file's ``hierarchy.<factor>.without`` get
-    no effect of this factor (their ``sigma`` and ``z`` entries are then prior draws).
+    ``keep`` (:meth:`PriorArrays.factor_keep`): the terms of the prior file's
+    ``hierarchy.<factor>.without`` get no effect of this factor (their ``sigma`` and ``z``
+    entries are then prior draws).
 
     Non-centred for every coefficient: centring the effects of well-measured coefficients gave
     106 divergences instead of 1-2 on the demo fleet (few levels per factor make the centred
@@ -357,5 +351,5 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     if com is not None:
         eff = eff + com[:, None]
     if keep is not None and not np.all(keep == 1.0):  # hierarchy.<factor>.without
-        eff = eff * np.asarray(keep, dtype=float)[None, :]
+        eff = eff * keep[None, :]
     return pm.Deterministic(f"eff_{name}", eff, dims=(level, "coef"))

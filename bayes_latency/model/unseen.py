@@ -53,7 +53,7 @@ def unseen_config_theta(est: LatencyModel, post: xr.Dataset, pa: Any, model: str
                 rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
                 sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
                 # terms without this factor's effect (hierarchy.<level>.without): none drawn
-                keep = np.asarray(pa.keep.get(level, np.ones(K)), dtype=float)[None, :]
+                keep = pa.factor_keep(level)[None, :]
                 logt = logt + sig * rng.standard_normal((S, K))[:, rep] * keep
                 if f"sigma_{level}_common" in post:  # plus the shift common to all terms
                     sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate

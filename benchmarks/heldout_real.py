@@ -16,17 +16,20 @@ steps, sampling on until the convergence gates pass), predicts the held-out rows
 It also fits the real data without some iterations of the two real vLLM runs, whose
 configurations the fit then still sees (:func:`within_run_masks`: blocks of consecutive
 iterations, and each run's last third, at a heavier load than any fitted step of the run), and
-reports the coverage of their bands by run and phase.
+reports the coverage of their bands by run and phase, and how many held-out iterations lie inside
+the 5-95% range of the fitted iterations' own residuals (:func:`training_range_coverage`: what a
+noise model that does not change along a run could cover at best, given what the fit saw).
 
 Usage::
 
     python benchmarks/heldout_real.py [--reuse DIR] [--work DIR] [--out PREFIX]
 
-``--work`` keeps the per-row bands (``held.csv``), the per-split metrics (``cv.csv``) and the
-fits' convergence (``conv.csv``); ``--reuse DIR`` renders the report from such a folder without
+``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
+fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
+convergence (``conv.csv``, ``within_conv.csv``); ``--reuse DIR`` renders the report from such a folder without
 fitting. Outputs: ``PREFIX.md`` and ``PREFIX.json`` (default
-``results/benchmarks/heldout_real``). Needs the real data (``../shared/data/real``); about 20-30
-min on 2 cores.
+``results/benchmarks/heldout_real``). Needs the real data (``../shared/data/real``); 10-30 min on 2
+cores (10.5 min on an idle machine).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ def run_within(obs: pd.DataFrame, work: Path) -> None:
     from bayes_latency.study.cv import fit_ours, ours_predictions
     from bayes_latency.study.settings import CLI_FIT
 
-    held, convs = [], []
+    held, fitted, convs = [], [], []
     for name, mask in within_run_masks(obs).items():
         train, test = obs[~mask], obs[mask].reset_index(drop=True)
         print(f"[heldout] within-run split {name!r}: {len(train)} training rows, "
@@ -107,11 +110,83 @@ def run_within(obs: pd.DataFrame, work: Path) -> None:
         m, conv = fit_ours(train, CLI_FIT, DEFAULT_TERMS)
         conv.update(fit=f"within: {name}")
         convs.append({k: v for k, v in conv.items() if not isinstance(v, (list, dict))})
+        cols = ["obs_id", "experiment_id", "config_id", "phase"]
         band = ours_predictions(m, test)
-        held.append(pd.concat([test[["obs_id", "experiment_id", "config_id", "phase"]], band],
-                              axis=1).assign(split=name, observed_us=test["value_us"].to_numpy()))
+        held.append(pd.concat([test[cols], band], axis=1).assign(
+            split=name, observed_us=test["value_us"].to_numpy(),
+            batch=test["x_per_request"].to_numpy()))
+        # the same runs' fitted iterations, predicted by the same fit: their residuals are what
+        # the fit saw of the runs' scatter (:func:`training_range_coverage`)
+        seen = train[train["kind"] == "iteration"].reset_index(drop=True)
+        fitted.append(pd.concat([seen[cols], ours_predictions(m, seen)], axis=1).assign(
+            split=name, observed_us=seen["value_us"].to_numpy(),
+            batch=seen["x_per_request"].to_numpy()))
     pd.concat(held).to_csv(work / "within_held.csv", index=False)
+    pd.concat(fitted).to_csv(work / "within_fitted.csv", index=False)
     pd.DataFrame(convs).to_csv(work / "within_conv.csv", index=False)
+
+
+def training_range_coverage(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
+    """Share of held-out iterations whose residual lies inside the central 90% range of the
+    fitted iterations' own residuals, per (split, run, phase).
+
+    Residual: ``log(observed / predictive median)`` of the same fit. The fitted rows' residuals
+    are everything the fit saw of a run's step scatter, so their 5-95% range is the band a
+    noise model that does not change along the run can at best give (it is what an ideal,
+    distribution-free noise model fitted to those rows would give): held-out rows outside it
+    scatter more than anything the fit saw of their run and phase.
+    """
+    def resid(t: pd.DataFrame) -> np.ndarray:
+        return np.log(t["observed_us"].to_numpy(float) / t["pred_median_us"].to_numpy(float))
+
+    f = fitted.assign(r=resid(fitted), run=fitted["config_id"].str.split("|").str[0])
+    h = held.assign(r=resid(held), run=held["config_id"].str.split("|").str[0])
+    rows = []
+    for (sp, run, ph), hh in h.groupby(["split", "run", "phase"], sort=False):
+        ff = f[(f["split"] == sp) & (f["run"] == run) & (f["phase"] == ph)]
+        lo, hi = np.quantile(ff["r"], [0.05, 0.95])
+        rows.append({"split": sp, "run": run, "phase": ph, "n_fitted": len(ff), "n": len(hh),
+                     "fitted_q05": round(float(lo), 4), "fitted_q95": round(float(hi), 4),
+                     "inside_fitted_range": round(float(((hh["r"] >= lo)
+                                                          & (hh["r"] <= hi)).mean()), 3),
+                     "coverage90": round(float(hh["in_90"].mean()), 3),
+                     "held_q05": round(float(np.quantile(hh["r"], 0.05)), 4),
+                     "held_q95": round(float(np.quantile(hh["r"], 0.95)), 4)})
+    return pd.DataFrame(rows)
+
+
+#: Batch-size bins (requests in the step) of :func:`scatter_by_batch`.
+BATCH_BINS = (0, 40, 80, 100, 128)
+
+
+def scatter_by_batch(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
+    """Scaled MAD of the decode iterations' residuals (``log(observed / predictive median)``)
+    by split, run and batch-size bin, fitted rows against held-out rows: whether the held-out
+    rows' wider scatter is that of larger batches the fit also saw."""
+    def mad(x: pd.Series) -> float:
+        return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+    out = []
+    for which, t in (("fitted", fitted), ("held out", held)):
+        t = t[t["phase"] == "decode"].assign(
+            r=np.log(t["observed_us"] / t["pred_median_us"]),
+            run=t["config_id"].str.split("|").str[0],
+            batch_bin=pd.cut(t["batch"], BATCH_BINS).astype(str))
+        for (sp, run, b), g in t.groupby(["split", "run", "batch_bin"], sort=False):
+            out.append({"split": sp, "run": run, "batch": b, "rows": which, "n": len(g),
+                        "scaled_mad": round(mad(g["r"]), 4) if len(g) >= 5 else np.nan})
+    t = pd.DataFrame(out)
+    wide = t.pivot_table(index=["split", "run", "batch"], columns="rows",
+                         values=["n", "scaled_mad"], sort=False)
+    wide.columns = [f"{a}_{b.replace(' ', '_')}" for a, b in wide.columns]
+    wide = wide.reset_index()
+    order = {str(b): i for i, b in enumerate(pd.cut(np.asarray(BATCH_BINS[1:]) - 0.5,
+                                                   BATCH_BINS).astype(str))}
+    split_order = {sp: i for i, sp in enumerate(pd.unique(t["split"]))}
+    run_order = {r: i for i, r in enumerate(pd.unique(t["run"]))}
+    key = (wide["split"].map(split_order) * 10_000 + wide["run"].map(run_order) * 100
+           + wide["batch"].map(order).fillna(99))
+    return wide.iloc[np.argsort(key.to_numpy(), kind="stable")].reset_index(drop=True)
 
 
 def host_lines() -> tuple[dict[str, bool], list[str]]:
@@ -193,7 +268,31 @@ def report_within(work: Path) -> tuple[dict, list[str]]:
                  "in the 50% band)" for k in ("quiet", "host_bound") if k in r]
         if parts:
             lines.append(f"  - 90% coverage by step class: {'; '.join(parts)}.")
-    lines += ["", _markdown_table(pd.DataFrame(rows)), ""] + host_md
+    lines += ["", _markdown_table(pd.DataFrame(rows)), ""]
+    if (work / "within_fitted.csv").exists():
+        tr = training_range_coverage(pd.read_csv(work / "within_fitted.csv"), h)
+        for sp, g in tr.groupby("split", sort=False):
+            res[sp]["inside_fitted_range"] = float((g["inside_fitted_range"] * g["n"]).sum()
+                                                   / g["n"].sum())
+        lines += ["### What the fitted rows say of the held-out rows' scatter", "",
+                  "Residual: log(observed / predictive median) of the split's fit. "
+                  "`inside_fitted_range`: share of the held-out iterations whose residual lies "
+                  "within the 5-95% range of the same run's and phase's *fitted* iterations' "
+                  "residuals (`fitted_q05`, `fitted_q95`): the band an ideal noise model that "
+                  "does not change along the run could give from what the fit saw. "
+                  "`held_q05` / `held_q95`: the held-out residuals' own range.", "",
+                  *(f"- `{sp}`: {r['inside_fitted_range']:.3f} of the held-out iterations inside "
+                    f"the fitted iterations' range (the model's 90% bands: "
+                    f"{r['coverage90']:.3f})." for sp, r in res.items()
+                    if "inside_fitted_range" in r),
+                  "", _markdown_table(tr), ""]
+        fitted = pd.read_csv(work / "within_fitted.csv")
+        if "batch" in fitted and "batch" in h:
+            lines += ["Decode iterations' residual scatter (scaled MAD) by the number of "
+                      "requests in the step, fitted against held-out rows of the same split "
+                      "(bins of fewer than 5 rows left blank):", "",
+                      _markdown_table(scatter_by_batch(fitted, h)), ""]
+    lines += host_md
     return res, lines
 
 

@@ -1,0 +1,47 @@
+"""The held-out real benchmark's report pieces (no fit): the share of held-out iterations inside
+the fitted iterations' own residual range, and the residual scatter by batch size."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(rng: np.random.Generator, n: int, scale: float, split: str, batch: float) -> pd.DataFrame:
+    pred = np.full(n, 20_000.0)
+    obs = pred * np.exp(scale * rng.standard_normal(n))
+    return pd.DataFrame({"split": split, "config_id": "llama-2-70b|H100-SXM|tp4",
+                         "phase": "decode", "observed_us": obs, "pred_median_us": pred,
+                         "in_90": np.abs(np.log(obs / pred)) < 1.645 * 0.01, "batch": batch})
+
+
+def test_training_range_and_scatter_tell_a_wider_held_out_scatter():
+    hr = _load("heldout_real")
+    rng = np.random.default_rng(0)
+    fitted = pd.concat([_rows(rng, 4000, 0.01, "same", 30), _rows(rng, 4000, 0.01, "wider", 30)])
+    held = pd.concat([_rows(rng, 4000, 0.01, "same", 30), _rows(rng, 4000, 0.02, "wider", 110)])
+    tr = hr.training_range_coverage(fitted, held).set_index("split")
+    # same scatter: ~90% inside the fitted rows' 5-95% range; twice the scatter: ~59%
+    assert abs(tr.loc["same", "inside_fitted_range"] - 0.90) < 0.02
+    assert abs(tr.loc["wider", "inside_fitted_range"] - 0.59) < 0.03
+    sc = hr.scatter_by_batch(fitted, held)
+    wide = sc[(sc["split"] == "wider") & (sc["batch"] == "(100, 128]")].iloc[0]
+    assert np.isnan(wide["scaled_mad_fitted"]) and abs(wide["scaled_mad_held_out"] - 0.02) < 0.002
+    same = sc[(sc["split"] == "same") & (sc["batch"] == "(0, 40]")].iloc[0]
+    assert abs(same["scaled_mad_fitted"] / same["scaled_mad_held_out"] - 1) < 0.1
+    # bins in increasing order within a split
+    assert sc[sc["split"] == "wider"]["batch"].tolist() == ["(0, 40]", "(100, 128]"]

@@ -11,7 +11,7 @@ wide as the prior, and whether it covers the truth says how far the simulator's 
 prior median in prior units (``|z_prior|``, reported), not whether the model is calibrated: the
 synthetic truths are not draws from the prior. Only the identified pairs test calibration.
 
-``expected_90`` (:func:`expected_coverage`): the coverage a calibrated posterior would have for
+``expected_90`` (:func:`bayes_latency.checks.recovery.expected_coverage`): the coverage a calibrated posterior would have for
 these truths, given how far each lies from its prior median and how much the prior weighs.
 
 ``mean_z`` / ``rms_z``: the truth's distance from the posterior mean of the log-coefficient, in
@@ -19,6 +19,8 @@ posterior sd (a calibrated, roughly Gaussian posterior gives mean 0 and RMS 1; t
 whether the posterior sits above (negative) or below (positive) the truth).
 
     python benchmarks/recovery_calibration.py POSTERIOR.nc:FLEET_DIR [...] [--out NAME]
+        [--reference OTHER.csv]
+    python benchmarks/recovery_calibration.py --from-csv results/benchmarks/NAME.csv [...]
 """
 
 from __future__ import annotations
@@ -37,52 +39,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
-from bayes_latency.demo import _truth, recovery_table  # noqa: E402
+from bayes_latency.checks.recovery import (  # noqa: E402
+    IDENTIFIED_RATIO,
+    recovery_table,
+    with_calibration,
+)
+from bayes_latency.demo import _truth  # noqa: E402
 from bayes_latency.priors import load_priors  # noqa: E402
-
-#: Posterior sd of the log-coefficient below this fraction of the prior sigma: identified pair.
-IDENTIFIED_RATIO = 0.5
-
-
-def _log_moments(dt: xr.DataTree, rec: pd.DataFrame, terms: tuple[str, ...]
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior mean and sd of log(coefficient) of every (config_id, coef) row of ``rec``."""
-    post = dt["posterior"]
-    mean, out = np.full(len(rec), np.nan), np.full(len(rec), np.nan)
-    for i, (cid, c) in enumerate(zip(rec["config_id"], rec["coef"], strict=True)):
-        v = (post["beta"].sel(config=cid, term=c) if c in terms
-             else post["alpha"].sel(config=cid, alpha_term=c)).values.ravel()
-        v = v[v > 0]
-        if len(v) > 10:
-            mean[i], out[i] = float(np.mean(np.log(v))), float(np.std(np.log(v)))
-    return mean, out
-
 
 #: Bins of the posterior / prior sd ratio for the table of coverage against identification.
 SD_RATIO_BINS = (0.0, 0.05, 0.15, 0.3, 0.5, 0.9, np.inf)
-
-
-def expected_coverage(sd_ratio: np.ndarray, z_prior: np.ndarray, level: float = 0.90
-                      ) -> np.ndarray:
-    """Coverage a calibrated posterior would have for truths at these prior positions.
-
-    Gaussian conjugate approximation on the log scale: a pair whose posterior sd is ``r`` times
-    the prior's, with its truth ``d`` prior sigma from the prior median, has a posterior mean
-    shrunk towards the prior median by ``r^2``, so ``(truth - posterior mean) / posterior sd ~
-    N(r d, 1 - r^2)`` over the data. Averaged over truths drawn from the prior (``d ~ N(0, 1)``)
-    this is ``level`` exactly; for fixed truths near the prior median (``|d|`` small) it is
-    higher, the more the prior weighs (``r`` near 1). ``r >= 1`` (the hierarchy's prior of a
-    configuration is wider than the population prior): covered iff ``|d| < q r``.
-    """
-    from scipy.stats import norm
-
-    q = norm.ppf(0.5 + level / 2)
-    r = np.asarray(sd_ratio, dtype=float)
-    d = np.asarray(z_prior, dtype=float)
-    rc = np.minimum(r, 1.0 - 1e-9)
-    s = np.sqrt(1.0 - rc**2)
-    out = norm.cdf((q - rc * d) / s) - norm.cdf((-q - rc * d) / s)
-    return np.where(r >= 1.0, (np.abs(d) < q * r).astype(float), out)
 
 
 def _split(rec: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -106,46 +72,65 @@ def _posterior(path: str) -> SimpleNamespace:
                            coefs=terms + alpha, priors=load_priors())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("pairs", nargs="+", help="POSTERIOR.nc:FLEET_DIR")
-    ap.add_argument("--out", default="recovery_calibration")
-    ap.add_argument("--priors", default=None, help="prior YAML the fits used (default: "
-                    "priors/default.yaml)")
-    ap.add_argument("--title", default="Recovery calibration of the 90% intervals")
-    args = ap.parse_args()
+#: Bins of the truth's distance from its prior median, in prior sigmas (``|z_prior|``).
+Z_PRIOR_BINS = (0.0, 0.5, 1.0, 1.5, 2.0, np.inf)
+
+
+def by_prior_distance(rec: pd.DataFrame) -> pd.DataFrame:
+    """Coverage by how far the truth lies from its prior median (``|z_prior|`` bins).
+
+    A calibrated posterior covers truths near the prior median more often than 90% and far ones
+    less often; only over truths spread as the prior says does it cover 90% in all. So a set of
+    truths that sit near the prior medians is covered more than 90% by a calibrated posterior.
+    """
+    b = pd.cut(rec["z_prior"].abs(), Z_PRIOR_BINS, right=False).astype(str).rename("abs_z_prior")
+    out = rec.groupby(b, sort=False).agg(pairs=("covered_90", "size"),
+                                         coverage_90=("covered_90", "mean"),
+                                         expected_90=("expected_90", "mean"))
+    order = {str(k): i for i, k in enumerate(pd.cut(np.asarray(Z_PRIOR_BINS[:-1]) + 1e-9,
+                                                    Z_PRIOR_BINS, right=False).astype(str))}
+    return out.iloc[np.argsort([order[k] for k in out.index])]
+
+
+def build_table(pairs: list[str], priors_path: str | None) -> pd.DataFrame:
+    """One row per (fit, configuration, coefficient) with a non-zero truth, from
+    ``POSTERIOR.nc:FLEET_DIR`` pairs."""
     frames = []
-    priors = load_priors(args.priors) if args.priors else load_priors()
-    for pair in args.pairs:
+    priors = load_priors(priors_path) if priors_path else load_priors()
+    for pair in pairs:
         post, fleet = pair.split(":")
         ns = _posterior(post)
-        rec = recovery_table(ns, _truth(Path(fleet)))
+        rec = with_calibration(recovery_table(ns, _truth(Path(fleet))), ns.result["posterior"],
+                               ns.terms, priors)
         rec["fit"] = Path(post).stem
-        rec["log_mean"], rec["log_sd"] = _log_moments(ns.result, rec, ns.terms)
-        gpus = {c: c.split("|")[1] for c in rec["config_id"]}
-        lm = [priors.log_mean_sd(c, gpus[cid]) for cid, c in zip(rec["config_id"], rec["coef"],
-                                                                 strict=True)]
-        rec["prior_sigma"] = [m[1] for m in lm]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rec["z_prior"] = (np.log(rec["truth"]) - [m[0] for m in lm]) / rec["prior_sigma"]
         frames.append(rec)
     rec = pd.concat(frames, ignore_index=True)
-    rec = rec[rec["covered_90"].notna()].copy()
-    rec["covered_90"] = rec["covered_90"].astype(bool)
-    rec["width_rel"] = (rec["q95"] - rec["q05"]) / rec["truth"]
-    rec["sd_ratio"] = rec["log_sd"] / rec["prior_sigma"]
-    rec["z_post"] = (np.log(rec["truth"]) - rec["log_mean"]) / rec["log_sd"]
-    rec["pairs_class"] = np.where(rec["sd_ratio"] < IDENTIFIED_RATIO, "identified",
-                                  "prior-dominated")
-    rec["expected_90"] = expected_coverage(rec["sd_ratio"], rec["z_prior"])
     rec["sd_ratio_bin"] = pd.cut(rec["sd_ratio"], SD_RATIO_BINS, right=False).astype(str)
+    return rec
+
+
+def render(rec: pd.DataFrame, title: str, reference: pd.DataFrame | None = None,
+           reference_name: str = "") -> list[str]:
+    """The report's markdown lines; ``reference``: another set of pairs (e.g. truths drawn from
+    the prior) whose coverage by distance from the prior median is shown beside this one's."""
     by_fit = _split(rec, "fit")
     by_coef = _split(rec, "coef")
     by_class = _split(rec, "pairs_class")
     by_class["rms_z_prior_of_truth"] = rec.groupby("pairs_class")["z_prior"].apply(
         lambda z: float(np.sqrt(np.mean(z**2))))
     ident = rec[rec["pairs_class"] == "identified"]
-    lines = [f"# {args.title}", "",
+    dist = by_prior_distance(rec)
+    near = rec["z_prior"].abs() < 0.5
+    dist_lines = ["By the truth's distance from its prior median (`abs_z_prior`, in prior "
+                  f"sigmas): {near.mean():.0%} of these truths lie within 0.5 sigma of it."]
+    if reference is not None:
+        ref = by_prior_distance(reference).add_prefix("reference_")
+        dist = dist.join(ref, how="outer")
+        dist_lines[0] += (f" Beside them, the same bins of {reference_name} "
+                          f"({reference['covered_90'].mean():.1%} of {len(reference)} covered in "
+                          "all): a posterior that covers 90% of truths spread as the prior says "
+                          "covers more than 90% of truths near the prior medians.")
+    lines = [f"# {title}", "",
              f"Pooled: {rec['covered_90'].mean():.1%} of {len(rec)} (configuration, coefficient) "
              "pairs with a non-zero truth inside their 90% interval (target 88-92%).",
              f"Identified pairs (posterior sd of the log-coefficient < {IDENTIFIED_RATIO} x the "
@@ -156,14 +141,46 @@ def main() -> None:
              "(`expected_90`: Gaussian shrinkage approximation given each pair's sd ratio and "
              "the truth's prior z; 90% for truths drawn from the prior).", "",
              _markdown_table(by_class.reset_index()), "",
+             *dist_lines, "", _markdown_table(dist.reset_index().round(4)), "",
              "By posterior / prior sd ratio:", "",
              _markdown_table(_split(rec, "sd_ratio_bin").reset_index()), "",
              _markdown_table(by_fit.reset_index()), "", _markdown_table(by_coef.reset_index()), "",
              "Identified pairs by coefficient:", "",
              _markdown_table(_split(ident, "coef").reset_index()), ""]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("pairs", nargs="*", help="POSTERIOR.nc:FLEET_DIR")
+    ap.add_argument("--from-csv", type=Path, default=None,
+                    help="render from a CSV this script wrote before (no posteriors needed)")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="a CSV of another set of pairs (e.g. recovery_calibration_prior_truths"
+                         ".csv) to show beside this one by distance from the prior median")
+    ap.add_argument("--out", default="recovery_calibration")
+    ap.add_argument("--priors", default=None, help="prior YAML the fits used (default: "
+                    "priors/default.yaml)")
+    ap.add_argument("--title", default="Recovery calibration of the 90% intervals")
+    args = ap.parse_args()
+    if bool(args.pairs) == bool(args.from_csv):
+        ap.error("give POSTERIOR.nc:FLEET_DIR pairs or --from-csv, not both")
+    if args.from_csv:
+        rec = pd.read_csv(args.from_csv)
+        rec["covered_90"] = rec["covered_90"].astype(bool)
+    else:
+        rec = build_table(args.pairs, args.priors)
+    reference = None
+    if args.reference is not None:
+        reference = pd.read_csv(args.reference)
+        reference["covered_90"] = reference["covered_90"].astype(bool)
+    lines = render(rec, args.title, reference,
+                   f"`{args.reference.stem}`" if args.reference is not None else "")
     out = ROOT / "results" / "benchmarks" / f"{args.out}.md"
     out.write_text("\n".join(lines))
-    rec.drop(columns=["prior_median"], errors="ignore").to_csv(out.with_suffix(".csv"), index=False)
+    if not args.from_csv:
+        rec.drop(columns=["prior_median"], errors="ignore").to_csv(out.with_suffix(".csv"),
+                                                                   index=False)
     print("\n".join(lines))
 
 

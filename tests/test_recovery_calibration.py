@@ -21,7 +21,8 @@ def _load(name: str):
 
 
 def test_expected_coverage_is_nominal_for_truths_drawn_from_the_prior():
-    cal = _load("recovery_calibration")
+    from bayes_latency.checks import recovery as cal
+
     rng = np.random.default_rng(0)
     d = rng.standard_normal(200_000)
     for r in (0.01, 0.3, 0.7, 0.95):
@@ -53,3 +54,40 @@ def test_fleet_is_simulated_with_the_given_truths(tmp_path):
     assert set(got) == cids
     for c in cids:
         assert got[c] == {**truths[c]["beta"], **truths[c]["alpha"]}
+
+
+def test_with_calibration_places_truths_against_their_prior():
+    """A truth at its prior median, once with a data-narrowed posterior (sd 0.1 prior sigma:
+    calibrated coverage ~90%) and once with a posterior as wide as the prior (covered for sure
+    by a calibrated posterior): the columns and the summary say so."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import xarray as xr
+
+    from bayes_latency.checks.recovery import calibration_summary, recovery_table, with_calibration
+    from bayes_latency.priors import load_priors
+
+    pr = load_priors()
+    cfgs = ["m|H100-SXM|tp1", "m|A100-80GB|tp1"]
+    terms = ("decode_kv",)
+    rng = np.random.default_rng(1)
+    mu = [pr.log_mean_sd("decode_kv", c.split("|")[1]) for c in cfgs]
+    ratios = (0.1, 1.0)
+    draws = np.stack([np.exp(m + r * s * rng.standard_normal((2, 2000)))
+                      for (m, s), r in zip(mu, ratios, strict=True)], axis=-1)[..., None]
+    post = xr.Dataset({"beta": (("chain", "draw", "config", "term"), draws),
+                       "alpha": (("chain", "draw", "config", "alpha_term"),
+                                 np.ones((2, 2000, 2, 0)))},
+                      coords={"config": cfgs, "term": list(terms), "alpha_term": []})
+    model = SimpleNamespace(result={"posterior": post}, terms=terms, coefs=terms, priors=pr,
+                            design=SimpleNamespace(configs=pd.DataFrame(index=cfgs)))
+    truth = {c: {"decode_kv": float(np.exp(m))} for c, (m, _) in zip(cfgs, mu, strict=True)}
+    rec = with_calibration(recovery_table(model, truth), post, terms, pr)
+    assert np.allclose(rec["z_prior"], 0.0)
+    assert np.allclose(rec["sd_ratio"], ratios, rtol=0.05)
+    assert rec["pairs_class"].tolist() == ["identified", "prior-dominated"]
+    assert abs(rec["expected_90"].iloc[0] - 0.90) < 0.01 and rec["expected_90"].iloc[1] == 1.0
+    s = calibration_summary(rec)
+    assert s["pairs"] == 2 and s["near_prior_median"] == 1.0 and s["identified_pairs"] == 1
+    assert abs(s["expected_90"] - 0.95) < 0.01 and s["coverage_90"] == 1.0

@@ -76,7 +76,8 @@ def worst_variables(m: LatencyModel, k: int = 4) -> str:
     post = m._post()
     names = [v for v in post.data_vars if {"chain", "draw"} <= set(post[v].dims)
              and post[v].dtype.kind == "f"]
-    rhat, ess = az.rhat(post[names]), az.ess(post[names], method="bulk")
+    with np.errstate(invalid="ignore", divide="ignore"):  # constant variables: R-hat NaN
+        rhat, ess = az.rhat(post[names]), az.ess(post[names], method="bulk")
     rows = []
     for v in names:
         r, e = rhat[v], ess[v]

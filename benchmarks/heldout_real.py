@@ -70,6 +70,9 @@ def run(work: Path) -> None:
 
 #: Consecutive iterations per block of the ``blocks`` within-run split.
 BLOCK = 25
+#: Share of a real run's last steps that its last (20 req/s) load stage takes, for the
+#: host-bound steps' section.
+LATE_SHARE = 0.4
 
 
 def within_run_masks(obs: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -199,9 +202,24 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
     if d is None:
         return {}, []
     data = load_real_data(d)
-    t, hot = host_overhead_and_mask(data.iterations)
-    flags = dict(zip(data.iterations["obs_id"], hot, strict=True))
+    it = data.iterations
+    t, hot = host_overhead_and_mask(it)
+    flags = dict(zip(it["obs_id"], hot, strict=True))
     t["run"] = t["experiment_id"].str.split("-", n=2).str[2]
+    # where the host-bound steps are: the last LATE_SHARE of each run's steps (its last stage)
+    in_late, late_hot, early_hot = [], [], []
+    for e in pd.unique(it["experiment_id"]):
+        m = (it["experiment_id"] == e).to_numpy()
+        step = it["step_id"].to_numpy(dtype=float)[m]
+        late = step > np.quantile(step, 1.0 - LATE_SHARE)
+        h = hot[m]
+        in_late.append(h[late].sum() / max(h.sum(), 1))
+        late_hot.append(h[late].mean())
+        early_hot.append(h[~late].mean())
+
+    def rng(v: list[float] | pd.Series, scale: float = 100.0, fmt: str = ".0f") -> str:
+        lo, hi = float(np.min(v)) * scale, float(np.max(v)) * scale
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
     cols = ["run", "n_steps", "n_host_bound", "host_bound_fraction", "first_host_bound_step",
             "batch_median_quiet", "batch_median_host_bound", "cpu_ms_median_quiet",
             "cpu_ms_median_host_bound", "cpu_ms_expected_host_bound", "iteration_ms_median_quiet",
@@ -209,8 +227,11 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
     lines = ["## Host-bound steps (`data/host_overhead.py`)", "",
              "A step is host-bound when its `schedule()` CPU time (`step.duration_us`) is 3x or "
              "more what the run's quiet steps predict for its batch size, and the excess is over "
-             "5% of the iteration. On both real runs 83-91% of them are in the last 40% of the run "
-             "(the 20 req/s stage; 75-92% of its steps are host-bound, 5-13% before): `schedule()` takes 5.3-5.4 ms where 0.6-0.8 ms is "
+             f"5% of the iteration. On both real runs {rng(in_late)}% of them are in the last "
+             f"{LATE_SHARE:.0%} of the run (the 20 req/s stage; {rng(late_hot)}% of its steps are "
+             f"host-bound, {rng(early_hot)}% before): `schedule()` takes "
+             f"{rng(t['cpu_ms_median_host_bound'], 1, '.1f')} ms where "
+             f"{rng(t['cpu_ms_expected_host_bound'], 1, '.1f')} ms is "
              "expected, and the decode iterations scatter more (`log_mad_*`: scaled MAD of "
              "log iteration time over decode-only steps of the group's middle batch sizes). "
              "They are what the bands cover least (by step class above), but not because they "

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "demo_fit_speed.py"
+from benchmark_module import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("demo_fit_speed", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("demo_fit_speed")
 
 
 def _run(seed: int, wall: float, **extra: object) -> dict:

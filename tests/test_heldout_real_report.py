@@ -3,22 +3,9 @@ the fitted iterations' own residual range, and the residual scatter by batch siz
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_module import load_benchmark
 
 
 def _rows(rng: np.random.Generator, n: int, scale: float, split: str, batch: float) -> pd.DataFrame:
@@ -30,7 +17,7 @@ def _rows(rng: np.random.Generator, n: int, scale: float, split: str, batch: flo
 
 
 def test_training_range_and_scatter_tell_a_wider_held_out_scatter():
-    hr = _load("heldout_real")
+    hr = load_benchmark("heldout_real")
     rng = np.random.default_rng(0)
     fitted = pd.concat([_rows(rng, 4000, 0.01, "same", 30), _rows(rng, 4000, 0.01, "wider", 30)])
     held = pd.concat([_rows(rng, 4000, 0.01, "same", 30), _rows(rng, 4000, 0.02, "wider", 110)])

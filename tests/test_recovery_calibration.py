@@ -3,21 +3,8 @@ posterior, and the simulation of a fleet with given per-configuration truths."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_module import load_benchmark
 
 
 def test_expected_coverage_is_nominal_for_truths_drawn_from_the_prior():
@@ -41,7 +28,7 @@ def test_fleet_is_simulated_with_the_given_truths(tmp_path):
     from bayes_latency.synth import fleet as synth_fleet
     from bayes_latency.synth.truth import config_id
 
-    bench = _load("recovery_prior_truths")
+    bench = load_benchmark("recovery_prior_truths")
     specs = synth_fleet.fleet_specs("tiny")
     cids = {config_id(s.model, load_gpu(s.gpu).name, s.tp) for s in specs}
     truths = {c: {"beta": {t: 0.5 + i for i, t in enumerate(synth_fleet.DEFAULT_TERMS)},

@@ -129,6 +129,14 @@ def run_within(obs: pd.DataFrame, work: Path) -> None:
     pd.DataFrame(convs).to_csv(work / "within_conv.csv", index=False)
 
 
+def _with_residuals(t: pd.DataFrame) -> pd.DataFrame:
+    """``t`` with ``r = log(observed / predictive median)`` and ``run`` (the configuration's
+    model)."""
+    return t.assign(r=np.log(t["observed_us"].to_numpy(float)
+                             / t["pred_median_us"].to_numpy(float)),
+                    run=t["config_id"].str.split("|").str[0])
+
+
 def training_range_coverage(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
     """Share of held-out iterations whose residual lies inside the central 90% range of the
     fitted iterations' own residuals, per (split, run, phase).
@@ -139,11 +147,7 @@ def training_range_coverage(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.Data
     distribution-free noise model fitted to those rows would give): held-out rows outside it
     scatter more than anything the fit saw of their run and phase.
     """
-    def resid(t: pd.DataFrame) -> np.ndarray:
-        return np.log(t["observed_us"].to_numpy(float) / t["pred_median_us"].to_numpy(float))
-
-    f = fitted.assign(r=resid(fitted), run=fitted["config_id"].str.split("|").str[0])
-    h = held.assign(r=resid(held), run=held["config_id"].str.split("|").str[0])
+    f, h = _with_residuals(fitted), _with_residuals(held)
     rows = []
     for (sp, run, ph), hh in h.groupby(["split", "run", "phase"], sort=False):
         ff = f[(f["split"] == sp) & (f["run"] == run) & (f["phase"] == ph)]
@@ -165,31 +169,27 @@ BATCH_BINS = (0, 40, 80, 100, 128)
 def scatter_by_batch(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
     """Scaled MAD of the decode iterations' residuals (``log(observed / predictive median)``)
     by split, run and batch-size bin, fitted rows against held-out rows: whether the held-out
-    rows' wider scatter is that of larger batches the fit also saw."""
-    def mad(x: pd.Series) -> float:
-        return float(1.4826 * np.median(np.abs(x - np.median(x))))
+    rows' wider scatter is that of larger batches the fit also saw.
 
-    out = []
-    for which, t in (("fitted", fitted), ("held out", held)):
-        t = t[t["phase"] == "decode"].assign(
-            r=np.log(t["observed_us"] / t["pred_median_us"]),
-            run=t["config_id"].str.split("|").str[0],
-            batch_bin=pd.cut(t["batch"], BATCH_BINS).astype(str))
-        for (sp, run, b), g in t.groupby(["split", "run", "batch_bin"], sort=False):
-            out.append({"split": sp, "run": run, "batch": b, "rows": which, "n": len(g),
-                        "scaled_mad": round(mad(g["r"]), 4) if len(g) >= 5 else np.nan})
-    t = pd.DataFrame(out)
-    wide = t.pivot_table(index=["split", "run", "batch"], columns="rows",
-                         values=["n", "scaled_mad"], sort=False)
+    Rows in the order splits and runs first appear, bins in increasing order; a bin of fewer
+    than 5 rows has no MAD.
+    """
+    from bayes_latency.data.host_overhead import _mad
+
+    t = pd.concat([_with_residuals(fitted).assign(rows="fitted"),
+                   _with_residuals(held).assign(rows="held out")], ignore_index=True)
+    t = t[t["phase"] == "decode"]
+    t = t.assign(split=pd.Categorical(t["split"], pd.unique(t["split"])),
+                 run=pd.Categorical(t["run"], pd.unique(t["run"])),
+                 batch=pd.cut(t["batch"], BATCH_BINS))
+    g = t.groupby(["split", "run", "batch", "rows"], observed=True)["r"]
+    long = pd.DataFrame({"n": g.size(), "scaled_mad": g.agg(
+        lambda r: round(_mad(r.to_numpy()), 4) if len(r) >= 5 else np.nan)})
+    wide = long.unstack("rows")
     wide.columns = [f"{a}_{b.replace(' ', '_')}" for a, b in wide.columns]
     wide = wide.reset_index()
-    order = {str(b): i for i, b in enumerate(pd.cut(np.asarray(BATCH_BINS[1:]) - 0.5,
-                                                   BATCH_BINS).astype(str))}
-    split_order = {sp: i for i, sp in enumerate(pd.unique(t["split"]))}
-    run_order = {r: i for i, r in enumerate(pd.unique(t["run"]))}
-    key = (wide["split"].map(split_order) * 10_000 + wide["run"].map(run_order) * 100
-           + wide["batch"].map(order).fillna(99))
-    return wide.iloc[np.argsort(key.to_numpy(), kind="stable")].reset_index(drop=True)
+    wide[["split", "run", "batch"]] = wide[["split", "run", "batch"]].astype(str)
+    return wide
 
 
 def host_lines() -> tuple[dict[str, bool], list[str]]:
@@ -291,7 +291,8 @@ def report_within(work: Path) -> tuple[dict, list[str]]:
             lines.append(f"  - 90% coverage by step class: {'; '.join(parts)}.")
     lines += ["", _markdown_table(pd.DataFrame(rows)), ""]
     if (work / "within_fitted.csv").exists():
-        tr = training_range_coverage(pd.read_csv(work / "within_fitted.csv"), h)
+        fitted = pd.read_csv(work / "within_fitted.csv")
+        tr = training_range_coverage(fitted, h)
         for sp, g in tr.groupby("split", sort=False):
             res[sp]["inside_fitted_range"] = float((g["inside_fitted_range"] * g["n"]).sum()
                                                    / g["n"].sum())
@@ -307,7 +308,6 @@ def report_within(work: Path) -> tuple[dict, list[str]]:
                     f"{r['coverage90']:.3f})." for sp, r in res.items()
                     if "inside_fitted_range" in r),
                   "", _markdown_table(tr), ""]
-        fitted = pd.read_csv(work / "within_fitted.csv")
         if "batch" in fitted and "batch" in h:
             lines += ["Decode iterations' residual scatter (scaled MAD) by the number of "
                       "requests in the step, fitted against held-out rows of the same split "

@@ -20,6 +20,7 @@ import yaml
 from bayes_latency import __version__
 from bayes_latency.checks.recovery import (
     IDENTIFIED_RATIO,
+    NEAR_PRIOR_SIGMA,
     calibration_summary,
     recovery_table,
     with_calibration,
@@ -198,8 +199,8 @@ def _write_readme(out: Path, model: LatencyModel, conv: dict, diag, rec: pd.Data
         f"- 90% credible intervals containing the truth: {nz['covered_90'].mean():.1%} of "
         f"{len(nz)} (configuration, coefficient) pairs with a non-zero truth. A calibrated "
         f"posterior would contain {cs['expected_90']:.1%} of these truths, not 90%: "
-        f"{cs['near_prior_median']:.0%} of them lie within 0.5 prior sigma of their prior "
-        "median, and an interval the prior still weighs on covers such a truth more often than "
+        f"{cs['near_prior_median']:.0%} of them lie within {NEAR_PRIOR_SIGMA} prior sigma of "
+        "their prior median, and an interval the prior still weighs on covers such a truth more often than "
         "90% (`bayes_latency/checks/recovery.py`; for truths drawn from the prior, "
         "`results/benchmarks/recovery_calibration_prior_truths.md`)",
         f"- pairs the data identify (posterior sd below {IDENTIFIED_RATIO} prior sigma): "

@@ -26,8 +26,8 @@ Usage::
 
 ``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
 fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
-convergence (``conv.csv``, ``within_conv.csv``); ``--reuse DIR`` renders the report from such a folder without
-fitting. Outputs: ``PREFIX.md`` and ``PREFIX.json`` (default
+convergence (``conv.csv``, ``within_conv.csv``); ``--reuse DIR`` renders the report from such a
+folder without fitting. Outputs: ``PREFIX.md`` and ``PREFIX.json`` (default
 ``results/benchmarks/heldout_real``). Needs the real data (``../shared/data/real``); 10-30 min on 2
 cores (10.5 min on an idle machine).
 """

@@ -11,8 +11,9 @@ wide as the prior, and whether it covers the truth says how far the simulator's 
 prior median in prior units (``|z_prior|``, reported), not whether the model is calibrated: the
 synthetic truths are not draws from the prior. Only the identified pairs test calibration.
 
-``expected_90`` (:func:`bayes_latency.checks.recovery.expected_coverage`): the coverage a calibrated posterior would have for
-these truths, given how far each lies from its prior median and how much the prior weighs.
+``expected_90`` (:func:`bayes_latency.checks.recovery.expected_coverage`): the coverage a
+calibrated posterior would have for these truths, given how far each lies from its prior median
+and how much the prior weighs.
 
 ``mean_z`` / ``rms_z``: the truth's distance from the posterior mean of the log-coefficient, in
 posterior sd (a calibrated, roughly Gaussian posterior gives mean 0 and RMS 1; the sign says
@@ -41,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
 from bayes_latency.checks.recovery import (  # noqa: E402
     IDENTIFIED_RATIO,
+    NEAR_PRIOR_SIGMA,
+    calibration_summary,
     recovery_table,
     with_calibration,
 )
@@ -83,13 +86,12 @@ def by_prior_distance(rec: pd.DataFrame) -> pd.DataFrame:
     less often; only over truths spread as the prior says does it cover 90% in all. So a set of
     truths that sit near the prior medians is covered more than 90% by a calibrated posterior.
     """
-    b = pd.cut(rec["z_prior"].abs(), Z_PRIOR_BINS, right=False).astype(str).rename("abs_z_prior")
-    out = rec.groupby(b, sort=False).agg(pairs=("covered_90", "size"),
-                                         coverage_90=("covered_90", "mean"),
-                                         expected_90=("expected_90", "mean"))
-    order = {str(k): i for i, k in enumerate(pd.cut(np.asarray(Z_PRIOR_BINS[:-1]) + 1e-9,
-                                                    Z_PRIOR_BINS, right=False).astype(str))}
-    return out.iloc[np.argsort([order[k] for k in out.index])]
+    b = pd.cut(rec["z_prior"].abs(), Z_PRIOR_BINS, right=False).rename("abs_z_prior")
+    out = rec.groupby(b, observed=True).agg(pairs=("covered_90", "size"),
+                                            coverage_90=("covered_90", "mean"),
+                                            expected_90=("expected_90", "mean"))
+    out.index = out.index.astype(str)
+    return out
 
 
 def build_table(pairs: list[str], priors_path: str | None) -> pd.DataFrame:
@@ -120,9 +122,9 @@ def render(rec: pd.DataFrame, title: str, reference: pd.DataFrame | None = None,
         lambda z: float(np.sqrt(np.mean(z**2))))
     ident = rec[rec["pairs_class"] == "identified"]
     dist = by_prior_distance(rec)
-    near = rec["z_prior"].abs() < 0.5
     dist_lines = ["By the truth's distance from its prior median (`abs_z_prior`, in prior "
-                  f"sigmas): {near.mean():.0%} of these truths lie within 0.5 sigma of it."]
+                  f"sigmas): {calibration_summary(rec)['near_prior_median']:.0%} of these truths "
+                  f"lie within {NEAR_PRIOR_SIGMA} sigma of it."]
     if reference is not None:
         ref = by_prior_distance(reference).add_prefix("reference_")
         dist = dist.join(ref, how="outer")

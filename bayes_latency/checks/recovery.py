@@ -23,6 +23,9 @@ import pandas as pd
 IDENTIFIED_RATIO = 0.5
 #: Nominal level of the intervals scored here.
 LEVEL = 0.90
+#: A truth within this many prior sigmas of its prior median counts as near it
+#: (:func:`calibration_summary`'s ``near_prior_median``).
+NEAR_PRIOR_SIGMA = 0.5
 
 
 def recovery_table(model: Any, truth: dict[str, dict[str, float]]) -> pd.DataFrame:
@@ -140,13 +143,13 @@ def with_calibration(rec: pd.DataFrame, posterior: Any, terms: tuple[str, ...],
 
 def calibration_summary(rec: pd.DataFrame) -> dict[str, float]:
     """Pooled numbers of a :func:`with_calibration` table: observed and expected coverage, the
-    share of truths within 0.5 prior sigma of the prior median, and the identified pairs'
-    coverage."""
+    share of truths within :data:`NEAR_PRIOR_SIGMA` prior sigma of the prior median, and the
+    identified pairs' coverage."""
     ident = (rec["pairs_class"] == "identified").to_numpy()
     covered = rec["covered_90"].astype(bool).to_numpy()
     return {"pairs": int(len(rec)), "coverage_90": float(covered.mean()),
             "expected_90": float(rec["expected_90"].mean()),
-            "near_prior_median": float((rec["z_prior"].abs() < 0.5).mean()),
+            "near_prior_median": float((rec["z_prior"].abs() < NEAR_PRIOR_SIGMA).mean()),
             "identified_pairs": int(ident.sum()),
             "identified_coverage_90": float(covered[ident].mean()) if ident.any()
             else float("nan"),
@@ -154,5 +157,5 @@ def calibration_summary(rec: pd.DataFrame) -> dict[str, float]:
             if ident.any() else float("nan")}
 
 
-__all__ = ["IDENTIFIED_RATIO", "LEVEL", "calibration_summary", "expected_coverage",
-           "log_moments", "recovery_table", "with_calibration"]
+__all__ = ["IDENTIFIED_RATIO", "LEVEL", "NEAR_PRIOR_SIGMA", "calibration_summary",
+           "expected_coverage", "log_moments", "recovery_table", "with_calibration"]

@@ -1,7 +1,7 @@
 """Speed of replaying the 16 real runs' workloads (issue #14: <= 60 s on 2 cores).
 
 Replays every load stage of the 16 real lifecycle runs (12 normal, 4 overloaded reasoning runs)
-through the package's scheduler (:func:`bayes_latency.data.replay.replay_stage`) at the committed
+through the package's scheduler (:func:`bayes_latency.schedule.replay.replay_stage`) at the committed
 BLIS exports' posterior means (``results/real/exports``), once serially in this process (wall and
 CPU time) and once as Dask tasks on a 2-worker local cluster (``calibrate.replay_all`` with
 ``scheduler="local"``, the way ``calibrate`` can run them). The calibration replays each stage twice
@@ -11,7 +11,7 @@ With ``--calibrate``, also the whole calibration of issue #14's study (the real 
 rows plus the 20 client stages of the 12 normal runs: start fit, short fits, full fit, replays;
 ``study.client.calibrated_fit`` at the study's settings), wall and CPU time, by phase.
 
-The scheduler loop is compiled with numba (``synth/engine_loop.py``, cached on disk): the
+The scheduler loop is compiled with numba (``schedule/loop.py``, cached on disk): the
 first call in this process loads the cache; a cold compile is timed in a subprocess with an
 empty cache directory.
 
@@ -39,8 +39,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _TINY = ("import time; t = time.process_time(); import numpy as np; "
-         "from bayes_latency.synth.engine import EngineConfig, run_engine; "
-         "from bayes_latency.synth.steptime import StepTimeModel; "
+         "from bayes_latency.schedule.engine import EngineConfig, run_engine; "
+         "from bayes_latency.schedule.steptime import StepTimeModel; "
          "from bayes_latency.physics.architecture import load_architecture; "
          "from bayes_latency.physics.hardware import load_gpu; "
          "from bayes_latency.physics.serving import ServingConfig; "
@@ -74,13 +74,13 @@ def _uptime() -> str:
 
 
 def main() -> int:
-    from bayes_latency.calibrate import replay_all
-    from bayes_latency.data.observations import config_id
-    from bayes_latency.data.replay import replay_stage
-    from bayes_latency.physics.architecture import load_architecture
+    from bayes_latency.calibrate.loop import replay_all
+    from bayes_latency.data.observations.build import config_id
     from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, get_term
     from bayes_latency.physics.hardware import load_gpu
-    from bayes_latency.study.blis_spec import export_path, find_runs, load_export, real_data_dir
+    from bayes_latency.physics.models import load_architecture
+    from bayes_latency.schedule.replay import replay_stage
+    from bayes_latency.study.blis.spec import export_path, find_runs, load_export, real_data_dir
     from bayes_latency.study.client import client_stages
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -28,7 +28,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bayes_latency.model.estimator import GATES, LatencyModel, load_observations  # noqa: E402
+from bayes_latency.data.tables import load_observations  # noqa: E402
+from bayes_latency.model.estimator import GATES, LatencyModel  # noqa: E402
 from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def tables(work: Path, fleet: str, seed: int) -> Path:
     out = work / f"{fleet}_{seed}"
     t = out / "tables"
     if not (t / "observations.parquet").exists():
-        cli = [sys.executable, "-m", "bayes_latency.cli"]
+        cli = [sys.executable, "-m", "bayes_latency.cli.main"]
         subprocess.run(cli + ["simulate", "--fleet", fleet, "--seed", str(seed), "--out",
                               str(out / "fleet"), "--quiet"], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
@@ -64,7 +65,7 @@ def scrambled_tables(work: Path) -> Path:
         exps = sorted(p for p in (work / "tiny_0" / "fleet").iterdir() if p.is_dir())
         dsts = [str(scramble_experiment(p, out / "fleet" / p.name, seed=i))
                 for i, p in enumerate(exps)]
-        subprocess.run([sys.executable, "-m", "bayes_latency.cli", "ingest", *dsts, "--out",
+        subprocess.run([sys.executable, "-m", "bayes_latency.cli.main", "ingest", *dsts, "--out",
                         str(t)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return t
 

@@ -11,7 +11,7 @@ Usage::
 
 Each run is ``LatencyModel().fit(...)`` on the demo's training rows (the demo's observation table
 minus its held-out configuration), exactly as ``bayes-latency demo`` calls it
-(``bayes_latency.demo.DEMO_FIT``: diagonal mass-matrix adaptation), in a new Python process,
+(``bayes_latency.study.demo.DEMO_FIT``: diagonal mass-matrix adaptation), in a new Python process,
 timed from the observation table to a converged posterior (stage-1 summaries, model build,
 nutpie compilation, sampling, conditional draws of the configuration coefficients, assembly).
 Imports are not timed; the ArviZ groups (log likelihood, predictive, prior, log prior) are.
@@ -43,14 +43,14 @@ from pathlib import Path
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bayes_latency.demo import DEMO_DRAWS, DEMO_FIT
+from bayes_latency.study.demo import DEMO_DRAWS, DEMO_FIT
 
 CHILD = r"""
 import json, os, sys, time
 import pandas as pd
-from bayes_latency.data.observations import config_id
+from bayes_latency.data.observations.build import config_id
 from bayes_latency.data.tables import read_table
-from bayes_latency.demo import DEMO_FIT, HELD_OUT
+from bayes_latency.study.demo import DEMO_FIT, HELD_OUT
 from bayes_latency.model.estimator import LatencyModel
 tables, draws, tune, ta, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 obs = read_table(tables, "observations")

@@ -104,9 +104,9 @@ def select_rows(obs: pd.DataFrame, n_configs: int | None, max_rows: int | None,
 def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
     """Per configuration: active coefficients, the exact rank of the scaled, column-normalised
     feature matrix (``_ConfigProblem``; tolerance 1e-8) and the package's relative-design analysis
-    (:mod:`bayes_latency.data.identifiability`: rows / observed value, columns in prior-median
+    (:mod:`bayes_latency.model.identifiability`: rows / observed value, columns in prior-median
     units; its own flatness threshold) with the smallest/largest singular-value ratio."""
-    from bayes_latency.data.identifiability import config_identifiability
+    from bayes_latency.model.identifiability import config_identifiability
 
     out = []
     scale = model._scale()

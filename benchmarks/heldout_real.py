@@ -174,7 +174,7 @@ def scatter_by_batch(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
     Rows in the order splits and runs first appear, bins in increasing order; a bin of fewer
     than 5 rows has no MAD.
     """
-    from bayes_latency.data.host_overhead import _mad
+    from bayes_latency.checks.host_overhead import _mad
 
     t = pd.concat([_with_residuals(fitted).assign(rows="fitted"),
                    _with_residuals(held).assign(rows="held out")], ignore_index=True)
@@ -194,8 +194,8 @@ def scatter_by_batch(fitted: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
 
 def host_lines() -> tuple[dict[str, bool], list[str]]:
     """``obs_id -> host_bound`` of the real iterations and the markdown of their host-overhead
-    table (:mod:`bayes_latency.data.host_overhead`); empty without the real data."""
-    from bayes_latency.data.host_overhead import host_overhead_and_mask
+    table (:mod:`bayes_latency.checks.host_overhead`); empty without the real data."""
+    from bayes_latency.checks.host_overhead import host_overhead_and_mask
     from bayes_latency.study.real import load_real_data, real_data_dir
 
     d = real_data_dir()
@@ -224,7 +224,7 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
             "batch_median_quiet", "batch_median_host_bound", "cpu_ms_median_quiet",
             "cpu_ms_median_host_bound", "cpu_ms_expected_host_bound", "iteration_ms_median_quiet",
             "iteration_ms_median_host_bound", "log_mad_quiet", "log_mad_host_bound"]
-    lines = ["## Host-bound steps (`data/host_overhead.py`)", "",
+    lines = ["## Host-bound steps (`checks/host_overhead.py`)", "",
              "A step is host-bound when its `schedule()` CPU time (`step.duration_us`) is 3x or "
              "more what the run's quiet steps predict for its batch size, and the excess is over "
              f"5% of the iteration. On both real runs {rng(in_late)}% of them are in the last "
@@ -236,7 +236,7 @@ def host_lines() -> tuple[dict[str, bool], list[str]]:
              "log iteration time over decode-only steps of the group's middle batch sizes). "
              "They are what the bands cover least (by step class above), but not because they "
              "are slower: at a matched batch size their decode iterations take the same time as "
-             "quiet ones (the extra CPU time overlaps the forward pass; `data/host_overhead.py`), "
+             "quiet ones (the extra CPU time overlaps the forward pass; `checks/host_overhead.py`), "
              "so they are the heavy-load steps, with a wider spread. The busy host shows in the "
              "time before a request reaches the engine, which BLIS's per-request alphas cannot "
              "follow: the TTFT misses at 20 req/s in `results/real/client/README.md`.", "",

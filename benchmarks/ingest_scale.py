@@ -4,8 +4,8 @@ Three parts, one run:
 
 1. **Where ingest time goes** on the demo fleet's traces: MB per CPU-second of decoding the lines
    with ``json.loads``, msgspec (to dicts), msgspec into the typed OTLP Structs of
-   :mod:`bayes_latency.data.otlp` and ``pyarrow.json`` with the OTLP schema of
-   :mod:`bayes_latency.data.otlp_arrow`; of :func:`~bayes_latency.data.otlp.read_otlp` on its
+   :mod:`bayes_latency.data.otlp.read` and ``pyarrow.json`` with the OTLP schema of
+   :mod:`bayes_latency.data.otlp.arrow`; of :func:`~bayes_latency.data.otlp.read.read_otlp` on its
    generic, typed and columnar paths (the tables of all three must be identical); and CPU
    seconds per ingest stage (read, rebuild, observations, iterations, lifecycle, Parquet) of an
    inline ingest, with the columnar path and with the line-by-line path.
@@ -244,9 +244,9 @@ def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> d
     import functools
     from collections import defaultdict
 
+    import bayes_latency.data.client.lifecycle as lcm
     import bayes_latency.data.experiment as ex
-    import bayes_latency.data.lifecycle as lcm
-    import bayes_latency.data.otlp as otlp
+    import bayes_latency.data.otlp.read as otlp
 
     acc: dict[str, float] = defaultdict(float)
     patched = []
@@ -357,7 +357,7 @@ def json_path(demo: list[Path], work: Path) -> dict:
     """Decoding speeds, ``read_otlp`` on the typed and the generic path, CPU per stage."""
     import msgspec
 
-    import bayes_latency.data.otlp as otlp
+    import bayes_latency.data.otlp.read as otlp
 
     files = [f / "traces.jsonl" for f in demo]
     mb = sum(f.stat().st_size for f in files) / 1e6
@@ -387,7 +387,7 @@ def json_path(demo: list[Path], work: Path) -> dict:
     import pyarrow as pa
     import pyarrow.json as pj
 
-    from bayes_latency.data.otlp_arrow import _PARSE
+    from bayes_latency.data.otlp.arrow import _PARSE
 
     blobs = [f.read_bytes() for f in files]
     best_c = best_w = float("inf")
@@ -411,11 +411,11 @@ def json_path(demo: list[Path], work: Path) -> dict:
                 use_threads=False, block_size=len(b) + 1))
         best_c = min(best_c, time.process_time() - c0)
     res["decode_mb_per_cpu_s[pyarrow.json tokenizer]"] = round(mb / best_c, 1)
-    # the compiled scanner of the default path (data/otlp_scan.py) over whole files
+    # the compiled scanner of the default path (data/otlp/scan.py) over whole files
     import numpy as np
 
-    from bayes_latency.data import otlp_arrow as oa
-    from bayes_latency.data import otlp_scan
+    from bayes_latency.data.otlp import arrow as oa
+    from bayes_latency.data.otlp import scan as otlp_scan
 
     best_c = best_w = float("inf")
     for _ in range(3):
@@ -499,7 +499,7 @@ def _first_experiments_in(pkg: Path, demo: list[Path], out: Path, env: dict) -> 
 
 
 def numba_costs(demo: list[Path], work: Path, base: str = "de30309") -> dict:
-    """What the compiled batch rebuild (``data/reconstruct_kernel.py``) costs a fresh process:
+    """What the compiled batch rebuild (``data/rebuild/kernel.py``) costs a fresh process:
     the first experiment's ingest with an empty numba cache (compilation), with the cache
     filled (numba's import and start-up, loading the cached code), and on ``base`` (the pure
     Python loops), each in a fresh process; the second experiment shows the steady state."""
@@ -590,10 +590,10 @@ def parquet_options(demo: list[Path], work: Path, rounds: int = 3) -> dict:
 # ------------------------------------------------------------------------------- part 2
 def same_results(demo: list[Path], work: Path, draws: int, seed: int) -> dict:
     from bayes_latency.data.experiment import ingest
-    from bayes_latency.data.observations import config_id
+    from bayes_latency.data.observations.build import config_id
     from bayes_latency.data.tables import read_table
-    from bayes_latency.demo import DEMO_FIT, HELD_OUT
     from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.study.demo import DEMO_FIT, HELD_OUT
 
     res: dict = {}
     t0 = time.perf_counter()
@@ -855,8 +855,8 @@ def _numba_lines(j: dict) -> list[str]:
         return lo if lo == hi else f"{lo}-{hi}"
 
     return [
-        "The batch rebuild's loops (`data/reconstruct_kernel.py`, since the seventh pass) and "
-        "the OTLP scanner (`data/otlp_scan.py`, since the eighth) run compiled by numba, "
+        "The batch rebuild's loops (`data/rebuild/kernel.py`, since the seventh pass) and "
+        "the OTLP scanner (`data/otlp/scan.py`, since the eighth) run compiled by numba, "
         "loaded on the first trace read. What that "
         "costs a fresh process, CPU seconds of the import of `data.experiment`, then of the "
         "inline ingest of the first and of the second demo experiment, each in a fresh process "
@@ -1020,7 +1020,7 @@ def _markdown(r: dict) -> str:
         *([f"| pyarrow.json, a schema of no field used (its tokenizer alone) | "
            f"{j['decode_mb_per_cpu_s[pyarrow.json tokenizer]']} |"]
           if "decode_mb_per_cpu_s[pyarrow.json tokenizer]" in j else []),
-        *([f"| compiled scanner of the OTLP fields (`data/otlp_scan.py`, whole files) | "
+        *([f"| compiled scanner of the OTLP fields (`data/otlp/scan.py`, whole files) | "
            f"{j['decode_mb_per_cpu_s[scanner]']} ({j['decode_mb_s[scanner]']}) |"]
           if "decode_mb_per_cpu_s[scanner]" in j else []),
         f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "

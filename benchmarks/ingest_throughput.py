@@ -1,4 +1,4 @@
-"""Ingest throughput of :func:`bayes_latency.data.otlp.read_otlp` on synthetic-but-valid traces.
+"""Ingest throughput of :func:`bayes_latency.data.otlp.read.read_otlp` on synthetic-but-valid traces.
 
 The spec's example (one request: an API span, an engine span with 4 journey events, a step span
 with 2 step summaries) is replicated N times with fresh trace / span / request ids, step numbers
@@ -25,7 +25,7 @@ from pathlib import Path
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bayes_latency.data.otlp import read_otlp
+from bayes_latency.data.otlp.read import read_otlp
 
 SPEC = Path(__file__).resolve().parents[2] / "shared" / "specs" / "vllm-trace-format.example.jsonl"
 STEPS_PER_REQUEST = 5  # step ids used by one copy of the example (40..44)

@@ -47,8 +47,8 @@ from bayes_latency.checks.recovery import (  # noqa: E402
     recovery_table,
     with_calibration,
 )
-from bayes_latency.demo import _truth  # noqa: E402
 from bayes_latency.priors import load_priors  # noqa: E402
+from bayes_latency.study.demo import _truth  # noqa: E402
 
 #: Bins of the posterior / prior sd ratio for the table of coverage against identification.
 SD_RATIO_BINS = (0.0, 0.05, 0.15, 0.3, 0.5, 0.9, np.inf)

@@ -47,7 +47,7 @@ from bayes_latency.synth import truth as synth_truth  # noqa: E402
 #: Seed offset of the population draw (independent of the simulator's own seed use).
 DRAW_SEED = 15_000
 
-CLI = [sys.executable, "-m", "bayes_latency.cli"]
+CLI = [sys.executable, "-m", "bayes_latency.cli.main"]
 TITLES = {"model": "Recovery calibration of the 90% intervals, truths drawn from the model's prior",
           "population": "Recovery calibration of the 90% intervals, population truths drawn from "
                         "the priors"}
@@ -75,8 +75,9 @@ def model_prior_truths(tables: Path, seed: int, priors: str | None = None
     import pymc as pm
     import pytensor
 
+    from bayes_latency.data.tables import load_observations
     from bayes_latency.model.conditional import truncated_normal_positive
-    from bayes_latency.model.estimator import LatencyModel, load_observations
+    from bayes_latency.model.estimator import LatencyModel
 
     m = LatencyModel(priors=load_priors(priors) if priors else None)
     pm_model = m.build(load_observations(tables))
@@ -109,7 +110,8 @@ def structure(m) -> dict:  # noqa: ANN001
 def check_structure(d: Path, priors: str | None = None) -> bool:
     """Record the prior structure of the final fleet next to the pilot's (``prior_draw.json``);
     True when they are the same (the draw was from the prior that is fitted)."""
-    from bayes_latency.model.estimator import LatencyModel, load_observations
+    from bayes_latency.data.tables import load_observations
+    from bayes_latency.model.estimator import LatencyModel
 
     f = d / "prior_draw.json"
     doc = json.loads(f.read_text())

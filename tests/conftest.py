@@ -44,7 +44,7 @@ def tiny_posterior(tiny_fleet_seed5, tmp_path_factory) -> tuple[Path, Path]:
     """``(tables folder, posterior.nc)``: ingest of the seed-5 tiny fleet and a fast Laplace fit
     of 120 rows per configuration (one fit per session, ~15 s)."""
 
-    from bayes_latency.cli import main
+    from bayes_latency.cli.main import main
     from bayes_latency.data.experiment import ingest
 
     root = tmp_path_factory.mktemp("tiny5post")

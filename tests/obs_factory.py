@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, basis_matrix
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 POP = {"prefill_compute": 1.6, "prefill_kv": 0.0, "decode_compute": 0.0, "decode_kv": 1.3,

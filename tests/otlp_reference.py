@@ -2,7 +2,7 @@
 
 Verbatim copies of ``_Acc._journey_table`` and ``_Acc._requests_table`` (pandas sorts, group-bys
 and ``map`` calls), kept as the reference that the numpy versions in
-:mod:`bayes_latency.data.otlp` must reproduce exactly (``tests/test_otlp_tables_reference.py``).
+:mod:`bayes_latency.data.otlp.read` must reproduce exactly (``tests/test_otlp_tables_reference.py``).
 """
 
 # ruff: noqa
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.otlp_assemble import _sort_all
-from bayes_latency.data.otlp_fields import (
+from bayes_latency.data.otlp.assemble import _sort_all
+from bayes_latency.data.otlp.fields import (
     _EVENT_RANK, _FINISH_STATUS, _JOURNEY_INT, _JOURNEY_STR, _ONCE_EVENTS, _RE_HEX8, _RE_INDEX,
     JOURNEY_COLUMNS, REQUEST_COLUMNS,
 )

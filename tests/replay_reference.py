@@ -1,9 +1,9 @@
 """Reference for ``tests/test_replay_kernel.py``: the pure-Python replay loop and journey
-segmentation the numba kernels of :mod:`bayes_latency.data.reconstruct_kernel` replaced
+segmentation the numba kernels of :mod:`bayes_latency.data.rebuild.kernel` replaced
 (frozen at de30309, unchanged: ``_replay`` from ``reconstruct_replay.py``, ``_segments`` from
 ``reconstruct_segments.py``).
 
-Formerly part of :mod:`bayes_latency.data.reconstruct`: ``_replay`` applies the reference scheduling
+Formerly part of :mod:`bayes_latency.data.rebuild.reconstruct`: ``_replay`` applies the reference scheduling
 policy (decodes first, then running partial prefills in admission order, then the requests
 scheduled at the step) to the journey segments of :mod:`.reconstruct_segments`, choosing each
 segment's cached prefix when prefix caching is on, and returns the chunks as ``_Replay``.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bayes_latency.data.reconstruct_segments import _GREEDY, _Segments
+from bayes_latency.data.rebuild.segments import _GREEDY, _Segments
 
 
 @dataclass

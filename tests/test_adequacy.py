@@ -85,7 +85,7 @@ def test_fit_refuses_randomised_timestamps_and_accepts_clean(tmp_path: Path):
     sys.path.insert(0, str(Path(__file__).parent))
     from scramble import scramble_experiment
 
-    cli = [sys.executable, "-m", "bayes_latency.cli"]
+    cli = [sys.executable, "-m", "bayes_latency.cli.main"]
     subprocess.run(cli + ["simulate", "--fleet", "tiny", "--seed", "0", "--out",
                           str(tmp_path / "F"), "--quiet"], check=True)
     exps = sorted(p for p in (tmp_path / "F").iterdir() if p.is_dir())

@@ -217,9 +217,9 @@ def test_non_default_priors_load_check_and_export_from_the_file_alone(saved, tmp
 
     import yaml
 
-    from bayes_latency.checks.command import check_command
+    from bayes_latency.cli.check import check_command
+    from bayes_latency.cli.export import export_command
     from bayes_latency.errors import ModelMismatchError
-    from bayes_latency.export_command import export_command
     from bayes_latency.priors import load_priors
 
     content = yaml.safe_load(saved.result.attrs["priors_yaml"])

@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from bayes_latency.cli import main as cli_main
-from bayes_latency.study import blis_e2e as be
-from bayes_latency.study.blis_spec import (
+from bayes_latency.cli.main import main as cli_main
+from bayes_latency.study.blis import e2e as be
+from bayes_latency.study.blis.spec import (
     CLIENT_TIMEOUT_S,
     PUBLISHED,
     SUFFIX_TOKENS,
@@ -392,7 +392,7 @@ def test_table_and_report_from_recorded_metrics(tmp_path: Path) -> None:
 
 
 def test_cli_keeps_study_real() -> None:
-    from bayes_latency.cli import build_parser
+    from bayes_latency.cli.main import build_parser
 
     args = build_parser().parse_args(["study", "real", "--quick"])
     assert args.name == "real" and args.quick

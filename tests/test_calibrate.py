@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from bayes_latency.calibrate import calibrate, client_predictions, run_level_coefficients
-from bayes_latency.data.replay import ClientStage, replay_stage
+from bayes_latency.calibrate.loop import calibrate, client_predictions, run_level_coefficients
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.likelihood import NoiseParams
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
+from bayes_latency.schedule.replay import ClientStage, replay_stage
 
 ARCH, GPU = load_architecture("llama-2-7b"), load_gpu("H100")
 BETA = np.array([0.5, 1.0, 0.5, 1.4, 1.5, 15.0, 30.0, 4.0, 120.0, 0.0, 0.0])
@@ -112,7 +112,7 @@ def test_run_level_draws_widen_by_the_pooled_residual():
 
 def test_run_level_scale_borrows_from_the_fleet():
     """A configuration whose own fitted scale collapsed (2 rows) borrows a wide fleet's."""
-    from bayes_latency.calibrate import run_level_sigma
+    from bayes_latency.calibrate.loop import run_level_sigma
 
     m = _Scaled(1.0)
     a, b = "llama-2-7b|H100-SXM|tp1", "mixtral-8x7b|H100-SXM|tp2"
@@ -134,7 +134,7 @@ def test_bad_arguments():
 def test_run_level_ttft_scatters_by_its_own_scale():
     """With the alphas' share of TTFT given, a draw's replayed TTFT scatters by s_ttft even
     when the steps make most of it (here the alphas make about half)."""
-    from bayes_latency.calibrate import draw_matrices, ttft_alpha_share
+    from bayes_latency.calibrate.loop import draw_matrices, ttft_alpha_share
 
     m = _Scaled(1.0, n_rows=200)
     m.noise = lambda cfg, kind: NoiseParams(sigma=0.2 if kind == "workload_ttft" else 0.02,
@@ -190,7 +190,7 @@ def test_fast_fits_first_then_the_full_fit_decides():
 
 
 def test_replay_all_reuses_given_replays():
-    from bayes_latency.calibrate import replay_all
+    from bayes_latency.calibrate.loop import replay_all
 
     st = [_stage(30.0, _truth(30.0))]
     coefs = {"llama-2-7b|" + GPU.name + "|tp1": (BETA, ALPHA)}

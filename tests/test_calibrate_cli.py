@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from bayes_latency.cli import main
-from bayes_latency.data.client import read_client_results
-from bayes_latency.data.client_stages import client_stages, default_kv_blocks
+from bayes_latency.calibrate.stages import client_stages, default_kv_blocks
+from bayes_latency.cli.main import main
+from bayes_latency.data.client.read import read_client_results
 from bayes_latency.errors import ConfigError
 from bayes_latency.synth.client_result import synthetic_vllm_bench
 
@@ -44,12 +44,12 @@ def test_calibrate_end_to_end_and_recovery(tmp_path, capsys):
     """One synthetic vllm-bench JSON (300 requests at 4 req/s, per-request lists) -> posterior,
     history, BLIS export with run-level draws; the calibrated coefficients predict a held-out
     run at twice the load (different lengths) within 20% on mean E2E and TTFT."""
-    from bayes_latency.calibrate import config_means
+    from bayes_latency.calibrate.loop import config_means
     from bayes_latency.checks.sanity import load_posterior
-    from bayes_latency.data.replay import predicted_means, replay_stage
-    from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.models import load_architecture
+    from bayes_latency.schedule.replay import predicted_means, replay_stage
 
     res = _write(tmp_path, "bench.json", rate=4.0, num_prompts=300, seed=1)
     out, exp = tmp_path / "post.nc", tmp_path / "llama.yaml"
@@ -113,9 +113,9 @@ def test_infinite_rate_and_burstiness(tmp_path):
 
 
 def test_default_kv_blocks_is_blis_formula():
-    from bayes_latency.data.client_stages import model_config_dict
+    from bayes_latency.calibrate.stages import model_config_dict
     from bayes_latency.physics.blis import kv_blocks_per_gpu
-    from bayes_latency.study.blis_spec import kv_blocks_per_gpu as old_import
+    from bayes_latency.study.blis.spec import kv_blocks_per_gpu as old_import
 
     cfg = model_config_dict("llama-2-7b")
     assert default_kv_blocks(*CFG) == kv_blocks_per_gpu(cfg, 1) == old_import(cfg, 1)
@@ -182,7 +182,7 @@ def test_tracev2_and_detailed_vllm_give_recorded_stages():
 def test_real_inference_perf_run_matches_the_study_stages(real_dir):
     """An inference-perf folder gives the same stages as the lead's study builder (rate, count,
     prompt shape from profile.yaml, output-length pdf, KV blocks, measured means)."""
-    from bayes_latency.study.blis_spec import find_runs
+    from bayes_latency.study.blis.spec import find_runs
     from bayes_latency.study.client import client_stages as study_stages
 
     runs = find_runs(real_dir, "llama-2-7b-tp1-codegen")

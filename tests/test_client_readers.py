@@ -20,17 +20,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bayes_latency.data.client import (
+from bayes_latency.data.client.frames import CLIENT_REQUEST_COLUMNS, CLIENT_SUMMARY_COLUMNS
+from bayes_latency.data.client.lifecycle import LIFECYCLE_COLUMNS
+from bayes_latency.data.client.read import (
     ACCEPTED_FORMATS,
-    CLIENT_REQUEST_COLUMNS,
-    CLIENT_SUMMARY_COLUMNS,
     add_folder_client_results,
     read_client_results,
 )
-from bayes_latency.data.lifecycle import LIFECYCLE_COLUMNS
+from bayes_latency.data.client.tracev2 import read_tracev2
+from bayes_latency.data.client.vllm_bench import read_vllm_bench
 from bayes_latency.data.report import IngestReport
-from bayes_latency.data.tracev2 import read_tracev2
-from bayes_latency.data.vllm_bench import read_vllm_bench
 from bayes_latency.errors import TraceFormatError
 
 DATA = Path(__file__).resolve().parent / "data"

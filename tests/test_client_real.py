@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(DATA is None, reason="real data absent (../share
 
 @pytest.fixture(scope="module")
 def runs():
-    from bayes_latency.study.blis_spec import find_runs
+    from bayes_latency.study.blis.spec import find_runs
 
     return find_runs(DATA)
 
@@ -37,11 +37,11 @@ def test_replay_of_a_real_stage_is_near_the_real_means(runs):
     package's own replay of a light stage lands within 10% of the real E2E."""
     from pathlib import Path
 
-    from bayes_latency.data.replay import predicted_means, replay_stage
-    from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, get_term
     from bayes_latency.physics.hardware import load_gpu
-    from bayes_latency.study.blis_spec import export_path, load_export
+    from bayes_latency.physics.models import load_architecture
+    from bayes_latency.schedule.replay import predicted_means, replay_stage
+    from bayes_latency.study.blis.spec import export_path, load_export
     from bayes_latency.study.client import client_stages
 
     exports = Path(__file__).resolve().parents[1] / "results" / "real" / "exports"
@@ -57,7 +57,7 @@ def test_replay_of_a_real_stage_is_near_the_real_means(runs):
 def test_calibrated_fit_of_one_configuration(runs):
     """CodeLlama-34B TP2: its H100 step rows and its 3 normal runs' client rows, calibrated:
     every stage's replayed mean E2E within 5% and TTFT within 15% of the real one."""
-    from bayes_latency.calibrate import client_predictions
+    from bayes_latency.calibrate.loop import client_predictions
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.client import calibrated_fit, client_stages
     from bayes_latency.study.realdata import load_real_data

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from bayes_latency.checks.command import check_command
 from bayes_latency.checks.diagnostics import (
     Thresholds,
     compare_variants,
     diagnose,
     log_likelihood_tree,
 )
+from bayes_latency.cli.check import check_command
 from bayes_latency.errors import BayesLatencyError
 
 CONFIGS = ["llama-2-7b|H100|tp1", "llama-2-70b|H100|tp4", "mixtral-8x7b|A100|tp2"]

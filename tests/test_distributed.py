@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.cli import main
+from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import ingest
 from bayes_latency.data.tables import read_table, table_files, table_names
 from bayes_latency.model.summaries import NoisePrior, fit_rows, summarize

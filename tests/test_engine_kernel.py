@@ -1,6 +1,6 @@
 """The compiled scheduler loop reproduces the pure-Python engine exactly (issue #14 speed).
 
-The digests below were computed with the pure-Python loop of ``synth/engine.py`` at commit
+The digests below were computed with the pure-Python loop of ``schedule/engine.py`` at commit
 7840784 (before the loop was compiled): every output array of :func:`run_engine` (steps,
 events, chunks, per-request arrays, snapshots) and the generator's state after the call, on
 workloads that cover chunked and unchunked prefill, prefix caching at both levels, preemption
@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, kv_capacity_tokens
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
-from bayes_latency.synth.engine import EngineConfig, EngineResult, NoiseConfig, run_engine
-from bayes_latency.synth.steptime import StepTimeModel
+from bayes_latency.schedule.engine import EngineConfig, EngineResult, NoiseConfig, run_engine
+from bayes_latency.schedule.steptime import StepTimeModel
 from bayes_latency.synth.truth import true_coefficients
 from bayes_latency.synth.workloads import generate_requests, load_workload
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from bayes_latency.cli import main
+from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import ingest, load_serving_yaml, load_tables, serving_config
-from bayes_latency.data.observations import observation_columns
+from bayes_latency.data.observations.build import observation_columns
 from bayes_latency.data.tables import table_files
 from bayes_latency.errors import BayesLatencyError, ConfigError
 

@@ -12,8 +12,9 @@ import pytest
 import xarray as xr
 import yaml
 
+from bayes_latency.cli.export import export_command
 from bayes_latency.errors import BayesLatencyError
-from bayes_latency.export import (
+from bayes_latency.export.document import (
     blis_block,
     blis_draws,
     blis_flags,
@@ -22,7 +23,6 @@ from bayes_latency.export import (
     predict_reference,
     summarize_coefficients,
 )
-from bayes_latency.export_command import export_command
 from bayes_latency.physics import ALPHA_TERMS, BLIS_BETA_ORDER, DEFAULT_TERMS
 
 CONFIG = {"model": "llama-2-7b", "gpu": "H100", "tp": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from bayes_latency.cli import build_parser
+from bayes_latency.cli.main import build_parser
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.sampler import DEFAULT_DRAWS, DEFAULT_TUNE, TARGET_ACCEPT
 
@@ -19,7 +19,7 @@ def test_cli_fit_defaults_match_the_estimator():
 
 
 def test_cli_extends_sampling_by_default():
-    from bayes_latency.model.command import _max_draws
+    from bayes_latency.cli.fit import _max_draws
     from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
 
     args = build_parser().parse_args(["fit", "tables", "--out", "p.nc"])

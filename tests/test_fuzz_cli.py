@@ -2,7 +2,7 @@
 
 From one small synthetic base (the smallest experiment of ``simulate --fleet tiny --seed 5`` and a
 Laplace fit of the tiny fleet, ``conftest.py``) a seeded list of mutation functions makes damaged
-inputs; each is run through ``bayes_latency.cli.main`` in-process. Every run must end in
+inputs; each is run through ``bayes_latency.cli.main.main`` in-process. Every run must end in
 
 - exit 0 with books that add up (``read = kept + dropped`` per record type), every numeric column
   of every written Parquet table finite and within its domain, and (for inputs known to be
@@ -44,7 +44,7 @@ from mutate import (
     tree_hash,
 )
 
-from bayes_latency.cli import main
+from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import load_tables as _load_tables
 from bayes_latency.data.tables import read_table as _read_table
 

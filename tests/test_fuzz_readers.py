@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bayes_latency.data.kvevents import KV_EVENT_COLUMNS, read_kv_events
-from bayes_latency.data.otlp import JOURNEY_COLUMNS, REQUEST_COLUMNS, read_otlp
+from bayes_latency.data.otlp.read import JOURNEY_COLUMNS, REQUEST_COLUMNS, read_otlp
 from bayes_latency.errors import TraceFormatError
 
 EXAMPLE = "vllm-trace-format.example.jsonl"
@@ -203,7 +203,7 @@ def test_typed_decoding_reads_like_the_generic_path(example_docs: list[dict], fu
     """Lines decoded into the typed Structs give what the generic dict walk gives (every
     table, dtype and count), whatever the mutation; the generic path is forced by a typed
     decoder that refuses every line."""
-    import bayes_latency.data.otlp as otlp
+    import bayes_latency.data.otlp.read as otlp
 
     lines = data.draw(_mutated_lines(example_docs))
     p = fuzz_dir / "typed.jsonl"

@@ -1,4 +1,4 @@
-"""Host CPU overhead of the engine loop (:mod:`bayes_latency.data.host_overhead`)."""
+"""Host CPU overhead of the engine loop (:mod:`bayes_latency.checks.host_overhead`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.data.host_overhead import (
+from bayes_latency.checks.host_overhead import (
     CPU_FACTOR,
     HOST_CPU_SHARE,
     host_bound_mask,
     host_overhead,
     host_overhead_notes,
+    ingest_notes,
 )
 
 
@@ -128,7 +129,8 @@ def test_ingest_reports_host_bound_steps(tiny_fleet_seed5, tmp_path):
         return m.group(1) + str(int(m.group(2)) + (8000 if next(seen) >= n // 2 else 0)) + m.group(3)
 
     trace.write_text(pat.sub(busy, text))
-    notes = [x for x in ingest([exp], tmp_path / "busy").notes if x.startswith("host CPU:")]
+    busy_notes = ingest([exp], tmp_path / "busy", iteration_notes=ingest_notes).notes
+    notes = [x for x in busy_notes if x.startswith("host CPU:")]
     assert len(notes) == 1 and name in notes[0] and "steps" in notes[0]
-    clean = ingest([tiny_fleet_seed5 / name], tmp_path / "clean").notes
+    clean = ingest([tiny_fleet_seed5 / name], tmp_path / "clean", iteration_notes=ingest_notes).notes
     assert not [x for x in clean if x.startswith("host CPU:")]

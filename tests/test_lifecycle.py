@@ -1,4 +1,4 @@
-"""Tests of the inference-perf results readers (bayes_latency.data.lifecycle)."""
+"""Tests of the inference-perf results readers (bayes_latency.data.client.lifecycle)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bayes_latency.data.lifecycle import (
+from bayes_latency.data.client.lifecycle import (
     LIFECYCLE_COLUMNS,
     read_exp_config,
     read_lifecycle_dir,

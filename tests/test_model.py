@@ -13,8 +13,9 @@ import xarray as xr
 import yaml
 from obs_factory import make_observations
 
+from bayes_latency.cli.fit import fit_command
 from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
-from bayes_latency.model.estimator import LatencyModel, fit_command
+from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.likelihood import row_loglik
 from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_config
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
@@ -209,7 +210,7 @@ def test_fit_command_fails_loudly_when_not_converged(data, tmp_path):
                               max_rhat=1.01)
     with pytest.raises(ConvergenceError):
         fit_command(args)
-    from bayes_latency.cli import main
+    from bayes_latency.cli.main import main
 
     code = main(["fit", str(tmp_path), "--out", str(tmp_path / "p2.nc"), "--draws", "20", "--tune", "20"])
     assert code == 1
@@ -319,7 +320,7 @@ def test_hints_after_load_still_name_confounded_terms(fitted, tmp_path):
 def test_fit_command_takes_terms(data, tmp_path):
     obs, _ = data
     obs.to_parquet(tmp_path / "observations.parquet")
-    from bayes_latency.cli import main
+    from bayes_latency.cli.main import main
 
     code = main(["fit", str(tmp_path), "--out", str(tmp_path / "p.nc"), "--draws", "20", "--tune", "20",
                  "--terms", "prefill_compute,decode_kv,weight_loading,per_request",

@@ -11,10 +11,10 @@ from bayes_latency.priors import load_priors
 
 
 def _real_iteration_rows(real_dir) -> pd.DataFrame:
-    from bayes_latency.data.observations import observations_from_iterations
+    from bayes_latency.data.observations.build import observations_from_iterations
     from bayes_latency.data.steps import iterations_from_steps, load_step_table
-    from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.models import load_architecture
     from bayes_latency.physics.serving import ServingConfig
 
     steps = load_step_table(real_dir / "h100-steps" / "batch_summaries.parquet")
@@ -63,8 +63,8 @@ def small_fleet(tmp_path_factory):
 
 @pytest.mark.slow
 def test_recovery_coverage_and_zero_terms(small_fleet):
-    from bayes_latency.demo import _truth, recovery_table
     from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.study.demo import _truth, recovery_table
 
     tmp, obs = small_fleet
     m = LatencyModel().fit(obs, draws=1500, tune=1000, seed=3)

@@ -7,16 +7,16 @@ import pandas as pd
 import pytest
 from test_reconstruct import engine_case, simple
 
-from bayes_latency.data.observations import (
+from bayes_latency.data.observations.build import (
     build_observations,
     observation_columns,
     observations_from_iterations,
     observations_from_microbench,
 )
-from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
-from bayes_latency.physics.architecture import load_architecture
+from bayes_latency.data.rebuild.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, basis_matrix
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 ARCH, GPU = load_architecture("llama-2-7b"), load_gpu("H100")
@@ -149,7 +149,7 @@ def test_alpha_rows_values_and_drops():
         "departed_s": [101.002, 101.5015, 101.61, 101.9],
         "aborted": [False, False, False, True],
     })
-    from bayes_latency.data.observations_journey import _alpha_rows
+    from bayes_latency.data.observations.journey import _alpha_rows
     from bayes_latency.data.report import IngestReport
 
     rep = IngestReport()

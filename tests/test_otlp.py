@@ -1,4 +1,4 @@
-"""Tests of the OTLP JSON Lines reader (bayes_latency.data.otlp)."""
+"""Tests of the OTLP JSON Lines reader (bayes_latency.data.otlp.read)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bayes_latency.data.otlp import (
+from bayes_latency.data.otlp.read import (
     API_SPAN_COLUMNS,
     JOURNEY_COLUMNS,
     REQUEST_COLUMNS,

@@ -1,8 +1,8 @@
-"""The columnar OTLP path (``data/otlp_arrow.py``) reads exactly like the line-by-line path.
+"""The columnar OTLP path (``data/otlp/arrow.py``) reads exactly like the line-by-line path.
 
 Every comparison reads one file line by line (``chunk_bytes=0``) and with the columnar path (the
 default chunk size, and a tiny one that splits the file into chunks some of which the columnar
-path takes and some it refuses), each with the compiled scanner (``data/otlp_scan.py``) first
+path takes and some it refuses), each with the compiled scanner (``data/otlp/scan.py``) first
 and with ``pyarrow.json`` alone; tables (values, dtypes, column order) and reports must be
 equal.
 """
@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fuzz_readers import FUZZ, _assert_same_reading, _mutated_lines
 
-import bayes_latency.data.otlp_arrow as oa
-from bayes_latency.data.otlp import read_otlp
+import bayes_latency.data.otlp.arrow as oa
+from bayes_latency.data.otlp.read import read_otlp
 from bayes_latency.errors import TraceFormatError
 
 

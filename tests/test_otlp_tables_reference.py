@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bayes_latency.data import otlp_rows
-from bayes_latency.data.otlp_fields import JOURNEY_EVENTS
+from bayes_latency.data.otlp import rows as otlp_rows
+from bayes_latency.data.otlp.fields import JOURNEY_EVENTS
 from bayes_latency.data.report import IngestReport
 
 _RIDS = ["r1", "r2", "cmpl-x-0-0123abcd", "cmpl-x-1-0123abcd", "r3-89abcdef", "cmpl-y"]

@@ -8,13 +8,9 @@ from pathlib import Path
 import pytest
 
 from bayes_latency.errors import ConfigError, UnknownArchitectureError
-from bayes_latency.physics.architecture import (
-    Architecture,
-    architecture_from_config,
-    expected_distinct_experts,
-    known_architectures,
-    load_architecture,
-)
+from bayes_latency.physics.architecture import Architecture, expected_distinct_experts
+from bayes_latency.physics.hf_config import architecture_from_config
+from bayes_latency.physics.models import known_architectures, load_architecture
 
 _CONFIG_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "model-configs"
 _CONFIGS = sorted(p.name for p in _CONFIG_DIR.glob("*.json")) or ["<absent>"]

@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import (
     ALPHA_TERM_INFO,
     ALPHA_TERMS,
@@ -24,6 +23,7 @@ from bayes_latency.physics.basis import (
     term_names,
 )
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 H100 = load_gpu("H100")

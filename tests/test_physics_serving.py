@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import load_architecture
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 

@@ -266,7 +266,7 @@ def test_truth_from_fixed_coefficients():
 
 
 def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
-    from bayes_latency.checks.command import check_command
+    from bayes_latency.cli.check import check_command
 
     obs, reqs = make_world(n_req=30, sigma=0.1, n_iter=100)
     a = (obs["kind"] == "iteration") & (obs["experiment_id"] == "expA")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.data.reconstruct import (
+from bayes_latency.data.rebuild.reconstruct import (
     BATCH_COLUMNS,
     ReconstructionReport,
     reconstruct_batches,
@@ -206,10 +206,10 @@ def test_multiple_experiments_and_report_merge():
 def engine_case(seed: int = 0, n: int = 150, cap: int = 300, prefix_caching: bool = False,
                 rate: float = 40.0, budget: int = 512):
     """Run the synthetic engine directly; return (engine result, journeys, summaries, serving)."""
-    eng = pytest.importorskip("bayes_latency.synth.engine")
-    from bayes_latency.physics.architecture import load_architecture
+    eng = pytest.importorskip("bayes_latency.schedule.engine")
     from bayes_latency.physics.hardware import load_gpu
-    from bayes_latency.synth.steptime import StepTimeModel
+    from bayes_latency.physics.models import load_architecture
+    from bayes_latency.schedule.steptime import StepTimeModel
 
     rng = np.random.default_rng(seed)
     serving = ServingConfig(max_num_batched_tokens=budget, prefix_caching=prefix_caching)

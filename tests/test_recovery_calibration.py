@@ -23,8 +23,8 @@ def test_expected_coverage_is_nominal_for_truths_drawn_from_the_prior():
 
 
 def test_fleet_is_simulated_with_the_given_truths(tmp_path):
-    from bayes_latency.demo import _truth
     from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.study.demo import _truth
     from bayes_latency.synth import fleet as synth_fleet
     from bayes_latency.synth.truth import config_id
 

@@ -28,10 +28,10 @@ from mutate import (
     tree_hash,
 )
 
-from bayes_latency.cli import main
+from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import load_tables as _load_tables
 from bayes_latency.errors import UnknownArchitectureError
-from bayes_latency.physics.architecture import architecture_from_config
+from bayes_latency.physics.hf_config import architecture_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

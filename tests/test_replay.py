@@ -7,8 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from bayes_latency.data.observations import validate_observations
-from bayes_latency.data.replay import (
+from bayes_latency.data.observations.build import validate_observations
+from bayes_latency.errors import ConfigError
+from bayes_latency.physics.basis import DEFAULT_TERMS
+from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
+from bayes_latency.schedule.replay import (
     MAX_CACHE_FRACTION,
     WORKLOAD_KINDS,
     ClientStage,
@@ -18,10 +22,6 @@ from bayes_latency.data.replay import (
     stage_requests,
     workload_rows,
 )
-from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import load_architecture
-from bayes_latency.physics.basis import DEFAULT_TERMS
-from bayes_latency.physics.hardware import load_gpu
 
 ARCH = load_architecture("llama-2-7b")
 GPU = load_gpu("H100")

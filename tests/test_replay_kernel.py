@@ -1,4 +1,4 @@
-"""The compiled replay (``data/reconstruct_kernel.py``) against the pure-Python loop it replaced
+"""The compiled replay (``data/rebuild/kernel.py``) against the pure-Python loop it replaced
 (``tests/replay_reference.py``): identical chunks, prefixes, flags, pins and issue counts (in
 the same first-occurrence order) on drawn segments, with and without prefix caching, guesses
 and sampled summaries near and off the replayed totals."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bayes_latency.data.reconstruct_replay import _replay
-from bayes_latency.data.reconstruct_segments import _GREEDY, _Segments
+from bayes_latency.data.rebuild.replay import _replay
+from bayes_latency.data.rebuild.segments import _GREEDY, _Segments
 from tests.replay_reference import _replay as _replay_ref
 
 
@@ -129,7 +129,7 @@ def _journeys(rng: np.random.Generator, n_req: int) -> dict[str, np.ndarray]:
 def test_segments_kernel_equals_python_loop(seed: int) -> None:
     from collections import Counter
 
-    from bayes_latency.data.reconstruct_segments import _segments
+    from bayes_latency.data.rebuild.replay import _segments
     from tests.replay_reference import _segments as _segments_ref
 
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.data.otlp import STEP_COLUMNS, read_otlp
+from bayes_latency.data.otlp.read import STEP_COLUMNS, read_otlp
 from bayes_latency.data.report import IngestReport
 from bayes_latency.data.steps import (
     ITERATION_COLUMNS,

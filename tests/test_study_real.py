@@ -146,8 +146,8 @@ def test_cfg_labels_and_workload_rows_carry_the_stack() -> None:
     assert _cfg_label("llama-2-70b", "H100-SXM", 4) == "llama-2-70b H100 tp4"
     assert _cfg_label("llama-2-70b", "H100-SXM", 4, "splitwise") == \
         "llama-2-70b H100 tp4 splitwise"
-    from bayes_latency.physics.architecture import load_architecture
     from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.models import load_architecture
 
     batches = pd.DataFrame([{"num_prefill_reqs": 1.0, "prefill_tokens": 16.0,
                              "prefill_attn_pairs": 200.0, "prefill_kv_tokens": 40.0,

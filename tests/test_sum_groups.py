@@ -10,13 +10,13 @@ import pytensor.tensor as pt
 from obs_factory import make_observations
 from pytensor.gradient import jacobian
 
-from bayes_latency.data.identifiability import (
+from bayes_latency.model.hierarchy import SumGroupTransform
+from bayes_latency.model.identifiability import (
     MAX_WEIGHT_SPREAD,
     pooled_groups,
     sum_groups,
     weight_spread,
 )
-from bayes_latency.model.hierarchy import SumGroupTransform
 
 
 def test_sum_groups_are_the_proportional_features():
@@ -97,7 +97,7 @@ def test_unseen_levels_share_the_group_effect():
 
 
 def test_near_pairs_share_most_rows_in_proportion():
-    from bayes_latency.data.identifiability import near_pairs
+    from bayes_latency.model.identifiability import near_pairs
 
     # d (decode tokens) and r (requests): equal on decode rows, r alone on the prefill rows;
     # p (prompt tokens) only on prefill rows; c: constant on the prefill rows only (a coincidence)

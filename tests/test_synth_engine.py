@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import (
     ALPHA_TERMS,
     DEFAULT_TERMS,
@@ -18,8 +17,9 @@ from bayes_latency.physics.basis import (
     prefill_chunk_stats,
 )
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
-from bayes_latency.synth.engine import (
+from bayes_latency.schedule.engine import (
     BATCH_TABLE_COLUMNS,
     EV_FINISHED,
     EV_FIRST_TOKEN,
@@ -31,7 +31,7 @@ from bayes_latency.synth.engine import (
     EngineResult,
     run_engine,
 )
-from bayes_latency.synth.steptime import StepTimeModel
+from bayes_latency.schedule.steptime import StepTimeModel
 from bayes_latency.synth.truth import POPULATION_BETA, true_coefficients
 from bayes_latency.synth.workloads import generate_requests, load_workload
 

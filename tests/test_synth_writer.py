@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bayes_latency.cli import main as cli_main
+from bayes_latency.cli.main import main as cli_main
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.physics.serving import ServingConfig
 from bayes_latency.synth.fleet import fleet_specs, simulate_fleet

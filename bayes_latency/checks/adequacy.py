@@ -135,7 +135,7 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     """
     import arviz_stats as azs
 
-    from bayes_latency.data.observations import DEFAULT_STACK
+    from bayes_latency.data.observations.build import DEFAULT_STACK
     from bayes_latency.model.likelihood import row_loglik
     from bayes_latency.model.summaries import feature_columns
 

@@ -20,7 +20,7 @@ gates are reported as ``n/a (approximate)`` and the report says so at the top.
 The report types are in :mod:`bayes_latency.checks.diagnostics_report`, the prior sensitivity in
 :mod:`bayes_latency.checks.sensitivity`, the DataTree helpers in :mod:`bayes_latency.checks.datatree`
 (their public names are re-exported here), and the ``bayes-latency check`` subcommand
-(:func:`~bayes_latency.checks.command.check_command`) in :mod:`bayes_latency.checks.command`.
+(:func:`~bayes_latency.cli.check.check_command`) in :mod:`bayes_latency.cli.check`.
 """
 
 from __future__ import annotations

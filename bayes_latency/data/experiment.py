@@ -47,7 +47,7 @@ import gc
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,10 +56,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from bayes_latency.data.host_overhead import host_overhead, host_overhead_notes
 from bayes_latency.data.jsonl import _replace_lone_surrogates
-from bayes_latency.data.observations import build_observations, empty_observations
-from bayes_latency.data.reconstruct import BATCH_COLUMNS, reconstruct_batches
+from bayes_latency.data.observations.build import build_observations, empty_observations
+from bayes_latency.data.rebuild.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
 from bayes_latency.data.tables import (
     clear_table,
@@ -80,6 +79,9 @@ __all__ = [
     "load_tables",
     "serving_config",
 ]
+
+#: A function of one experiment's ``iterations`` table that returns notes for its ingest report.
+IterationNotes = Callable[[pd.DataFrame], Iterable[str]]
 
 TABLES: tuple[str, ...] = ("steps", "journey_events", "requests", "batches", "iterations",
                            "lifecycle", "kv_events", "observations")
@@ -239,7 +241,8 @@ def build_iterations(steps: pd.DataFrame, batches: pd.DataFrame,
 
 
 def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: str | None = None,
-                      folder: Path | None = None) -> tuple[dict[str, pd.DataFrame], IngestReport,
+                      folder: Path | None = None, iteration_notes: IterationNotes | None = None
+                      ) -> tuple[dict[str, pd.DataFrame], IngestReport,
                                                            dict[str, Any]]:
     """Read and process one experiment (a trace file, and its folder when given).
 
@@ -262,7 +265,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
     reconstruction : dict
         :meth:`ReconstructionReport.to_dict`.
     """
-    from bayes_latency.data.otlp import read_otlp
+    from bayes_latency.data.otlp.read import read_otlp
     from bayes_latency.data.steps import iterations_from_steps
     from bayes_latency.physics.serving import ServingConfig
 
@@ -301,7 +304,8 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
                             "(ctx_approximated)")
     out["batches"], out["iterations"] = batches, iterations
     report.kept["iterations"] += len(iterations)
-    report.notes.extend(f"host CPU: {n}" for n in host_overhead_notes(host_overhead(iterations)))
+    if iteration_notes is not None:
+        report.notes.extend(iteration_notes(iterations))
     if folder is not None:
         kv = _find(folder, ("kv_events.jsonl", "kv_events.jsonl.gz"))
         if kv is not None:
@@ -316,7 +320,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
                 kvdf.insert(0, "experiment_id", eid)
                 out["kv_events"] = kvdf
         if (folder / "results").is_dir():
-            from bayes_latency.data.lifecycle import read_lifecycle_dir
+            from bayes_latency.data.client.lifecycle import read_lifecycle_dir
 
             try:
                 lc, lrep = read_lifecycle_dir(folder, experiment_id=eid)
@@ -325,12 +329,14 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
             except TraceFormatError as exc:
                 report.drop("lifecycle:unreadable")
                 report.notes.append(f"lifecycle metrics skipped: {exc}")
-        from bayes_latency.data.client import add_folder_client_results  # vllm_bench*.json, TraceV2
+        from bayes_latency.data.client.read import (
+            add_folder_client_results,  # vllm_bench*.json, TraceV2
+        )
 
         add_folder_client_results(out, folder, eid, report)
     if cfg is not None:
-        from bayes_latency.physics.architecture import load_architecture
         from bayes_latency.physics.hardware import load_gpu
+        from bayes_latency.physics.models import load_architecture
 
         arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
         serving.check_against(arch, source=str(trace))
@@ -450,7 +456,8 @@ def _few_gc_passes():
 
 
 def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
-                 eid: str | None, out: Path) -> dict[str, Any]:
+                 eid: str | None, out: Path, iteration_notes: IterationNotes | None = None
+                 ) -> dict[str, Any]:
     """Ingest one experiment and write its partition of every table (a Dask task, or inline).
 
     Returns
@@ -461,14 +468,16 @@ def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
         experiment has no rows of: their schema when no experiment has any) and ``bytes`` read.
     """
     with _few_gc_passes():
-        return _ingest_one(trace, cfg, folder, eid, out)
+        return _ingest_one(trace, cfg, folder, eid, out, iteration_notes)
 
 
 def _ingest_one(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
-                eid: str | None, out: Path) -> dict[str, Any]:
+                eid: str | None, out: Path, iteration_notes: IterationNotes | None = None
+                ) -> dict[str, Any]:
     """:func:`_ingest_unit`'s work."""
     try:
-        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
+        tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder,
+                                             iteration_notes=iteration_notes)
     except ConfigError as exc:  # e.g. an unknown GPU: say which experiment it is about
         src = str(folder or trace)
         if src in str(exc):
@@ -511,7 +520,7 @@ INGEST_BYTES_PER_S = 18e6
 
 
 def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
-           scheduler: Any = None) -> IngestReport:
+           scheduler: Any = None, iteration_notes: IterationNotes | None = None) -> IngestReport:
     """Turn trace files and experiment folders into the Parquet tables.
 
     Each experiment is one unit of work (read, rebuild, observations, write its partitions), run
@@ -530,6 +539,10 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
         None (inline below about :data:`bayes_latency.parallel.INLINE_MAX_SECONDS` of work, else
         a local cluster; ``$DASK_SCHEDULER_ADDRESS`` when set), ``"inline"``, ``"local"``, a
         scheduler address ``tcp://host:8786`` or a ``distributed.Client``.
+    iteration_notes
+        A function of one experiment's ``iterations`` table returning notes for its report
+        (``bayes-latency ingest`` passes :func:`bayes_latency.checks.host_overhead.ingest_notes`,
+        which flags steps whose host CPU time delays the engine); None for no such notes.
 
     Returns
     -------
@@ -543,7 +556,7 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
     TraceFormatError
         Unreadable input.
     """
-    from bayes_latency.data.otlp import _default_experiment_id
+    from bayes_latency.data.otlp.read import _default_experiment_id
     from bayes_latency.parallel import run_units
 
     out = check_output_path(
@@ -573,7 +586,7 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
     for name in TABLES:
         clear_table(out, name)
     sizes = [_size(trace) for trace, *_ in inputs]
-    results = run_units(_ingest_unit, [(*item, out) for item in inputs], scheduler=scheduler,
+    results = run_units(_ingest_unit, [(*item, out, iteration_notes) for item in inputs], scheduler=scheduler,
                         cost_s=sum(sizes) / INGEST_BYTES_PER_S, weights=sizes, desc="ingest",
                         unit="B", batch=True)
     written_rows: dict[str, list[str]] = {t: [] for t in TABLES}

@@ -1,8 +1,8 @@
 """Tidy step tables (``step.BATCH_SUMMARY`` records) and the iteration times they reveal.
 
 A *step table* has one row per sampled engine step with the trace attribute names as columns
-(``step.id``, ``step.ts_start_ns``, ..., ``kv.blocks_free_gpu``; see ``data/otlp.py``
-:data:`~bayes_latency.data.otlp.STEP_COLUMNS`) plus ``experiment_id``. The real
+(``step.id``, ``step.ts_start_ns``, ..., ``kv.blocks_free_gpu``; see ``data/otlp/read.py``
+:data:`~bayes_latency.data.otlp.read.STEP_COLUMNS`) plus ``experiment_id``. The real
 ``batch_summaries.parquet`` is one; ``read_otlp(...).steps`` is another.
 
 Iteration times
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.otlp import STEP_COLUMNS, STEP_INT_COLUMNS
+from bayes_latency.data.otlp.read import STEP_COLUMNS, STEP_INT_COLUMNS
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 
@@ -91,7 +91,7 @@ def load_step_table(path: str | Path, experiment_id: str | None = None,
     Returns
     -------
     pandas.DataFrame
-        :data:`~bayes_latency.data.otlp.STEP_COLUMNS` (nullable ``Int64``, except
+        :data:`~bayes_latency.data.otlp.read.STEP_COLUMNS` (nullable ``Int64``, except
         ``kv.usage_gpu_ratio`` float64) + ``experiment_id`` + any extra columns of the file,
         sorted by (experiment_id, step.id). Rows with a missing id, a NaN or negative time, a
         negative or non-numeric count, or a repeated (experiment_id, step.id) are dropped and

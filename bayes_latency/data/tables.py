@@ -31,6 +31,7 @@ from bayes_latency.errors import BayesLatencyError, TraceFormatError
 from bayes_latency.io import atomic_write, read_parquet
 
 __all__ = [
+    "load_observations",
     "LAYOUT_VERSION",
     "MANIFEST",
     "clear_table",
@@ -254,3 +255,11 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
     table = ds.dataset([str(f) for f in files], schema=schema, format="parquet").to_table(
         columns=cols)
     return table.to_pandas().reset_index(drop=True)
+
+
+def load_observations(path: str | Path) -> pd.DataFrame:
+    """The observation table from an ingest folder (either layout) or a Parquet file."""
+    path = Path(path)
+    if not path.exists():
+        raise BayesLatencyError(f"no observation table at {path}; run `bayes-latency ingest` first")
+    return read_table(path, "observations")

@@ -97,7 +97,7 @@ def _convergence_hints(est: LatencyModel, rhat: xr.Dataset, ess: xr.Dataset,
                      + "; ".join("+".join(g) for g in groups)
                      + ": the posterior has corners where one of them carries the sum. Fit "
                      "without all but one of each group (terms=...), or add configurations "
-                     "whose batches separate them (see bayes_latency.data.identifiability)")
+                     "whose batches separate them (see bayes_latency.model.identifiability)")
     else:
         hints.append("raise target_accept (0.99) and draws; check the stage-1 notes of the fit report")
     return hints

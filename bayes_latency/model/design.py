@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.observations import DEFAULT_STACK
+from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.model.likelihood import PREFILL_NOISE_KINDS
 
 

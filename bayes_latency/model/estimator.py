@@ -19,7 +19,7 @@ samplers (:mod:`bayes_latency.model.sampler`), the variables derived after sampl
 (:mod:`bayes_latency.model.deterministics`), the result's layout, save and load
 (:mod:`bayes_latency.model.persistence`), the convergence gates
 (:mod:`bayes_latency.model.convergence`) and the ``bayes-latency fit`` command
-(:mod:`bayes_latency.model.command`). Their public names are re-exported here.
+(:mod:`bayes_latency.cli.fit`). Their public names are re-exported here.
 
 Importing this module is light (no PyMC, PyTensor or ArviZ): they are imported when a model is
 built or diagnosed.
@@ -40,16 +40,15 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency.data.identifiability import IdentifiabilityReport, identifiability
-from bayes_latency.data.observations import DEFAULT_STACK, config_id
+from bayes_latency.data.observations.build import DEFAULT_STACK, config_id
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError
 from bayes_latency.model import convergence as _convergence
 from bayes_latency.model import persistence as _persistence
-from bayes_latency.model.command import fit_command, load_observations  # noqa: F401 - re-exported
 from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
 from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.extension import sample_extended
+from bayes_latency.model.identifiability import IdentifiabilityReport, identifiability
 from bayes_latency.model.likelihood import NoiseParams, noise_kind, row_loglik, student_t_draws
 from bayes_latency.model.persistence import assemble, rows_hash, table_rows
 from bayes_latency.model.sampler import (
@@ -99,7 +98,7 @@ def posterior_only() -> Iterator[None]:
     package's own (``constant_data``, ``summaries``): no ``observed_data``, ``log_likelihood``,
     ``posterior_predictive``, ``prior``, ``prior_predictive`` or ``log_prior``; attrs
     ``arviz_groups`` says so. For intermediate fits whose posterior means are all that is used
-    (a calibration's fast iterations, :func:`bayes_latency.calibrate.calibrate`), which saves
+    (a calibration's fast iterations, :func:`bayes_latency.calibrate.loop.calibrate`), which saves
     their cost (3-6 s a fit: the log-likelihood and replicated rows, the prior draws, the log
     prior). Not for a fit that is checked, saved or returned to a user.
     """
@@ -215,9 +214,9 @@ class LatencyModel:
 
     def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
         """Groups of coefficients the fitted rows give only as a weighted sum, with the typical
-        and the per-configuration weights (:func:`~bayes_latency.data.identifiability.pooled_groups`;
+        and the per-configuration weights (:func:`~bayes_latency.model.identifiability.pooled_groups`;
         ``sum_groups`` of :func:`~bayes_latency.model.hierarchy.build_model`)."""
-        from bayes_latency.data.identifiability import pooled_groups
+        from bayes_latency.model.identifiability import pooled_groups
 
         rows = getattr(self, "_rows", None)
         if rows is None:
@@ -358,8 +357,8 @@ class LatencyModel:
             self._noise[str(c)] = d
 
     def _canonical(self, model: str, gpu: str) -> tuple[str, str]:
-        from bayes_latency.physics.architecture import load_architecture
         from bayes_latency.physics.hardware import load_gpu
+        from bayes_latency.physics.models import load_architecture
 
         levels_m = list(self.design.models)
         levels_g = list(self.design.gpus)
@@ -377,8 +376,8 @@ class LatencyModel:
         Face model name matches the canonical level the fit stored (``"H100-SXM"``). ``None``
         matches every level.
         """
-        from bayes_latency.physics.architecture import load_architecture
         from bayes_latency.physics.hardware import load_gpu
+        from bayes_latency.physics.models import load_architecture
 
         if self.design is None:
             raise BayesLatencyError("the model is not fitted; call fit() or load()")
@@ -491,12 +490,12 @@ class LatencyModel:
           coefficients, an unseen one with its wider band) and ``serving`` takes the knobs of
           :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
           columns plus ``mean_us, median_us, q05_us, q95_us`` per row
-          (:func:`bayes_latency.export.predict_reference`).
+          (:func:`bayes_latency.export.document.predict_reference`).
         """
         if model is not None or gpu is not None or tp is not None:
             if model is None or gpu is None or tp is None:
                 raise ConfigError("predict on a batch table needs model=, gpu= and tp=")
-            from bayes_latency.export import predict_reference
+            from bayes_latency.export.document import predict_reference
 
             coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed,
                                       stack=stack)

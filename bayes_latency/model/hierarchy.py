@@ -44,7 +44,7 @@ Likelihood, two forms:
   configuration coefficients sampled explicitly (``theta = m * (1 + sigma_config * eps)``) and
   noise scales and Student-t dof per (configuration, kind) as free parameters: the slow reference.
 
-Sum-only groups (:func:`~bayes_latency.data.identifiability.sum_groups`: coefficients whose
+Sum-only groups (:func:`~bayes_latency.model.identifiability.sum_groups`: coefficients whose
 features are proportional on every row of every configuration, e.g. ``per_layer`` + ``per_step``,
 real data also ``weight_loading``; the departure pair ``alpha_post_decode`` + ``alpha_per_token``):
 every configuration identifies only ``sum_k w_k theta_k``. Sampled per term on the log scale, that
@@ -65,7 +65,7 @@ and ``log theta_pop`` is ``mu + offset + effects`` plus that shift for a group's
 Measured (2 x 1000 draws, target_accept 0.95, real all data): (1)+(2) R-hat 1.027 -> 1.0095, bulk
 ESS 63 -> 316 (free two-level scales) or 1.013-1.017 / 88-110 (fixed); with (3) 1.0122 / 211.
 (4) Near pairs
-(:func:`~bayes_latency.data.identifiability.near_pairs`: proportional on every row where both are
+(:func:`~bayes_latency.model.identifiability.near_pairs`: proportional on every row where both are
 non-zero, e.g. ``decode_compute`` + ``per_request``, one token per decoding request) are groups
 too. On the real data the pair made the cross-validation split without the Splitwise
 llama-2-70b H100 TP-2 benchmark bimodal (one chain put the decode cost on ``per_request``, x20,
@@ -143,7 +143,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         Coefficients whose ARD gate is off (see :func:`_population`).
     sum_groups
         ``(coefficient names, typical weights, {config_id: weights})`` of groups the data see
-        only as a weighted sum (:func:`bayes_latency.data.identifiability.sum_groups`): their
+        only as a weighted sum (:func:`bayes_latency.model.identifiability.sum_groups`): their
         population means are sampled in the sum's coordinate (:class:`SumGroupTransform`), their
         factor effects are shared (the first coefficient's) and each configuration's sum follows
         the typical one (:func:`_sum_shift`); see the module docstring.
@@ -215,7 +215,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
     return model
 
 
-#: Whether members of a sum-only group (:func:`~bayes_latency.data.identifiability.sum_groups`)
+#: Whether members of a sum-only group (:func:`~bayes_latency.model.identifiability.sum_groups`)
 #: keep the ARD gate (``no_gate`` still switches it off). Without it, every configuration
 #: identifies only their weighted sum, so which of them is "irrelevant" would be the prior's
 #: call; but measured on the real cross-validation splits (with :func:`near_pairs` as groups),

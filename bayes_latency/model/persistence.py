@@ -24,10 +24,10 @@ import pandas as pd
 import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
-from bayes_latency.data.identifiability import IdentifiabilityReport
-from bayes_latency.data.observations import DEFAULT_STACK
+from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
+from bayes_latency.model.identifiability import IdentifiabilityReport
 from bayes_latency.model.likelihood import noise_kind
 from bayes_latency.model.summaries import feature_columns, fit_rows
 

@@ -23,7 +23,7 @@ class SumGroupTransform(Transform):
 
     For a group ``G`` of ``n`` coefficients that every configuration sees (nearly) only through
     ``S = sum_k w_k exp(mu_k)`` (``mu_k = m_k + s_k z_k``, the population log-mean without the
-    ARD gate; ``w_k`` typical feature ratios, :func:`~bayes_latency.data.identifiability.sum_groups`),
+    ARD gate; ``w_k`` typical feature ratios, :func:`~bayes_latency.model.identifiability.sum_groups`),
     the unconstrained coordinates are ``(log S, eta_1 .. eta_{n-1})`` with
 
         mu_k = log S + eta_k - logsumexp(eta_1 .. eta_{n-1}, 0) - log w_k      (eta_n = 0),
@@ -99,7 +99,7 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
 
     ``ard_mask[k] = 0`` switches the gate off for term ``k`` (relevance 1, the plain lognormal
     prior): the estimator does so for the terms that no configuration identifies on their own
-    (:attr:`~bayes_latency.data.identifiability.IdentifiabilityReport.confounded_everywhere`).
+    (:attr:`~bayes_latency.model.identifiability.IdentifiabilityReport.confounded_everywhere`).
     Their data give only a sum, so whether one of them is "irrelevant" is the prior's call, and
     the gate's heavy left tail makes every corner of the sum (one term carrying it, the others
     gated off) a mode of the posterior; the gate's kink at ``loc`` (slope ``s`` -> ``s +

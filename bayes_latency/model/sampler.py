@@ -224,7 +224,7 @@ def compiled_model(model: pm.Model) -> object:
     """nutpie's compiled ``model``, reused from an earlier fit of the same structure when there is
     one (:func:`_same_structure`), with this model's data swapped in (``with_data``).
 
-    A calibration's iterations (:func:`bayes_latency.calibrate.calibrate`) rebuild the same model
+    A calibration's iterations (:func:`bayes_latency.calibrate.loop.calibrate`) rebuild the same model
     with new stage-1 summaries, which are ``pm.Data``
     (:data:`bayes_latency.model.hierarchy.SUMMARY_DATA`): they compile once. The reused model
     computes exactly what a fresh compilation of ``model`` would (same draws for the same seed).

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from bayes_latency.physics.architecture import Architecture, known_architectures, load_architecture
+from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.basis import (
     ALPHA_TERMS,
     BATCH_COLUMNS,
@@ -26,6 +26,7 @@ from bayes_latency.physics.basis import (
     term_names,
 )
 from bayes_latency.physics.hardware import GPU, known_gpus, load_gpu
+from bayes_latency.physics.models import known_architectures, load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 __all__ = [

@@ -75,7 +75,7 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import Architecture, load_architecture
+from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.batches import (  # the batch table, re-exported (see __all__)
     BATCH_COLUMNS,
     OPTIONAL_COLUMNS,
@@ -92,6 +92,7 @@ from bayes_latency.physics.capacity import (  # engine memory, re-exported (see 
     weight_bytes_per_gpu,
 )
 from bayes_latency.physics.hardware import GPU, load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 US_PER_S = 1e6

@@ -1,15 +1,15 @@
 """The 12 normal real runs' client metrics as workload rows of the real-data fit (issue #14).
 
 :func:`client_stages` turns each load stage of the real lifecycle runs (``h100-lifecycle/``,
-read by :func:`~bayes_latency.study.blis_spec.find_runs`) into a
-:class:`~bayes_latency.data.replay.ClientStage`: the stage's achieved rate, request count, the
+read by :func:`~bayes_latency.study.blis.spec.find_runs`) into a
+:class:`~bayes_latency.schedule.replay.ClientStage`: the stage's achieved rate, request count, the
 profile's shared-prefix prompts (11 system prompts x 4 users; each user's prompt repeats), the
 stage's real output-length distribution, KV blocks per GPU as BLIS computes them, and the
 stage's measured means of TTFT and E2E (successes). The 4 overloaded ``reasoning`` runs are
 stress cases and stay out of every fit.
 
 :func:`calibrated_fit` fits the real step and benchmark rows together with these rows through
-:func:`bayes_latency.calibrate.calibrate`.
+:func:`bayes_latency.calibrate.loop.calibrate`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from bayes_latency.calibrate import Calibration, calibrate, config_means
-from bayes_latency.data.lifecycle import read_lifecycle_dir
-from bayes_latency.data.replay import ClientStage
+from bayes_latency.calibrate.loop import Calibration, calibrate, config_means
+from bayes_latency.data.client.lifecycle import read_lifecycle_dir
 from bayes_latency.physics.basis import DEFAULT_TERMS
-from bayes_latency.study.blis_spec import RealRun, kv_blocks_per_gpu
+from bayes_latency.schedule.replay import ClientStage
+from bayes_latency.study.blis.spec import RealRun, kv_blocks_per_gpu
 from bayes_latency.study.settings import FitSettings
 
 __all__ = ["FAST_FIT", "calibrated_fit", "client_stages", "drop_model", "drop_run"]
@@ -80,7 +80,7 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
     """Calibrate on ``base`` rows plus the client rows of ``stages``.
 
     ``fast_iter``: most iterations with the short fit :data:`FAST_FIT` before the ones with
-    ``settings`` (0: none; see :func:`~bayes_latency.calibrate.calibrate`).
+    ``settings`` (0: none; see :func:`~bayes_latency.calibrate.loop.calibrate`).
 
     The first replay runs at the posterior means of ``start_model`` (or of a fit of ``base``
     alone with ``start_settings``; unseen configurations at the population's prediction).

@@ -6,7 +6,7 @@
    the Splitwise benchmark rows and the client rows of the 12 normal runs (mean TTFT and E2E
    of each of their 20 load stages) in one hierarchical fit, replayed until the rows stop moving.
 2. **In-sample**: every real run simulated in BLIS with the fit's exports (posterior mean and
-   ``n_draws`` run-level draws, :func:`bayes_latency.calibrate.run_level_coefficients`).
+   ``n_draws`` run-level draws, :func:`bayes_latency.calibrate.loop.run_level_coefficients`).
 3. **Leave-one-run-out** over the 12 normal runs: the run's client rows out of the fit (rows of
    the others at the calibrated schedule), its configuration exported, the run simulated.
 4. **Leave-one-model-out**: every row of one model out (steps, benchmarks, client rows), the
@@ -14,7 +14,7 @@
 
 Outputs in ``OUT/client/``: ``README.md`` (tables and the numbers the issue asks for),
 ``insample.csv``, ``loro.csv``, ``lomo.csv`` (one row per run x source, as
-:mod:`~bayes_latency.study.blis_e2e` writes them), ``calibration.csv`` (iterations),
+:mod:`~bayes_latency.study.blis.e2e` writes them), ``calibration.csv`` (iterations),
 ``package_replay.csv`` (the package's own replayed means at the posterior), ``fits.csv``
 (convergence of every fit), ``exports/`` (the in-sample BLIS exports) and ``posterior.nc``.
 """
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.calibrate import (
+from bayes_latency.calibrate.loop import (
     MAX_FIT_ELASTICITY,
     client_predictions,
     run_level_coefficients,
@@ -40,7 +40,7 @@ from bayes_latency.calibrate import (
 from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
-from bayes_latency.study.blis_spec import Coefficients
+from bayes_latency.study.blis.spec import Coefficients
 from bayes_latency.study.markdown import _md
 from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 
@@ -59,7 +59,7 @@ QUICK_FIT = FitSettings(draws=200, tune=200)
 #: they were 2 x 500 draws after 500 tuning steps and failed the gates (R-hat 1.03-1.15, bulk
 #: ESS 12-191): at the defaults one refit took 573 s to reach the 12,000-draw cap and still
 #: failed (R-hat 1.012, ESS 109). The ARD gates on ``per_layer`` and ``per_step`` made the
-#: population posterior mix slowly (:attr:`~bayes_latency.data.identifiability.
+#: population posterior mix slowly (:attr:`~bayes_latency.model.identifiability.
 #: IdentifiabilityReport.confounded_everywhere`); without them the same refit passes at the
 #: defaults in 48 s (R-hat 1.0021, ESS 469).
 CV_FIT = CLI_FIT
@@ -71,13 +71,13 @@ def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N
                 seed: int = 0, run_level: bool = True, replayed: pd.DataFrame | None = None
                 ) -> dict[tuple[str, int], tuple[Coefficients, list[Coefficients]]]:
     """BLIS coefficient sets of ``configs`` from a fit: the posterior mean and ``n_draws`` draws
-    (run-level draws by default, see :func:`~bayes_latency.calibrate.run_level_coefficients`).
+    (run-level draws by default, see :func:`~bayes_latency.calibrate.loop.run_level_coefficients`).
 
     ``replayed``: the package's replayed client means of the calibrated fit
     (``package_replay.csv``); its TTFT means give each configuration's alpha share of TTFT
-    (:func:`~bayes_latency.calibrate.ttft_alpha_share`), so the run-level draws scatter the
+    (:func:`~bayes_latency.calibrate.loop.ttft_alpha_share`), so the run-level draws scatter the
     TTFT by its own fitted scale. Without it the alphas alone carry the TTFT scale."""
-    from bayes_latency.export import blis_block, blis_draws
+    from bayes_latency.export.document import blis_block, blis_draws
 
     out = {}
     for name, tp in configs:
@@ -129,7 +129,7 @@ def stage_ttft_table(pred: pd.DataFrame, stages: Sequence[Any]) -> pd.DataFrame:
 
 
 def _host_lines(host: pd.DataFrame | None) -> list[str]:
-    """What the real step traces say of the host's CPU (:mod:`bayes_latency.data.host_overhead`)."""
+    """What the real step traces say of the host's CPU (:mod:`bayes_latency.checks.host_overhead`)."""
     if host is None or not len(host):
         return []
     parts = [f"{r.experiment_id.split('-', 2)[-1]}: {r.n_host_bound} of {r.n_steps} steps "
@@ -139,12 +139,12 @@ def _host_lines(host: pd.DataFrame | None) -> list[str]:
              f" ms against {r.iteration_ms_median_quiet:.1f} ms on quiet steps"
              for r in host.itertuples(index=False)]
     return ["The step traces of the two general runs (the only runs traced) show the host's CPU "
-            "saturating in their 20 req/s stage: host-bound steps (`data/host_overhead.py`, "
+            "saturating in their 20 req/s stage: host-bound steps (`checks/host_overhead.py`, "
             "`bayes-latency check --tables` reports them) are " + "; ".join(parts) + ". The "
             "contention comes from what shares the host with the engine (API server, "
             "detokenization, streaming) and grows with the load. It does not slow the iterations: "
             "at a matched batch size host-bound steps take the same time as quiet ones "
-            "(`data/host_overhead.py`; host-bound steps are slower only through their larger "
+            "(`checks/host_overhead.py`; host-bound steps are slower only through their larger "
             "batches, which the step time charges), so what grows is the time before a request "
             "reaches the engine, which BLIS's per-request alphas cannot follow.", ""]
 
@@ -335,9 +335,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if parts is None:
         parts = ["insample"] + ["loro"] * loro + ["lomo"] * lomo
     run_parts = tuple(p_ for p_ in PARTS if p_ in parts)
-    from bayes_latency.data.host_overhead import host_overhead
-    from bayes_latency.study.blis_e2e import POINT_SEEDS, check_blis, run_study
-    from bayes_latency.study.blis_spec import find_runs
+    from bayes_latency.checks.host_overhead import host_overhead
+    from bayes_latency.study.blis.e2e import POINT_SEEDS, check_blis, run_study
+    from bayes_latency.study.blis.spec import find_runs
     from bayes_latency.study.client import calibrated_fit, client_stages, drop_model, drop_run
     from bayes_latency.study.cv import fit_ours
     from bayes_latency.study.real_exports import write_real_exports

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.identifiability import identifiability
-from bayes_latency.data.observations import DEFAULT_STACK
+from bayes_latency.data.observations.build import DEFAULT_STACK
+from bayes_latency.model.identifiability import identifiability
 from bayes_latency.physics.basis import DEFAULT_TERMS, TERMS
 from bayes_latency.study.baselines import baseline_predictions
 from bayes_latency.study.realdata import RealData, Split
@@ -110,7 +110,7 @@ def identifiability_table(observations: pd.DataFrame,
                           ) -> tuple[pd.DataFrame, dict[str, list[list[str]]]]:
     """Per configuration: which coefficients the fitted rows identify, for each term set.
 
-    Runs :func:`~bayes_latency.data.identifiability.identifiability` on the rows a fit would use
+    Runs :func:`~bayes_latency.model.identifiability.identifiability` on the rows a fit would use
     (``fit_rows``) with the coefficients and prior-median scales of ``LatencyModel(terms=...)``.
 
     Parameters

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from bayes_latency.data.observations import DEFAULT_STACK
+from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.realdata import Split
 from bayes_latency.study.settings import (

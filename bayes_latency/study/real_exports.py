@@ -3,7 +3,7 @@
 The real lifecycle runs (``../shared/data/real/h100-lifecycle``) served four models on H100:
 Llama-2-7B at TP 1, Llama-2-70B at TP 4, CodeLlama-34B at TP 2 and Mixtral-8x7B at TP 2. This
 module writes one BLIS YAML export per configuration (posterior mean plus posterior draws, see
-:func:`bayes_latency.export.blis_yaml`) as ``<model>-h100-tp<N>.yaml``, the files the BLIS
+:func:`bayes_latency.export.document.blis_yaml`) as ``<model>-h100-tp<N>.yaml``, the files the BLIS
 end-to-end harness (``bayes-latency study blis``) simulates.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bayes_latency.export import blis_yaml, provenance
+from bayes_latency.export.document import blis_yaml, provenance
 from bayes_latency.io import atomic_write_text
 
 REAL_RUN_CONFIGS: tuple[tuple[str, int], ...] = (

@@ -26,15 +26,15 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.data.microbench import read_splitwise
-from bayes_latency.data.observations import (
+from bayes_latency.data.observations.build import (
     observations_from_iterations,
     observations_from_microbench,
 )
 from bayes_latency.data.steps import BATCH_COLUMNS as STEP_BATCH_COLUMNS
 from bayes_latency.data.steps import iterations_from_steps, load_step_table
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 #: Serving knobs of the real H100 runs (step summaries and lifecycle runs).

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
-from bayes_latency.data.observations import DEFAULT_STACK, config_id
-from bayes_latency.physics.architecture import load_architecture
+from bayes_latency.data.client.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
+from bayes_latency.data.observations.build import DEFAULT_STACK, config_id
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, basis_matrix
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 from bayes_latency.study.realdata import H100_GPU, RealData, Split, _xcols, h100_serving
 from bayes_latency.study.settings import N_PRED_DRAWS, SEED

@@ -2,8 +2,8 @@
 
 - :mod:`~bayes_latency.synth.workloads`: inference-perf ``shared_prefix`` workloads and load stages.
 - :mod:`~bayes_latency.synth.truth`: true beta / alpha from a known hierarchy.
-- :mod:`~bayes_latency.synth.steptime`: fast scalar ``beta . basis(batch)`` for the engine loop.
-- :mod:`~bayes_latency.synth.engine`: continuous-batching engine (the reference scheduling policy).
+- :mod:`~bayes_latency.schedule.steptime`: fast scalar ``beta . basis(batch)`` for the engine loop.
+- :mod:`~bayes_latency.schedule.engine`: continuous-batching engine (the reference scheduling policy).
 - :mod:`~bayes_latency.synth.writer`: experiment folders (OTLP traces, inference-perf results,
   ``serving.yaml``, ``truth.yaml``, engine truth tables).
 - :mod:`~bayes_latency.synth.fleet`: presets and :func:`~bayes_latency.synth.fleet.simulate_fleet`.

@@ -1,7 +1,7 @@
 """A synthetic ``vllm bench serve`` result: one open-loop run through the synthetic engine.
 
 For tutorials and tests of ``bayes-latency calibrate``: the requests (Poisson arrivals, random
-prompt and output lengths) run through :func:`~bayes_latency.synth.engine.run_engine` at known
+prompt and output lengths) run through :func:`~bayes_latency.schedule.engine.run_engine` at known
 coefficients with step-time noise, and the client's view of each request is written the way
 ``vllm bench serve --save-result [--save-detailed]`` writes it. The alpha terms have BLIS's
 meaning (``alpha_arrival`` delays the request's arrival at the scheduler and is in TTFT,
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import DEFAULT_TERMS, term_names
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
 
 __all__ = ["synthetic_vllm_bench"]
@@ -53,8 +53,8 @@ def synthetic_vllm_bench(model: str, gpu: str, tp: int, beta: Sequence[float],
     alpha_jitter
         Log-normal sigma of each request's alpha terms.
     """
-    from bayes_latency.synth.engine import EngineConfig, NoiseConfig, run_engine
-    from bayes_latency.synth.steptime import StepTimeModel
+    from bayes_latency.schedule.engine import EngineConfig, NoiseConfig, run_engine
+    from bayes_latency.schedule.steptime import StepTimeModel
 
     arch, g = load_architecture(model), load_gpu(gpu)
     terms = tuple(term_names(terms))

@@ -33,7 +33,6 @@ import numpy as np
 import yaml
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.physics.architecture import load_architecture
 from bayes_latency.physics.basis import (
     ACTIVATION_RESERVE,
     ALPHA_TERMS,
@@ -42,9 +41,10 @@ from bayes_latency.physics.basis import (
     weight_bytes_per_gpu,
 )
 from bayes_latency.physics.hardware import load_gpu
+from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
-from bayes_latency.synth.engine import EngineConfig, EngineResult, NoiseConfig, run_engine
-from bayes_latency.synth.steptime import StepTimeModel
+from bayes_latency.schedule.engine import EngineConfig, EngineResult, NoiseConfig, run_engine
+from bayes_latency.schedule.steptime import StepTimeModel
 from bayes_latency.synth.truth import (
     ALPHA_NOISE_SIGMA,
     ConfigTruth,

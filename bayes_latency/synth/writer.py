@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from bayes_latency.synth.engine import (
+from bayes_latency.schedule.engine import (
     EV_FINISHED,
     EV_FIRST_TOKEN,
     EV_PREEMPTED,

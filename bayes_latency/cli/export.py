@@ -1,0 +1,100 @@
+"""``bayes-latency export``: the command that writes one configuration's coefficients to a file.
+
+:func:`export_command` validates its arguments (:func:`check_export_args`, before anything is
+loaded), loads the posterior and writes the JSON document or the BLIS YAML built by
+:mod:`bayes_latency.export.document`, refusing non-finite numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from bayes_latency.errors import BayesLatencyError
+from bayes_latency.export.document import (
+    _check_finite,
+    blis_notes,
+    blis_yaml,
+    export_document,
+    provenance,
+)
+
+MAX_EXPORT_DRAWS = 100_000
+"""Upper bound of ``export --draws`` (each draw is a full coefficient vector in the output)."""
+
+
+def check_export_args(args: argparse.Namespace) -> None:
+    """Validate ``export`` arguments before loading anything (same rules for every format).
+
+    ``--tp`` must be a positive integer that divides the model's attention heads and whose KV
+    heads divide evenly (or are replicated: ``tp`` a multiple of the KV heads); ``--draws`` in
+    ``[0, MAX_EXPORT_DRAWS]``.
+
+    Raises
+    ------
+    BayesLatencyError
+        Naming the option (``ConfigError`` / ``UnknownArchitectureError`` for the model).
+    """
+    from bayes_latency.errors import ConfigError
+    from bayes_latency.physics.models import load_architecture
+
+    draws = getattr(args, "draws", 0)
+    if draws is None:
+        draws = 0
+    if isinstance(draws, bool) or not isinstance(draws, int) or not 0 <= draws <= MAX_EXPORT_DRAWS:
+        raise BayesLatencyError(f"--draws {draws!r}: must be an integer in "
+                                f"[0, {MAX_EXPORT_DRAWS:,}]")
+    tp = args.tp
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"--tp {tp!r}: must be a positive integer")
+    arch = load_architecture(args.model)
+    if arch.attention != "mla":
+        if arch.n_heads % tp:
+            raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads "
+                              f"of {arch.name!r}")
+        if arch.n_kv_heads % tp and tp % arch.n_kv_heads:
+            raise ConfigError(f"--tp {tp} neither divides nor is a multiple of the "
+                              f"{arch.n_kv_heads} KV heads of {arch.name!r}")
+    elif tp > arch.n_heads or arch.n_heads % tp:
+        raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads of "
+                          f"{arch.name!r}")
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """``bayes-latency export posterior.nc --model M --gpu G --tp N [--draws N] --format json|blis
+    --out FILE``: writes the JSON document or the BLIS YAML of the configuration; returns 0."""
+    from bayes_latency.checks.sanity import load_posterior
+    from bayes_latency.io import atomic_write_text, check_output_path
+
+    check_export_args(args)
+    inputs = [Path(args.posterior)] + [Path(p) for p in (args.model, args.gpu,
+                                                         getattr(args, "priors", None))
+                                       if p and Path(p).exists()]
+    out = check_output_path(args.out, inputs, kind="file")
+    model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
+    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
+    try:
+        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
+        prov = provenance(model.result.attrs, args.posterior)
+        n_draws = int(getattr(args, "draws", 0) or 0)
+        if args.format == "blis":
+            text = blis_yaml(coefs, config, prov, n_draws=n_draws)
+            _check_finite(yaml.safe_load(text))
+        elif args.format == "json":
+            doc = export_document(coefs, config, prov, n_draws=n_draws)
+            _check_finite(doc)
+            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        else:
+            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+    except BayesLatencyError as exc:  # name the posterior the bad coefficients come from
+        if str(args.posterior) in str(exc):
+            raise
+        raise type(exc)(f"{args.posterior}: {exc}") from exc
+    atomic_write_text(out, text)
+    for note in blis_notes(coefs, config):
+        print(f"note: {note}")
+    print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
+    return 0

@@ -1,0 +1,121 @@
+"""``bayes-latency fit``: the command that reads an observation table, fits, saves and gates.
+
+:func:`fit_command` validates the sampler arguments (:func:`_check_sampler_args`), the output path
+and the observation table (:func:`load_observations`) before sampling, fits a
+:class:`~bayes_latency.model.estimator.LatencyModel`, writes the posterior atomically and applies
+the convergence and adequacy gates (exit 1 when one fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from bayes_latency.data.tables import load_observations
+from bayes_latency.errors import BayesLatencyError, ConvergenceError
+from bayes_latency.model.sampler import MAX_DRAWS_FACTOR, NUTPIE_ADAPTATION, TARGET_ACCEPT
+from bayes_latency.physics.basis import DEFAULT_TERMS
+
+
+def _check_sampler_args(args: argparse.Namespace) -> None:
+    """Sampler arguments of ``fit`` in range, before any work (exit 2 with the option named)."""
+    def bad(opt: str, value: object, need: str) -> BayesLatencyError:
+        return BayesLatencyError(f"{opt} {value!r}: must be {need}")
+
+    ints = (("--draws", "draws", 1, 1_000_000), ("--tune", "tune", 0, 1_000_000),
+            ("--chains", "chains", 1, 64), ("--max-draws", "max_draws", 0, 10_000_000))
+    for opt, name, lo, hi in ints:
+        v = getattr(args, name, None)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise bad(opt, v, f"an integer in [{lo}, {hi:,}]")
+    seed = getattr(args, "seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise bad("--seed", seed, "an integer in [0, 2**32)")
+    ta = getattr(args, "target_accept", None)
+    if ta is not None and not (isinstance(ta, (int, float)) and 0.5 <= ta < 1.0):
+        raise bad("--target-accept", ta, "a number in [0.5, 1)")
+    mr = getattr(args, "max_rhat", None)
+    if mr is not None and not (isinstance(mr, (int, float)) and 1.0 <= mr < 10.0):
+        raise bad("--max-rhat", mr, "a number in [1, 10)")
+
+
+def _max_draws(args: argparse.Namespace) -> int | None:
+    """``--max-draws``: 6 x ``--draws`` when not given (:data:`DEFAULT_MAX_DRAWS` at the
+    defaults), ``None`` (no extension) for 0."""
+    md = getattr(args, "max_draws", None)
+    if md is None:
+        return MAX_DRAWS_FACTOR * int(args.draws)
+    return int(md) or None
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """``bayes-latency fit``: fit, save, and exit 1 when the convergence gates fail.
+
+    The arguments, the output path and the observation table are validated before sampling; the
+    posterior is written atomically (never over an input).
+    """
+    from bayes_latency.data.observations.build import validate_observations
+    from bayes_latency.io import atomic_path, check_output_path
+    from bayes_latency.model.estimator import LatencyModel
+
+    _check_sampler_args(args)
+    tables = Path(args.tables)
+    f_in = tables / "observations.parquet" if tables.is_dir() else tables
+    inputs = [tables, f_in] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
+    out_path = check_output_path(args.out, inputs,
+                                 kind="dir" if Path(args.out).suffix == ".zarr" else "file")
+    if out_path.suffix == ".zarr" and out_path.exists():
+        raise BayesLatencyError(f"--out {out_path}: zarr store exists; remove it or choose "
+                                f"another path")
+    obs = validate_observations(load_observations(args.tables), source=str(f_in))
+    terms = getattr(args, "terms", None)
+    terms = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
+    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
+                     scheduler=getattr(args, "scheduler", None))
+    t0 = time.perf_counter()
+    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+          progress=sys.stderr.isatty(),  # sampling progress on a terminal only
+          target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
+          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION),
+          max_draws=_max_draws(args),
+          gates={"max_rhat": args.max_rhat})
+    with atomic_path(out_path) as tmp:
+        m.save(tmp)
+    out = out_path
+    conv = m.convergence({"max_rhat": args.max_rhat})
+    print(m.report.format())
+    print(f"fitted {len(m.design.configs)} configurations, {len(m._rows):,} rows in "
+          f"{time.perf_counter() - t0:.1f} s ({m.method}, {m.sampler}); saved {out}")
+    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
+          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
+                                                  if conv["approximate"] else ""))
+    if conv.get("extension"):
+        print("sampling extended while the gates failed: "
+              + ", ".join(f"{e['draws']} draws (target_accept {e.get('target_accept', '?')}): "
+                          f"{e['decision']}" for e in conv["extension"]))
+    # adequacy gate (posterior predictive checks of the fitted rows and workload means)
+    from bayes_latency.checks.adequacy import check_fit
+
+    req_file = Path(args.tables) / "requests.parquet"
+    requests = pd.read_parquet(req_file) if req_file.is_file() else None
+    adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
+    if not conv["passed"]:
+        extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
+                 if not adq.passed else [])
+        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"] + extra))
+    if not adq.passed:
+        print("bayes-latency: the model does not explain the data (adequacy gate):\n"
+              + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
+        return 1
+    print("adequacy gate passed (LOO-PIT, band coverage, workload means)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(fit_command(argparse.Namespace()))

@@ -1,0 +1,490 @@
+"""The ``bayes-latency`` command: simulate, ingest, fit, calibrate, check, export, demo.
+
+Each subcommand parses its arguments here and calls one library function; errors of the package
+(:class:`~bayes_latency.errors.BayesLatencyError`) become a one-line message and exit code 2,
+failed quality gates (convergence, diagnostics) exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bayes_latency.errors import BayesLatencyError, ConvergenceError
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
+    from bayes_latency.synth.fleet import simulate_fleet
+
+    check_output_path(args.out, kind="dir")
+    folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
+    print(f"simulated {len(folders)} experiments into {args.out}")
+    return 0
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from bayes_latency.checks.host_overhead import ingest_notes
+    from bayes_latency.data.experiment import ingest
+
+    report = ingest([Path(p) for p in args.paths], Path(args.out),
+                    config=Path(args.config) if args.config else None,
+                    scheduler=args.scheduler, iteration_notes=ingest_notes)
+    print(report.format())
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from bayes_latency.cli.fit import fit_command
+
+    return fit_command(args)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from bayes_latency.cli.check import check_command
+
+    return check_command(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from bayes_latency.cli.export import export_command
+
+    return export_command(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
+    from bayes_latency.study.demo import run_demo
+
+    check_output_path(args.out, kind="dir")
+    return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from bayes_latency.io import check_output_path
+
+    check_output_path(args.out, kind="dir")
+    if args.name == "blis":
+        from bayes_latency.study.blis.e2e import main as study_blis
+
+        return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
+                          n_draws=args.draws, runs=args.runs, data=args.data,
+                          blis_src=args.blis_src, parallel=args.parallel)
+    if args.name == "client":
+        from bayes_latency.study.client_blis import main as study_client
+
+        return study_client(Path(args.out), blis=args.blis, quick=args.quick,
+                            n_draws=args.draws, resume=args.resume,
+                            parts=None if args.parts is None
+                            else [p_ for p_ in args.parts.split(",") if p_])
+    from bayes_latency.study.real import main as study_real
+
+    return study_real(Path(args.out), quick=args.quick)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    return calibrate_command(args)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """``bayes-latency calibrate RESULT --model M --gpu G --tp N --out post.nc``.
+
+    Reads a client benchmark result (any format :func:`~bayes_latency.data.client.read.
+    read_client_results` accepts), builds its load stages, calibrates (replay -> fit -> replay at
+    the posterior mean until the client means stop moving; with ``--tables`` the ingested trace
+    rows join the same fit), saves the posterior atomically, prints the history, the replayed
+    means against the measured ones and the gates, and with ``--export`` writes a BLIS YAML whose
+    ``draws`` are run-level draws (:func:`~bayes_latency.calibrate.loop.run_level_coefficients`).
+    Exit 1 when a convergence or adequacy gate fails, the calibration did not converge or a
+    measured client mean is outside its run-level 90% band (the model cannot explain it, e.g.
+    trace rows of ``--tables`` that disagree with the client result).
+    """
+    import math
+
+    import pandas as pd
+
+    from bayes_latency.cli.fit import _check_sampler_args
+    from bayes_latency.io import atomic_path, atomic_write_text, check_output_path
+    from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.models import load_architecture
+
+    # ---- validation before any long work
+    _check_sampler_args(args)
+    for opt, name, lo in (("--tp", "tp", 1), ("--max-num-seqs", "max_num_seqs", 1),
+                          ("--max-num-batched-tokens", "max_num_batched_tokens", 1),
+                          ("--max-iter", "max_iter", 1), ("--export-draws", "export_draws", 0),
+                          ("--fast-iter", "fast_iter", 0)):
+        v = getattr(args, name)
+        if v is not None and v < lo:
+            raise BayesLatencyError(f"{opt} {v}: must be >= {lo}")
+    if args.kv_blocks is not None and args.kv_blocks < 1:
+        raise BayesLatencyError(f"--kv-blocks {args.kv_blocks}: must be >= 1")
+    if not (0 < args.tol < 1):
+        raise BayesLatencyError(f"--tol {args.tol}: must be in (0, 1)")
+    result = Path(args.result)
+    if not result.exists():
+        raise BayesLatencyError(f"RESULT {result}: no such file or folder")
+    inputs = [result] + ([Path(args.tables)] if args.tables else []) \
+        + [Path(p) for p in (args.model, args.gpu, args.priors) if p and Path(p).exists()]
+    out_path = check_output_path(args.out, inputs, kind="file")
+    export_path = check_output_path(args.export, inputs + [out_path], kind="file") \
+        if args.export else None
+    if export_path is not None and export_path.resolve() == out_path.resolve():
+        raise BayesLatencyError(f"--export {export_path}: the same file as --out")
+    arch = load_architecture(args.model)
+    gpu = load_gpu(args.gpu)
+    if arch.n_heads % args.tp:
+        raise BayesLatencyError(f"--tp {args.tp}: does not divide the {arch.n_heads} attention "
+                                f"heads of {arch.name}")
+    terms = tuple(t.strip() for t in args.terms.split(",") if t.strip()) if args.terms else None
+
+    # ---- inputs
+    from bayes_latency.calibrate.stages import client_stages, default_kv_blocks, stages_table
+    from bayes_latency.data.client.read import read_client_results
+
+    tables, report = read_client_results(result)
+    print(report.format())
+    kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
+                                                                      args.tp)
+    stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,
+                           max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    print(f"{len(stages)} load stage(s) to replay on {arch.name} / {gpu.name} / TP {args.tp}, "
+          f"{kv} KV blocks per GPU" + ("" if args.kv_blocks else " (BLIS's formula)"))
+    with pd.option_context("display.width", 140, "display.max_columns", 20):
+        print(stages_table(stages).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    base = pd.DataFrame()
+    if args.tables:
+        from bayes_latency.data.observations.build import validate_observations
+        from bayes_latency.data.tables import load_observations
+
+        tp_ = Path(args.tables)
+        f_in = tp_ / "observations.parquet" if tp_.is_dir() else tp_
+        base = validate_observations(load_observations(args.tables), source=str(f_in))
+        print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
+
+    # ---- calibrate
+    from bayes_latency.calibrate.loop import calibrate, client_predictions, ttft_alpha_share
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+
+    def fit(obs: pd.DataFrame) -> object:
+        m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
+                         sampler=args.sampler)
+        return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
+                     progress=sys.stderr.isatty(), target_accept=args.target_accept)
+
+    def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
+        m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
+                         sampler=args.sampler)
+        return m.fit(obs, draws=max(args.draws // 4, 100), tune=max(args.tune // 4, 100),
+                     chains=args.chains, seed=args.seed, progress=sys.stderr.isatty(),
+                     target_accept=args.target_accept)
+
+    cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed,
+                    fast_fit=fast_fit if args.fast_iter else None,
+                    max_fast_iter=max(args.fast_iter, 1))
+    m = cal.model
+    with atomic_path(out_path) as tmp:
+        m.save(tmp)
+    h = cal.history
+    print(f"calibration: {cal.iterations} iteration(s), final change of a client mean "
+          f"{cal.final_change:.2%} (tolerance {args.tol:.2%}), "
+          + ("converged" if cal.converged else "NOT converged"))
+    print(h[["iteration", "fit", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
+    share = ttft_alpha_share(m, args.model, args.gpu, int(args.tp),
+                             pred.loc[pred["kind"] == "workload_ttft", "mean_us"].to_numpy())
+    # one set of run-level draws for the printed bands and the export
+    run = _run_level_draws(m, args, share)
+    pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
+    show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
+                 "run_q05_us", "run_q95_us", "error"]]
+    print("replayed client means at the posterior (µs; q05/q95: 5-95% over coefficient draws; "
+          "run_q05/run_q95: a new run's mean, run-level draws):")
+    print(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    sig = run.attrs.get("run_level_sigma", {})
+    print("run-to-run scatter of the bands (log scale): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sig.items())
+          + f" [{run.attrs.get('run_level_sigma_source', 'fitted')}]")
+    print(f"saved {out_path}")
+
+    # ---- export with run-level draws
+    if export_path is not None:
+        import yaml
+
+        from bayes_latency.export.document import (
+            _check_finite,
+            blis_draws,
+            blis_notes,
+            blis_yaml,
+            provenance,
+        )
+
+        config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
+        coefs = m.coefficients(args.model, args.gpu, int(args.tp))
+        prov = {**provenance(m.result.attrs, out_path), "client_result": str(result),
+                "calibration_iterations": int(cal.iterations),
+                "calibration_final_change": float(cal.final_change)}
+        text = blis_yaml(coefs, config, prov)
+        if args.export_draws:
+            sig = run.attrs.get("run_level_sigma", {})
+            text += yaml.safe_dump(
+                {"draws_kind": "run-level: posterior draws x the run-to-run scatter of the client "
+                               "means (predictive band of a new run's mean)",
+                 "run_level_sigma": {k: float(v) for k, v in sig.items()},
+                 "run_level_sigma_source": str(run.attrs.get("run_level_sigma_source")),
+                 "ttft_alpha_share": float(share),
+                 "draws": blis_draws(run, int(args.export_draws), args.seed, config)},
+                sort_keys=False, default_flow_style=None, width=120)
+        _check_finite(yaml.safe_load(text))
+        atomic_write_text(export_path, text)
+        for note in blis_notes(coefs, config):
+            print(f"note: {note}")
+        print(f"exported {export_path}" + (f" with {args.export_draws} run-level draws"
+                                           if args.export_draws else ""))
+
+    # ---- gates
+    from bayes_latency.checks.adequacy import check_fit
+
+    conv = m.convergence({"max_rhat": args.max_rhat})
+    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
+          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
+                                                  if conv["approximate"] else ""))
+    adq, _, _ = check_fit(m, cal.observations, None, seed=args.seed)
+    failed = []
+    if not conv["passed"]:
+        failed.append("convergence: " + "; ".join(conv["failures"]))
+    if not adq.passed:
+        failed.append("adequacy: " + "; ".join(adq.failures))
+    if not cal.converged:
+        failed.append(f"calibration: the client means still moved by {cal.final_change:.2%} "
+                      f"after {cal.iterations} iteration(s) (raise --max-iter)")
+    fitted = pred[(pred["kind"] != "workload_decode") & pred["observed_us"].notna()]
+    worst = float(fitted["error"].abs().max()) if len(fitted) else math.nan
+    print(f"largest error of a replayed client mean: {worst:.2%}")
+    out_band = fitted[(fitted["observed_us"] < fitted["run_q05_us"])
+                      | (fitted["observed_us"] > fitted["run_q95_us"])]
+    if len(out_band):
+        failed.append("client means outside the run-level 90% band: " + "; ".join(
+            f"{r.experiment_id} {r.kind} measured {r.observed_us / 1e3:.4g} ms, band "
+            f"[{r.run_q05_us / 1e3:.4g}, {r.run_q95_us / 1e3:.4g}] ms"
+            for r in out_band.itertuples()))
+    if failed:
+        print("bayes-latency: gates failed:\n" + "\n".join(f"- {f}" for f in failed),
+              file=sys.stderr)
+        return 1
+    print("gates passed (convergence, adequacy, calibration, client means in their bands)")
+    return 0
+
+
+def _run_level_draws(m: object, args: argparse.Namespace, share: float) -> object:
+    """Run-level coefficient draws (:func:`~bayes_latency.calibrate.loop.run_level_coefficients`),
+    with ``run_level_sigma_source`` as one readable line (the scatter of each client kind is
+    pooled over the fit's configurations and the prior, see
+    :func:`~bayes_latency.calibrate.loop.run_level_sigma`: one or two client means of a
+    configuration cannot estimate it on their own); ``share``: the alphas' share of the mean
+    TTFT (:func:`~bayes_latency.calibrate.loop.ttft_alpha_share`)."""
+    from bayes_latency.calibrate.loop import run_level_coefficients
+
+    run = run_level_coefficients(m, args.model, args.gpu, int(args.tp), seed=args.seed,
+                                 ttft_alpha_share=share)
+    src = run.attrs.get("run_level_sigma_source", {})
+    run.attrs["run_level_sigma_source"] = ", ".join(f"{k}: {v}" for k, v in src.items())
+    return run
+
+
+def _bands(run: object, stages: list, replays: dict) -> object:
+    """5-95% band of each stage's replayed client means over the run-level draws (µs)."""
+    import numpy as np
+    import pandas as pd
+
+    from bayes_latency.calibrate.loop import draw_matrices
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.schedule.replay import WORKLOAD_KINDS
+
+    B, A = draw_matrices(run, DEFAULT_TERMS)
+    rows = []
+    for s in stages:
+        rep = replays[s.experiment_id]
+        for k in WORKLOAD_KINDS[:2]:
+            v = B @ rep.features[k] + sum(w * A.get(a, 0.0) for a, w in rep.alpha[k].items())
+            rows.append({"experiment_id": s.experiment_id, "kind": k,
+                         "run_q05_us": float(np.quantile(v, 0.05)),
+                         "run_q95_us": float(np.quantile(v, 0.95))})
+    return pd.DataFrame(rows)
+
+
+_SCHEDULER_HELP = ("Dask scheduler for the per-experiment / per-configuration tasks: an address "
+                   "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'inline' "
+                   "(this process); default: $DASK_SCHEDULER_ADDRESS if set, else inline for "
+                   "small inputs and a local cluster for large ones")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``bayes-latency`` (one subparser per subcommand)."""
+    p = argparse.ArgumentParser(prog="bayes-latency", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="write a synthetic fleet of real-format experiments")
+    s.add_argument("--fleet", default="demo", help="fleet preset (demo, tiny, small)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=_cmd_simulate)
+
+    s = sub.add_parser("ingest", help="turn traces / experiment folders into tables")
+    s.add_argument("paths", nargs="+", help="trace files or experiment folders")
+    s.add_argument("--config", help="serving config YAML (for loose trace files)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--scheduler", default=None, help=_SCHEDULER_HELP)
+    s.set_defaults(func=_cmd_ingest)
+
+    s = sub.add_parser("fit", help="fit the hierarchical model to an ingested table folder")
+    s.add_argument("tables", help="folder written by `ingest` (or an observations.parquet)")
+    s.add_argument("--out", required=True, help="posterior file (.nc)")
+    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
+    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
+                   help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
+    s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
+    # model.sampler.DEFAULT_DRAWS / DEFAULT_TUNE / TARGET_ACCEPT (literal here: the CLI imports no
+    # model code before a command runs; tests/test_fit_defaults.py checks they agree)
+    s.add_argument("--draws", type=int, default=2000,
+                   help="posterior draws per chain (default %(default)s)")
+    s.add_argument("--max-draws", type=int, default=None,
+                   help="while the convergence gates fail, keep sampling up to this many draws "
+                        "per chain, checking every --draws/2 (default: 6 x --draws, 12000; "
+                        "--max-draws 0: exactly --draws)")
+    s.add_argument("--tune", type=int, default=1000,
+                   help="tuning steps per chain (default %(default)s)")
+    s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
+                   help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "
+                        "identified only jointly)")
+    s.add_argument("--chains", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-rhat", type=float, default=1.01)
+    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--target-accept", type=float, default=0.99,
+                   help="NUTS step-size target (default %(default)s)")
+    s.add_argument("--scheduler", default=None,
+                   help=_SCHEDULER_HELP + " (stage 1 only; the hierarchy runs here)")
+    s.set_defaults(func=_cmd_fit)
+
+    s = sub.add_parser("calibrate", help="coefficients with bands from one client benchmark "
+                                         "result (no traces needed)")
+    s.add_argument("result", help="client result: vllm bench serve JSON, inference-perf results "
+                                  "folder / lifecycle JSON, or BLIS TraceV2 header YAML / CSV")
+    s.add_argument("--model", required=True, help="known model name or config.json path")
+    s.add_argument("--gpu", required=True)
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--out", required=True, help="posterior file (.nc)")
+    s.add_argument("--tables", help="ingested trace tables whose rows join the same fit")
+    s.add_argument("--export", help="BLIS YAML of the configuration (with run-level draws)")
+    s.add_argument("--export-draws", type=int, default=20,
+                   help="run-level coefficient draws in the export (for bands; 0: none)")
+    s.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV-cache blocks per GPU (default: BLIS's formula from config.json and "
+                        "the GPU memory)")
+    s.add_argument("--max-num-seqs", type=int, default=128)
+    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
+    s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"])
+    s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
+    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--draws", type=int, default=2000,
+                   help="draws per chain of the full fits (2000: on the synthetic test result "
+                        "1000 gave R-hat 1.0136 on alpha_arrival + prefill_compute, which one "
+                        "result identifies only as a sum; 2000 gave 1.0022, ESS 1015)")
+    s.add_argument("--tune", type=int, default=1000)
+    s.add_argument("--chains", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-rhat", type=float, default=1.01)
+    s.add_argument("--target-accept", type=float, default=0.99,
+                   help="NUTS target acceptance (0.99: a one-configuration fit with 0.95 left 1 "
+                        "divergence in 2000 transitions on the synthetic test result)")
+    s.add_argument("--tol", type=float, default=0.01,
+                   help="stop when no replayed client mean moves more than this (relative)")
+    s.add_argument("--max-iter", type=int, default=6, help="most replay/fit iterations")
+    s.add_argument("--fast-iter", type=int, default=4,
+                   help="most replay/fit iterations with a short fit (a quarter of --draws "
+                        "and --tune) before full ones (0: none); convergence is judged on a "
+                        "full fit")
+    s.set_defaults(func=_cmd_calibrate)
+
+    s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")
+    s.add_argument("posterior")
+    s.add_argument("--tables", help="ingested tables for predictive checks")
+    s.add_argument("--out", help="folder for the report and plots")
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
+    s.set_defaults(func=_cmd_check)
+
+    s = sub.add_parser("export", help="coefficients for a simulator configuration")
+    s.add_argument("posterior")
+    s.add_argument("--model", required=True, help="known model name or config.json path")
+    s.add_argument("--gpu", required=True)
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--draws", type=int, default=0)
+    s.add_argument("--format", default="json", choices=["json", "blis"])
+    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
+                                    "(default: priors/default.yaml)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_export)
+
+    s = sub.add_parser("demo", help="the whole path on the built-in synthetic fleet")
+    s.add_argument("--out", default="results/")
+    s.add_argument("--fleet", default="demo")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--draws", type=int, default=None,
+                   help="posterior draws per chain (default: bayes_latency.study.demo.DEMO_DRAWS)")
+    s.set_defaults(func=_cmd_demo)
+
+    s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
+    s.add_argument("name", choices=["real", "blis", "client"],
+                   help="real: the fit study; blis: the 16 real runs simulated in BLIS; client: "
+                        "the runs' client metrics in the fit, in-sample / leave-one-run-out / "
+                        "leave-one-model-out through BLIS (with --blis)")
+    s.add_argument("--out", default="results/real")
+    s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
+    s.add_argument("--blis", default=None, help="(blis) BLIS binary (default: $BLIS_BIN)")
+    s.add_argument("--blis-src", default=None,
+                   help="(blis) folder with defaults.yaml and hardware_config.json")
+    s.add_argument("--exports", default=None,
+                   help="(blis) folder of <model>-h100-tp<N>.yaml exports (else published only)")
+    s.add_argument("--draws", type=int, default=20,
+                   help="(blis) posterior draws simulated per run, for the 90%% bands")
+    s.add_argument("--runs", default=None, help="(blis) only runs whose name contains this")
+    s.add_argument("--data", default=None, help="(blis) real-data folder")
+    s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")
+    s.add_argument("--resume", action="store_true",
+                   help="(client) reuse the calibrated posterior of an earlier run in OUT/client, "
+                        "and the tables of the parts not run")
+    s.add_argument("--parts", default=None,
+                   help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
+                        "'' with --resume: only render the README from the saved tables)")
+    s.set_defaults(func=_cmd_study)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConvergenceError as e:
+        print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except BayesLatencyError as e:
+        print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (e.g. YAML parser errors span several)."""
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

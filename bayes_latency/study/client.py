@@ -1,4 +1,4 @@
-"""The 12 normal real runs' client metrics as workload rows of the real-data fit (issue #14).
+"""The 12 normal real runs' client metrics as workload rows of the real-data fit.
 
 :func:`client_stages` turns each load stage of the real lifecycle runs (``h100-lifecycle/``,
 read by :func:`~bayes_latency.study.blis.spec.find_runs`) into a

@@ -38,7 +38,7 @@ UNSEEN_MODEL = ("llama-3.1-8b", "H100-SXM", 1)
 #: coefficients every configuration separates (see ``model.sampler.NUTPIE_ADAPTATION``).
 DEMO_FIT = {"tune": 500, "chains": 2, "target_accept": 0.99, "adaptation": "diag"}
 #: Posterior draws per chain of the demo's fit (``bayes-latency demo --draws``). 2000, not 4000:
-#: half the sampling time, and the gates still pass with margin (issue 15, MODEL_VERSION 7,
+#: half the sampling time, and the gates still pass with margin (MODEL_VERSION 7,
 #: seeds 0-4 at 2000 draws: min bulk ESS 826, 700, 888, 583, 582, max R-hat <= 1.0056, 0
 #: divergences; at 1500 draws ESS fell to 419-427 for two seeds, too close to the gate of 400).
 DEMO_DRAWS = 2000

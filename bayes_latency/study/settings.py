@@ -68,7 +68,7 @@ CLI_FIT = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, target_accept=TARG
                       max_draws=DEFAULT_MAX_DRAWS)
 #: The all-data fit and every cross-validation fit: :data:`CLI_FIT`. Until MODEL_VERSION 10 they
 #: were fixed at 4000 (all data) and 2000 (cross-validation) draws, no setting passed every gate
-#: (package at 9d619d7: 4000 after 1000 gave R-hat 1.0035, ESS 410, 1 divergence), and at
+#: (4000 after 1000 gave R-hat 1.0035, ESS 410, 1 divergence), and at
 #: MODEL_VERSION 10 those fixed lengths gave all data R-hat 1.013 / ESS 349 and 0 of 8
 #: cross-validation fits passing (max R-hat 1.031, min ESS 92; 3.8 min for the whole study).
 FULL = FULL_CV = CLI_FIT

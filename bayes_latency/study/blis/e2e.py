@@ -72,7 +72,7 @@ FIXED_FLAGS: tuple[str, ...] = ("--latency-model", "trained-physics", "--hardwar
                                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048",
                                 "--block-size-in-tokens", "16", "--cache-signal-delay", "0",
                                 "--log", "error")
-#: Default number of posterior draws simulated per run: the issue's minimum. One pass over the 16
+#: Default number of posterior draws simulated per run (the 90% band is an order-statistic interval of their means). One pass over the 16
 #: runs (24 BLIS invocations) takes ~53 s of BLIS CPU time, so published + mean + 20 draws is
 #: ~22 x 53 s / 2 cores, about 10 minutes on 2 otherwise idle cores.
 DEFAULT_DRAWS = 20
@@ -267,7 +267,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         Give every posterior draw its own workload seed (:func:`draw_seed`), so the band is
         the predictive band of a new run's mean: coefficient uncertainty, run-to-run scatter
         **and** the arrival realization. Near a stage's capacity the last dominates: measured on
-        the in-sample exports of issue 14, Llama-2-70B TP4 general's simulated mean TTFT moved
+        the client study's in-sample exports, Llama-2-70B TP4 general's simulated mean TTFT moved
         between -25% and +26% of the real one over 10 workload seeds at the same coefficients
         (sd 18.5%), against sd 0.1-0.7% for its codegen run and Mixtral general. False: the
         same seed for every set (the band of the coefficients alone, as before).
@@ -276,7 +276,7 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         its statistics pool their requests, so the point estimates the expected simulated
         metric at the exported coefficients rather than one realization's. The first uses
         ``seed``, like ``blis-published`` (one realization, the anchor). Near a stage's capacity
-        one realization is far from the expectation: at the in-sample exports of issue 14,
+        one realization is far from the expectation: at the client study's in-sample exports,
         Llama-2-70B TP4 general's mean TTFT error was -29.1%, -3.9%, +47.5%, -26.3%, -26.7% and
         +8.8% with seeds 42-47; elsewhere the seeds move it by 0.1-0.7%. The spread over the
         realizations is reported (``ttft_mean_seed_sd``, ``e2e_mean_seed_sd``).
@@ -566,7 +566,7 @@ def render_markdown(res: StudyResult) -> str:
         lines.append(f"| {s['source']} | {s['runs']} | "
                      + " | ".join(f"{100 * s[f'median_abs_err_{m}']:.1f}%" for m in METRICS)
                      + " |")
-    lines += ["", "Reference (issue #13, BLIS's published coefficients, open-loop arrivals, "
+    lines += ["", "Reference (BLIS's published coefficients, open-loop arrivals, "
               "measured outside the project): E2E 16.5%, TTFT 16.8%, decode interval 15.4%.", ""]
     sat = t[~t["stress"].astype(bool) & (t["err_ttft_mean"] > 10)]
     for _, r in sat.iterrows():

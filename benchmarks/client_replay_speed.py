@@ -179,7 +179,7 @@ def main() -> int:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1), encoding="utf-8")
     slow = sorted(per, key=lambda p: -p["seconds"])[:3]
     md = [
-        "# Replaying the 16 real runs (issue #14 speed)", "",
+        "# Replaying the 16 real runs: speed", "",
         f"{len(stages)} load stages of {len(runs)} runs ({res['requests']:,} requests, "
         f"{res['steps']:,} steps), each replayed once through the package's scheduler at the "
         "committed exports' posterior means.", "",
@@ -198,7 +198,7 @@ def main() -> int:
         "undamped) and at 1.05 beta (the tangent rows' elasticities).",
     ]
     if cal_res:
-        md += ["", "## The whole calibration (issue #14: <= 3 minutes)", "",
+        md += ["", "## The whole calibration (goal: <= 3 minutes)", "",
                f"Wall {cal_res['wall_s']:.0f} s, CPU of this process {cal_res['cpu_s']:.0f} s "
                f"(sampler threads included) at load average {cal_res['load_before'][0]:.1f} "
                f"before, {cal_res['load_after'][0]:.1f} after (2 cores, shared: wall grows with "

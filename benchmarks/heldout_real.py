@@ -363,7 +363,7 @@ def report(work: Path, out: Path) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [
-        "# Held-out real rows: 90% predictive bands at the fit defaults (issue 15)", "",
+        "# Held-out real rows: 90% predictive bands at the fit defaults", "",
         "Regenerate: `python benchmarks/heldout_real.py` (refits the 8 cross-validation splits of "
         "the real-data study as `bayes-latency fit` does: 11 default terms, 2 x 2000 draws after "
         "1000 tuning steps, sampling on until the convergence gates pass; 200 predictive draws "

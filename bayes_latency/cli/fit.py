@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bayes_latency.data.tables import load_observations
+from bayes_latency.data.tables import load_observations, read_table, table_names
 from bayes_latency.errors import BayesLatencyError, ConvergenceError
 from bayes_latency.model.sampler import MAX_DRAWS_FACTOR, NUTPIE_ADAPTATION, TARGET_ACCEPT
 from bayes_latency.physics.basis import DEFAULT_TERMS
@@ -102,9 +102,10 @@ def fit_command(args: argparse.Namespace) -> int:
     # adequacy gate (posterior predictive checks of the fitted rows and workload means)
     from bayes_latency.checks.adequacy import check_fit
 
-    req_file = Path(args.tables) / "requests.parquet"
-    requests = pd.read_parquet(req_file) if req_file.is_file() else None
+    requests = (read_table(tables, "requests")
+                if tables.is_dir() and "requests" in table_names(tables) else None)
     adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
+    checked = gate_summary(adq.table, requests)
     if not conv["passed"]:
         extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
                  if not adq.passed else [])
@@ -113,8 +114,25 @@ def fit_command(args: argparse.Namespace) -> int:
         print("bayes-latency: the model does not explain the data (adequacy gate):\n"
               + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
         return 1
-    print("adequacy gate passed (LOO-PIT, band coverage, workload means)")
+    print(f"adequacy gate passed ({checked})")
     return 0
+
+
+def gate_summary(table: pd.DataFrame, requests: pd.DataFrame | None) -> str:
+    """What the adequacy gate checked, in words: the step-level and workload checks it ran.
+
+    ``table`` is the gate's table of checks (column ``level``: ``step`` or ``workload``);
+    ``requests`` the requests table given to it (None when the tables have none), so that a gate
+    that had requests but could check no workload mean says so.
+    """
+    n_step = int((table["level"] == "step").sum())
+    n_wl = int((table["level"] == "workload").sum())
+    text = f"{n_step} step-level checks (LOO-PIT, band coverage)"
+    if n_wl:
+        return text + f", {n_wl} workload-mean checks"
+    if requests is None:
+        return text + "; no requests table, so no workload-mean checks"
+    return text + f"; no workload mean could be checked from {len(requests):,} request rows"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""Speed of replaying the 16 real runs' workloads (issue #14: <= 60 s on 2 cores).
+"""Speed of replaying the 16 real runs' workloads (target: <= 60 s on 2 cores).
 
 Replays every load stage of the 16 real lifecycle runs (12 normal, 4 overloaded reasoning runs)
 through the package's scheduler (:func:`bayes_latency.schedule.replay.replay_stage`) at the committed
@@ -7,7 +7,7 @@ CPU time) and once as Dask tasks on a 2-worker local cluster (``calibrate.replay
 ``scheduler="local"``, the way ``calibrate`` can run them). The calibration replays each stage twice
 per iteration (at beta and 1.05 beta, for the tangent rows), the 12 normal runs only.
 
-With ``--calibrate``, also the whole calibration of issue #14's study (the real step and benchmark
+With ``--calibrate``, also the whole calibration of the client study (the real step and benchmark
 rows plus the 20 client stages of the 12 normal runs: start fit, short fits, full fit, replays;
 ``study.client.calibrated_fit`` at the study's settings), wall and CPU time, by phase.
 

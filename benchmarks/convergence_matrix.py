@@ -1,4 +1,4 @@
-"""Does ``bayes-latency fit`` with no flags converge? The matrix of issue 15.
+"""Does ``bayes-latency fit`` with no flags converge? A matrix of data sets and seeds.
 
 Cases (default terms and sampler settings, i.e. exactly what ``bayes-latency fit TABLES`` does):
 the tiny fleet for seeds 0-9, a table of one configuration and one of two (tiny seed 0), the
@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bayes_latency.data.tables import load_observations  # noqa: E402
 from bayes_latency.model.estimator import GATES, LatencyModel  # noqa: E402
 from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS  # noqa: E402
+from benchmarks._provenance import code_provenance  # noqa: E402
 
 
 def tables(work: Path, fleet: str, seed: int) -> Path:
@@ -93,18 +94,6 @@ def worst_variables(m: LatencyModel, k: int = 4) -> str:
     return "; ".join(f"{n} {r:.3f}/{e:.0f}" for r, e, n in rows[:k])
 
 
-def _commit() -> str:
-    """Short hash of the code that ran (``+`` when the worktree has uncommitted changes)."""
-    try:
-        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "bayes_latency"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return h + ("+" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
              save: Path | None = None) -> dict:
     from bayes_latency.checks.adequacy import check_fit
@@ -125,7 +114,7 @@ def run_case(name: str, obs: pd.DataFrame, requests: pd.DataFrame | None = None,
            "stopped": (c.get("extension") or [{}])[-1].get("decision", ""),
            "target_accept": m._settings.get("target_accept"),
            "attempts": len({e.get("target_accept") for e in (c.get("extension") or [])}),
-           "load": round(load, 1), "commit": _commit(),
+           "load": round(load, 1), "code": code_provenance(),
            "worst": worst_variables(m), "adequate": adq.passed,
            "adequacy_failures": adq.failures[:3]}
     print(json.dumps(row), flush=True)
@@ -142,7 +131,7 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help="keep the posteriors in WORK/posteriors")
     ap.add_argument("--keep", action="store_true",
                     help="keep the rows of the cases not run this time from the current "
-                         "convergence_matrix.json (their commit column says when they ran)")
+                         "convergence_matrix.json (their code field names the code they ran)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -218,8 +207,8 @@ def main() -> None:
                      f"{r.get('load', '')} | "
                      f"{r['worst']} | "
                      f"{'yes' if r['adequate'] else 'NO: ' + '; '.join(r['adequacy_failures'])} |")
-    lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: commit(s) "
-              f"{', '.join(sorted(set(r.get('commit', '?') for r in rows)))}."]
+    lines += ["", f"{int(df['passed'].sum())} of {len(df)} pass. Code: "
+              f"{'; '.join(sorted(set(r.get('code', '?') for r in rows)))}."]
     if not args.cv:
         lines += ["", "The real study's cross-validation splits (`--cv`) are the fits of "
                   "`benchmarks/heldout_real.py`, which reports their gates with the held-out "

@@ -1,4 +1,4 @@
-"""Wall time of the demo fit (the speed goal of issue #5), one fresh process per run.
+"""Wall time of the demo fit (goal: cold <= 60 s, warm <= 30 s), one fresh process per run.
 
 Usage::
 

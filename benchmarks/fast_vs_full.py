@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.summaries import _ConfigProblem, feature_columns, fit_rows
 from bayes_latency.physics.basis import DEFAULT_TERMS
+from benchmarks._provenance import code_provenance
 
 SUBSET_TERMS = ("prefill_compute", "decode_kv", "weight_loading", "per_request")
 #: median of |N(0, 1)|
@@ -354,7 +355,7 @@ def markdown(r: dict, meta: dict) -> str:
          f"Coefficients compared: {r['n_beta']} beta terms ({', '.join(r['coefs'][:r['n_beta']])}) and "
          f"{len(r['coefs']) - r['n_beta']} alpha terms ({', '.join(r['coefs'][r['n_beta']:])}), "
          f"per configuration. Sampler nutpie, {meta['chains']} chains x {meta['draws']} draws "
-         f"({meta['tune']} tune). Machine: {meta['machine']}; code at git {meta['git_head']}; "
+         f"({meta['tune']} tune). Machine: {meta['machine']}; code: {meta['code']}; "
          f"whole script {meta['wall_total_s']:.0f} s.", "",
          "## Identifiability of the chosen terms (scaled feature matrix per configuration)", "",
          "| configuration | rows | rows by kind | active coefs | exact rank | condition | "
@@ -437,26 +438,13 @@ def markdown(r: dict, meta: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def _git_head() -> str:
-    """HEAD, the package/prior files modified in the working tree, and a hash of their sources
-    (read-only git calls): the code under test can differ from HEAD while it is being edited."""
-    import hashlib
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root,
-                                  check=False).stdout.strip()
-        except OSError:
-            return ""
-
-    h = hashlib.sha256()
-    for f in sorted([*root.glob("bayes_latency/**/*.py"), *root.glob("priors/*.yaml")]):
-        h.update(f.read_bytes())
-    dirty = git("status", "--short", "--", "bayes_latency", "priors").replace("\n", ";")
-    return f"{git('rev-parse', '--short', 'HEAD')} (modified: {dirty or 'none'}; source sha256 {h.hexdigest()[:12]})"
+def _script_path() -> str:
+    """This script's path relative to the repository root (as typed when it is elsewhere)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return Path(sys.argv[0]).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return sys.argv[0]
 
 
 def main() -> None:
@@ -484,7 +472,7 @@ def main() -> None:
     terms = tuple(DEFAULT_TERMS) if a.terms == "default" else tuple(t for t in a.terms.split(",") if t)
 
     t0 = time.perf_counter()
-    code = _git_head()  # at start: the package may be edited while this runs
+    code = code_provenance()  # at start: the package may be edited while this runs
     if a.obs:
         obs, source = pd.read_parquet(a.obs), f"observation table {a.obs}"
     else:
@@ -528,13 +516,13 @@ def main() -> None:
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"command": "python " + " ".join([sys.argv[0].split("/work/main/")[-1], *sys.argv[1:]]),
+        meta = {"command": "python " + " ".join([_script_path(), *sys.argv[1:]]),
                 "label": a.label or f"{a.fleet if not a.obs else Path(a.obs).name}, terms {a.terms}",
                 "source": source, "max_rows_per_config": a.max_rows_per_config, "configs_arg": a.configs,
                 "seed": a.seed,
                 "draws": a.draws, "tune": a.tune, "chains": a.chains, "terms": list(terms),
                 "machine": f"{platform.machine()}, Python {platform.python_version()}",
-                "git_head": code, "wall_total_s": time.perf_counter() - t0,
+                "code": code, "wall_total_s": time.perf_counter() - t0,
                 "identifiability": ident}
         out.with_suffix(".md").write_text(markdown(r, meta))
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "result": r}, indent=1, default=float))

@@ -1,6 +1,6 @@
 """Held-out real rows: calibration of the 90% predictive bands at the package's fit defaults.
 
-Issue 15 ("calibrated, not just covered"): the 90% predictive bands of held-out real iterations
+The goal is calibrated, not just covered: the 90% predictive bands of held-out real iterations
 should cover 85-95%. This refits the real-data study's cross-validation splits
 (``study.realdata.define_splits``: each holds out one experiment, i.e. one configuration's rows)
 exactly as ``bayes-latency fit`` does (the 11 default terms, 2 x 2000 draws after 1000 tuning

@@ -1,4 +1,4 @@
-"""Ingest and stage 1 on Dask distributed: same results, and how they scale (issue #17).
+"""Ingest and stage 1 on Dask distributed: same results, and how they scale.
 
 Three parts, one run:
 
@@ -189,55 +189,6 @@ def _stage1(obs: pd.DataFrame, scheduler) -> tuple[list, float, int]:
 
 
 # ------------------------------------------------------------------------------- part 1
-#: The same measurement (``_stage_cpu`` on this demo fleet, 86.2 MB, inline, best of 2) on the
-#: commit before the issue-#17 fast paths (9ab4453), 2026-11-24 07:16 UTC, load average 1.4-2.6:
-#: MB per CPU-second per stage.
-BEFORE_9AB4453 = {"total": 12.4, "read_otlp": 24.2, "observations": 59.9, "write_parquet": 95.5,
-                  "reconstruct": 155.0, "lifecycle": 490.7, "iterations": 549.5}
-#: Part 3 on that commit (2026-11-24 05:22-05:37 UTC, load average 11.4-13.0): ingest MB/s per
-#: core and MB per worker CPU-second, 1 and 2 workers.
-BEFORE_SCALE_9AB4453 = {"mb_s_per_core": (4.2, 2.1), "mb_per_cpu_s": (9.1, 7.8)}
-
-
-#: Part 3 on main before the columnar path (33b82e4, 2026-11-24 07:43 UTC, load average
-#: 5.0-9.8): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
-BEFORE_SCALE_33B82E4 = {"mb_s_per_core": (10.0, 6.6), "mb_per_cpu_s": (15.7, 15.0)}
-#: Part 3 on main before the fourth pass (55528c4, columnar reader; 2026-11-24 10:41 UTC, load
-#: average 9.3-10.3).
-BEFORE_SCALE_55528C4 = {"mb_s_per_core": (11.5, 8.3), "mb_per_cpu_s": (20.5, 18.5)}
-#: ``_stage_cpu`` on main before the fourth pass (55528c4), measured in the same minutes as this
-#: branch, the two alternating three times (best of the 3 x 2 runs of each, load average
-#: LOAD_55528C4): CPU seconds per stage.
-BEFORE_55528C4 = {"total": 3.793, "read_otlp": 1.409, "observations": 0.832,
-                  "write_parquet": 0.628, "reconstruct": 0.465, "lifecycle": 0.209,
-                  "iterations": 0.150, "other": 0.101}
-LOAD_55528C4 = "5.4 (2026-11-24 12:56 UTC)"
-#: Part 3 of the previous run (fourth pass, main 7840784's code; 2026-11-24 13:18 UTC, load
-#: average 6.1-7.7): ingest MB/s per core and MB per worker CPU-second, 1 and 2 workers.
-BEFORE_SCALE_FOURTH = {"mb_s_per_core": (14.2, 8.7), "mb_per_cpu_s": (22.8, 23.3)}
-#: Part 3 of the fifth pass (main ef08d5c's code, Dask's default worker settings; 2026-11-24
-#: 16:45 UTC, load average 7.2-8.2).
-BEFORE_SCALE_FIFTH = {"mb_s_per_core": (18.9, 12.1), "mb_per_cpu_s": (25.5, 25.0)}
-#: Part 3 of the sixth pass (main de30309's code, ``parallel.local_cluster``'s worker settings;
-#: 2026-11-24 22:10 UTC, load average 1.2-1.9).
-BEFORE_SCALE_SIXTH = {"mb_s_per_core": (34.5, 29.6), "mb_per_cpu_s": (34.6, 33.2)}
-#: Seventh pass (main 1808e63's code, load average 6.1-6.6).
-BEFORE_SCALE_SEVENTH = {"mb_s_per_core": (25.2, 14.1), "mb_per_cpu_s": (36.7, 34.0)}
-#: Eighth pass (main 8168d25 / 15aad3a's code, one task per experiment; load average 0.6-1.4).
-BEFORE_SCALE_EIGHTH = {"mb_s_per_core": (46.3, 44.3), "mb_per_cpu_s": (46.3, 50.8)}
-#: Earlier runs of part 3, newest first: (pass, code, load average, constants).
-SCALE_HISTORY = (
-    ("eighth", "8168d25, compiled OTLP scanner", "0.6-1.4", BEFORE_SCALE_EIGHTH),
-    ("seventh", "1808e63, pyarrow.json parse", "6.1-6.6", BEFORE_SCALE_SEVENTH),
-    ("sixth", "de30309, Python replay loop", "1.2-1.9", BEFORE_SCALE_SIXTH),
-    ("fifth", "ef08d5c, Dask's default worker settings", "7-8", BEFORE_SCALE_FIFTH),
-    ("fourth", "7840784", "6-8", BEFORE_SCALE_FOURTH),
-    ("third", "55528c4, columnar reader", "9-10", BEFORE_SCALE_55528C4),
-    ("before the columnar path", "33b82e4", "5-10", BEFORE_SCALE_33B82E4),
-    ("before typed decoding", "9ab4453", "11-13", BEFORE_SCALE_9AB4453),
-)
-
-
 def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
     """CPU seconds per ingest stage of an inline ingest of ``demo`` (best of 2 by total);
     ``chunk_bytes`` 0 reads every trace line by line (no columnar path)."""
@@ -290,67 +241,6 @@ def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> d
         for mod, name, f in patched:
             setattr(mod, name, f)
     return {k: round(v, 3) for k, v in best.items()}
-
-
-#: Start of the scripts run in a fresh process by :func:`_stage_cpu_in` and
-#: :func:`_workers_run_in`: this module loaded as ``b``, then ``bayes_latency`` imported from the
-#: checkout given as ``sys.argv[1]`` (checked).
-_PRELUDE = ("import importlib.util, json, sys\n"
-            f"spec = importlib.util.spec_from_file_location('bench', {str(Path(__file__))!r})\n"
-            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
-            "sys.path.insert(0, sys.argv[1])  # the module put its own checkout first\n"
-            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1]), "
-            "bayes_latency.__file__\n")
-
-
-def _stage_cpu_in(pkg: Path, demo: list[Path], out: Path) -> dict:
-    """:func:`_stage_cpu` in a fresh process importing ``bayes_latency`` from ``pkg``."""
-    import subprocess
-
-    code = (_PRELUDE +
-            "from pathlib import Path\n"
-            "demo = [Path(x) for x in json.loads(sys.argv[2])]\n"
-            "print(json.dumps(b._stage_cpu(demo, Path(sys.argv[3]))))\n")
-    env = dict(os.environ, PYTHONPATH=str(pkg))
-    run = subprocess.run([sys.executable, "-c", code, str(pkg), json.dumps([str(d) for d in demo]),
-                          str(out)], capture_output=True, text=True, env=env, cwd=str(pkg),
-                         check=True)
-    shutil.rmtree(out, ignore_errors=True)
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _base_package(pkg: Path, base: str) -> Path:
-    """``bayes_latency`` of commit ``base`` extracted (``git archive``) into a fresh ``pkg``."""
-    import subprocess
-    import tarfile
-    from io import BytesIO
-
-    shutil.rmtree(pkg, ignore_errors=True)
-    pkg.mkdir(parents=True)
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", base, "bayes_latency"],
-                         capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=BytesIO(tar)) as tf:
-        tf.extractall(pkg, filter="data")
-    return pkg
-
-
-def stage_cpu_ab(demo: list[Path], work: Path, base: str, rounds: int = 3) -> dict:
-    """CPU per stage of this tree and of git commit ``base`` (its ``bayes_latency`` extracted
-    with ``git archive``), each in a fresh process, alternating ``rounds`` times; the best total
-    of each (the shared machine's load moves single runs by 10-30%)."""
-    pkg = _base_package(work / f"base_{base}", base)
-    best: dict[str, dict] = {}
-    loads = []
-    for k in range(rounds):
-        for name, where in (("base", pkg), ("this", REPO)):
-            r = _stage_cpu_in(where, demo, work / f"ab_{name}_{k}")
-            if name not in best or r["total"] < best[name]["total"]:
-                best[name] = r
-        loads.append(round(os.getloadavg()[0], 2))
-    shutil.rmtree(pkg, ignore_errors=True)
-    return {"base_ref": base, "base": best["base"], "this": best["this"], "rounds": rounds,
-            "load_average": f"{min(loads)}-{max(loads)}",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def json_path(demo: list[Path], work: Path) -> dict:
@@ -498,22 +388,18 @@ def _first_experiments_in(pkg: Path, demo: list[Path], out: Path, env: dict) -> 
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def numba_costs(demo: list[Path], work: Path, base: str = "de30309") -> dict:
+def numba_costs(demo: list[Path], work: Path) -> dict:
     """What the compiled batch rebuild (``data/rebuild/kernel.py``) costs a fresh process:
-    the first experiment's ingest with an empty numba cache (compilation), with the cache
-    filled (numba's import and start-up, loading the cached code), and on ``base`` (the pure
-    Python loops), each in a fresh process; the second experiment shows the steady state."""
-    pkg = _base_package(work / f"numba_base_{base}", base)
+    the first experiment's ingest with an empty numba cache (compilation) and with the cache
+    filled (numba's import and start-up, loading the cached code), each in a fresh process; the
+    second experiment shows the steady state."""
     cache = work / "numba_cache"
     shutil.rmtree(cache, ignore_errors=True)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    res = {"base_ref": base,
-           "cold_cache": _first_experiments_in(REPO, demo, work / "nb_cold", env),
-           "warm_cache": [], "base": []}
+    res = {"cold_cache": _first_experiments_in(REPO, demo, work / "nb_cold", env),
+           "warm_cache": []}
     for k in range(2):
         res["warm_cache"].append(_first_experiments_in(REPO, demo, work / f"nb_warm{k}", env))
-        res["base"].append(_first_experiments_in(pkg, demo, work / f"nb_base{k}", env))
-    shutil.rmtree(pkg, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
     return res
 
@@ -701,80 +587,7 @@ def dask_defaults_ab(folders: list[Path], work: Path, rounds: int = 2) -> dict:
             "load_average": f"{min(loads)}-{max(loads)}"}
 
 
-def _workers_run(folders: list[Path], n: int, out: Path, warm: Path) -> dict:
-    """Ingest ``folders`` on a fresh local cluster of ``n`` warmed workers (:func:`_cluster`):
-    wall seconds, worker CPU seconds (user + system, and system), CPU seconds of this process
-    (client, scheduler and nannies) and idle core-seconds (``n`` x wall - worker CPU)."""
-    from bayes_latency.data.experiment import ingest
-
-    cluster, client = _cluster(n, warm=warm)
-    try:
-        pids = client.run(os.getpid)
-        files = set(client.run(lambda: __import__("bayes_latency").__file__).values())
-        with MemorySampler(pids) as mem:
-            t0, c0 = time.perf_counter(), time.process_time()
-            ingest(folders, out, scheduler=client)
-            wall, cc = time.perf_counter() - t0, time.process_time() - c0
-        cpu = sum(mem.cpu.values())
-        shutil.rmtree(out, ignore_errors=True)
-        return {"s": round(wall, 2), "worker_cpu_s": round(cpu, 2),
-                "system_cpu_s": round(sum(mem.sys.values()), 2), "client_cpu_s": round(cc, 2),
-                "idle_core_s": round(n * wall - cpu, 2), "package": sorted(files),
-                "load": round(os.getloadavg()[0], 2)}
-    finally:
-        client.close()
-        cluster.close()
-
-
-def _workers_run_in(pkg: Path, folders: list[Path], n: int, out: Path, warm: Path) -> dict:
-    """:func:`_workers_run` in a fresh process (and its workers) importing ``bayes_latency`` from
-    ``pkg``; the compiled kernels are loaded (compiled the first time) inline first."""
-    import subprocess
-
-    code = (_PRELUDE +
-            "import cloudpickle; sys.modules['bench'] = b; cloudpickle.register_pickle_by_value(b)\n"
-            "from pathlib import Path\n"
-            "b._warm_worker(sys.argv[5])\n"
-            "folders = [Path(x) for x in json.loads(sys.argv[2])]\n"
-            "print(json.dumps(b._workers_run(folders, int(sys.argv[3]), Path(sys.argv[4]), "
-            "Path(sys.argv[5]))))\n")
-    env = dict(os.environ, PYTHONPATH=str(pkg))
-    run = subprocess.run([sys.executable, "-c", code, str(pkg),
-                          json.dumps([str(d) for d in folders]), str(n), str(out), str(warm)],
-                         capture_output=True, text=True, env=env, cwd=str(pkg), check=True)
-    shutil.rmtree(out, ignore_errors=True)
-    r = json.loads(run.stdout.strip().splitlines()[-1])
-    assert all(f.startswith(str(pkg)) for f in r["package"]), r["package"]
-    return r
-
-
-def workers_ab(folders: list[Path], warm: Path, work: Path, base: str, rounds: int = 3) -> dict:
-    """Ingest of ``folders`` on 1 and on 2 warmed workers with this tree and with git commit
-    ``base``, each in a fresh process, alternating ``rounds`` times; the best (least worker CPU)
-    of each."""
-    pkg = _base_package(work / f"base_{base}", base)
-    best: dict[str, dict] = {}
-    loads = []
-    try:
-        for k in range(rounds):
-            for name, where in (("base", pkg), ("this", REPO)):
-                for n in (1, 2):
-                    r = _workers_run_in(where, folders, n, work / f"wab_{name}_{n}_{k}", warm)
-                    key = f"{name}_{n}w"
-                    if key not in best or r["worker_cpu_s"] < best[key]["worker_cpu_s"]:
-                        best[key] = r
-                    loads.append(r["load"])
-    finally:
-        shutil.rmtree(pkg, ignore_errors=True)
-    mb = _trace_bytes(folders) / 1e6
-    for r in best.values():
-        r.pop("package", None)
-        r["mb_per_worker_cpu_s"] = round(mb / r["worker_cpu_s"], 1)
-    return {"base_ref": base, "experiments": len(folders), "trace_mb": round(mb, 1),
-            "rounds": rounds, **best, "load_average": f"{min(loads)}-{max(loads)}"}
-
-
-def scale(demo: list[Path], work: Path, factor: int, base: str = "") -> dict:
+def scale(demo: list[Path], work: Path, factor: int) -> dict:
     from bayes_latency.data.experiment import ingest
     from bayes_latency.data.tables import read_table
 
@@ -834,8 +647,6 @@ def scale(demo: list[Path], work: Path, factor: int, base: str = "") -> dict:
     res["tables_1w_vs_2w"] = _compare_tables(work / "scale_tables_1w", work / "scale_tables_2w")
     res["stage1_1w_vs_2w_max_rel_diff"] = _summary_diff(summaries[1], summaries[2])
     res["dask_defaults_ab"] = dask_defaults_ab(folders[:5 * len(demo)], work)
-    if base:
-        res["workers_ab"] = workers_ab(folders[:5 * len(demo)], demo[0], work, base)
     peak = max(max(r["ingest_peak_rss_gb"].values()) for r in res["runs"].values())
     peak = max(peak, max(max(r["stage1_peak_rss_gb"].values()) for r in res["runs"].values()))
     res["peak_rss_per_worker_gb"] = peak
@@ -848,29 +659,26 @@ def _numba_lines(j: dict) -> list[str]:
     nb = j.get("numba")
     if not nb:
         return []
-    cold, warm, base = nb["cold_cache"], nb["warm_cache"], nb["base"]
+    cold, warm = nb["cold_cache"], nb["warm_cache"]
 
     def rng(runs: list[dict], k: str) -> str:
         lo, hi = f"{min(r[k] for r in runs):.2f}", f"{max(r[k] for r in runs):.2f}"
         return lo if lo == hi else f"{lo}-{hi}"
 
     return [
-        "The batch rebuild's loops (`data/rebuild/kernel.py`, since the seventh pass) and "
-        "the OTLP scanner (`data/otlp/scan.py`, since the eighth) run compiled by numba, "
+        "The batch rebuild's loops (`data/rebuild/kernel.py`) and "
+        "the OTLP scanner (`data/otlp/scan.py`) run compiled by numba, "
         "loaded on the first trace read. What that "
         "costs a fresh process, CPU seconds of the import of `data.experiment`, then of the "
         "inline ingest of the first and of the second demo experiment, each in a fresh process "
-        f"(this tree with an empty numba cache: compilation; with the cache filled, 2 runs; "
-        f"{nb['base_ref']}, the pure-Python loops, 2 runs):",
+        "(an empty numba cache: compilation; the cache filled, 2 runs):",
         "",
         "| | import | first experiment | second experiment | numba loaded |",
         "|---|---|---|---|---|",
-        f"| this tree, empty cache (compiles) | {cold['import']:.2f} | {cold['first']:.2f} | "
+        f"| empty cache (compiles) | {cold['import']:.2f} | {cold['first']:.2f} | "
         f"{cold['second']:.2f} | {cold['numba']} |",
-        f"| this tree, cache filled | {rng(warm, 'import')} | {rng(warm, 'first')} | "
+        f"| cache filled | {rng(warm, 'import')} | {rng(warm, 'first')} | "
         f"{rng(warm, 'second')} | {warm[0]['numba']} |",
-        f"| {nb['base_ref']} (Python loops) | {rng(base, 'import')} | {rng(base, 'first')} | "
-        f"{rng(base, 'second')} | {base[0]['numba']} |",
         "",
     ]
 
@@ -934,66 +742,14 @@ def _target_lines(c: dict) -> list[str]:
     return out
 
 
-def _history_lines() -> list[str]:
-    """Earlier runs of section 3 (:data:`SCALE_HISTORY`), one table."""
-    lines = ["", "Earlier runs of this section (MB/s per core and MB per worker CPU-second, "
-             "1 / 2 workers):", "", "| pass | code | load average | MB/s per core | "
-             "MB per worker CPU-s |", "|---|---|---|---|---|"]
-    for name, code, load, v in SCALE_HISTORY:
-        lines.append(f"| {name} | {code} | {load} | {v['mb_s_per_core'][0]} / "
-                     f"{v['mb_s_per_core'][1]} | {v['mb_per_cpu_s'][0]} / {v['mb_per_cpu_s'][1]} |")
-    return [*lines, ""]
-
-
-def _workers_ab_lines(c: dict) -> list[str]:
-    """Section 3's ingest on workers, this tree against the commit before this pass."""
-    ab = c.get("workers_ab")
-    if not ab:
-        return []
-    lines = [
-        f"- This tree against {ab['base_ref']} (before this pass) on the first "
-        f"{ab['experiments']} experiments ({ab['trace_mb']} MB), warmed workers of a fresh "
-        f"cluster, each in a fresh process, alternating {ab['rounds']} times, best (least "
-        f"worker CPU) of each (load average {ab['load_average']}):",
-        "",
-        "| | 1 worker: base | 1 worker: this | 2 workers: base | 2 workers: this |",
-        "|---|---|---|---|---|",
-    ]
-    rows = (("wall s", "s"), ("worker CPU-s", "worker_cpu_s"), ("of which system", "system_cpu_s"),
-            ("MB per worker CPU-s", "mb_per_worker_cpu_s"),
-            ("client process CPU-s", "client_cpu_s"), ("idle core-s", "idle_core_s"))
-    for label, k in rows:
-        lines.append(f"| {label} | " + " | ".join(
-            str(ab[f"{who}_{n}w"][k]) for n in (1, 2) for who in ("base", "this")) + " |")
-    return [*lines, ""]
-
-
 def _markdown(r: dict) -> str:
     j, s, c = r["json"], r["same"], r["scale"]
     r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
-    ab = j.get("ab")
-    # CPU per stage shown: the alternating A/B against the base commit when measured
-    stages = ab["this"] if ab else j["stage_cpu_s"]
-    before = ab["base"] if ab else BEFORE_55528C4
-    before_name = f"main {ab['base_ref']}" if ab else "55528c4"
-    if ab:
-        stage_text = (
-            "Ingest of the demo fleet inline, CPU seconds per stage of this tree and of main "
-            f"{ab['base_ref']} (before this pass), each `_stage_cpu` (best of 2) in a fresh "
-            f"process, the two alternating {ab['rounds']} times, best total of each (load average "
-            f"{ab['load_average']}, {ab['date']}); the line-by-line column is this tree with every "
-            "line read line by line (this run's part 1; 9ab4453: the commit before issue #17's "
-            "fast paths, MB per CPU-s). CPU time per stage moves by 10-30% with the load of the "
-            f"shared machine, so only the alternating columns compare: {stages['total']:.2f} "
-            f"against {before['total']:.2f} CPU-s in all ({j['trace_mb'] / stages['total']:.1f} "
-            f"against {j['trace_mb'] / before['total']:.1f} MB per CPU-s).")
-    else:
-        stage_text = (
-            "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path "
-            "(the default), with every line read line by line (this branch's tables, "
-            "observations and Parquet included), main before this pass (55528c4, measured "
-            "alternating with this branch at load average " + LOAD_55528C4 + ") and the commit "
-            "before issue #17's fast paths (9ab4453); MB per CPU-s.")
+    stages = j["stage_cpu_s"]
+    stage_text = (
+        "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path "
+        "(the default) and with every line read line by line (tables, observations and Parquet "
+        "included); MB per CPU-s.")
     lines = [
         "# Ingest and stage 1 on Dask distributed (`benchmarks/ingest_scale.py`)",
         "",
@@ -1043,16 +799,13 @@ def _markdown(r: dict) -> str:
         "",
         stage_text,
         "",
-        "| stage | CPU s | share | MB per CPU-s | " + before_name + ": CPU s (MB per CPU-s) | "
-        "line by line: CPU s (MB per CPU-s) | 9ab4453 |",
-        "|---|---|---|---|---|---|---|",
+        "| stage | CPU s | share | MB per CPU-s | line by line: CPU s (MB per CPU-s) |",
+        "|---|---|---|---|---|",
         *[f"| {k} | {v:.2f} | {100 * v / stages['total']:.0f}% | "
           f"{j['trace_mb'] / v:.1f} | "
-          f"{b4:.2f} ({j['trace_mb'] / b4:.1f}) | "
-          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) | {BEFORE_9AB4453.get(k, '')} |"
+          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) |"
           for k, v in sorted(stages.items(), key=lambda kv: -kv[1]) if v > 0
-          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]
-          for b4 in [max(before.get(k, float("nan")), 1e-9)]],
+          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]],
         "",
         *_numba_lines(j),
         *_parquet_lines(j),
@@ -1129,11 +882,9 @@ def _markdown(r: dict) -> str:
            f"{r2['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} CPU-s "
            "(1 / 2 workers) more than inline (a negative figure: less; the workers were "
            "warmed first; CPU time per unit of work also grows with the load of the shared "
-           "machine, see the alternating runs below)."]
+           "machine)."]
           if "factor_bytes" in c else []),
         *_defaults_lines(c),
-        *_workers_ab_lines(c),
-        *_history_lines(),
         "- Where the rest goes (section 1, inline): "
         + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
                     for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
@@ -1160,12 +911,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--keep", action="store_true", help="keep the generated fleets and tables")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "ingest_scale"))
-    ap.add_argument("--base", default="1808e63",
-                    help="git commit whose ingest CPU per stage part 1 measures alternating with "
-                         "this tree ('' to skip)")
-    ap.add_argument("--ab-base", default="15aad3a",
-                    help="git commit whose ingest on 1 and 2 workers part 3 measures alternating "
-                         "with this tree ('' to skip)")
     ap.add_argument("--parts", default="json,same,scale",
                     help="parts to run (json, same, scale); the others are kept from OUT.json")
     args = ap.parse_args(argv)
@@ -1197,8 +942,6 @@ def main(argv: list[str] | None = None) -> int:
         r["uptime"] = {"start": _uptime()}
         if "json" in parts:
             r["json"] = json_path(demo, work)
-            if args.base:
-                r["json"]["ab"] = stage_cpu_ab(demo, work, args.base)
             r["dates"]["json"] = stamp
             print("json:", r["json"], file=sys.stderr)
         if "same" in parts:
@@ -1206,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
             r["dates"]["same"] = stamp
             print("same:", r["same"], file=sys.stderr)
         if "scale" in parts:
-            r["scale"] = scale(demo, work, args.factor, args.ab_base)
+            r["scale"] = scale(demo, work, args.factor)
             r["dates"]["scale"] = stamp
             print("scale:", json.dumps(r["scale"], indent=1), file=sys.stderr)
         r["uptime"]["end"] = _uptime()

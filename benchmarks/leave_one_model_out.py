@@ -12,7 +12,7 @@ population distribution) and report the median absolute percentage error of the 
 median and the share of observed iterations inside the 90% band. Calibration is a property
 over held-out models: one model's realised effect falls inside the population band or not, so
 the summary is the mean coverage over folds (target 85-95%) and the median MdAPE (target < 10%),
-the thresholds of issue #5 and ``tests/test_model_recovery.py::test_leave_one_model_out``.
+the thresholds of ``tests/test_model_recovery.py::test_leave_one_model_out``.
 
 Also reported per fold: the posterior mean of each factor's effect scale averaged over the
 supported terms, and the median log10 width of the 90% band. Each fold's posterior is saved

@@ -1,4 +1,4 @@
-"""Calibration of the 90% intervals on synthetic recovery (issue 15: target 88-92%).
+"""Calibration of the 90% intervals on synthetic recovery (target 88-92%).
 
 For posteriors fitted to synthetic fleets (e.g. kept by ``convergence_matrix.py --save``), the
 share of (configuration, coefficient) pairs with a non-zero truth inside the 90% posterior

@@ -1,4 +1,4 @@
-"""Recovery calibration with truths drawn from the model's prior (issue 15; simulation-based).
+"""Recovery calibration with truths drawn from the model's prior (simulation-based).
 
 ``recovery_calibration.py`` scores fleets whose coefficients are the simulator's fixed values
 (``synth/truth.py``), which lie within about 0.4 prior sigma of the prior medians and set three

@@ -441,7 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="posterior draws per chain (default: bayes_latency.study.demo.DEMO_DRAWS)")
     s.set_defaults(func=_cmd_demo)
 
-    s = sub.add_parser("study", help="studies on the real data of ../shared/data/real")
+    s = sub.add_parser("study", help="studies on the validation data set ($BAYES_LATENCY_REAL_DATA "
+                                     "or study.realdata.real_data_dir's default location; blis "
+                                     "also --data DIR; skipped when absent)")
     s.add_argument("name", choices=["real", "blis", "client"],
                    help="real: the fit study; blis: the 16 real runs simulated in BLIS; client: "
                         "the runs' client metrics in the fit, in-sample / leave-one-run-out / "

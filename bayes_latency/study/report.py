@@ -123,7 +123,8 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
     L.append("\n".join(summ) + "\n")
     # ---- data
     L.append("## Data\n")
-    L.append(f"Read from `{data.data_dir}` (never copied). One pooled observation table:\n")
+    L.append("Read from the validation data set (H100 step traces and Splitwise "
+             "microbenchmarks; never copied). One pooled observation table:\n")
     g = obs.groupby(["experiment_id", "source", "config_id", "kind"], sort=False).agg(
         rows=("value_us", "size"), median_ms=("value_us", lambda v: round(v.median() / 1e3, 2)),
         min_ms=("value_us", lambda v: round(v.min() / 1e3, 2)),

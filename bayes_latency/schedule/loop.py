@@ -2,11 +2,11 @@
 
 :func:`~bayes_latency.schedule.engine.run_engine` prepares the requests as flat arrays, calls
 :func:`schedule_loop` and assembles the result. The loop is the reference scheduling policy of
-``schedule/engine.py``'s docstring step for step (same order of operations and integer
-arithmetic as the plain-Python loop it was ported from, noise drawn from the caller's generator in
-the same blocks at the same points): ``tests/test_engine_kernel.py`` compares every output array against stored reference
-values (``tests/golden/engine_cases.npz``), scheduling columns exactly and float-derived ones
-within a stated tolerance.
+``schedule/engine.py``'s docstring step for step (same order of operations and integer arithmetic
+as the plain-Python loop it was ported from, noise drawn from the caller's generator in the same
+blocks at the same points): ``tests/test_engine_kernel.py`` compares every output array against
+stored reference values (``tests/golden/engine_cases.npz``), scheduling columns exactly and
+float-derived ones within a stated tolerance.
 
 Requests are integers ``0..n-1``; their state lives in arrays (``computed[r]``, ``nblocks[r]``,
 ...). The running list is an array with a length, the waiting deque a ring buffer, the prefix

@@ -30,6 +30,8 @@ import pytest
 from bayes_latency.physics.basis import BLIS_BETA_ORDER, basis_matrix
 from bayes_latency.physics.serving import ServingConfig
 
+pytestmark = pytest.mark.cpu_sensitive  # float results: .ci/run reruns them without AVX-512
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "golden" / "blis_steptime.json"
 CONFIG_DIR = Path(os.environ.get("BLIS_GOLDEN_CONFIGS",

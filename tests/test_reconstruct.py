@@ -14,6 +14,8 @@ from bayes_latency.data.rebuild.reconstruct import (
 )
 from bayes_latency.physics.serving import ServingConfig
 
+pytestmark = pytest.mark.cpu_sensitive  # float results: .ci/run reruns them without AVX-512
+
 NO_CACHE = ServingConfig(max_num_batched_tokens=2048, prefix_caching=False)
 CACHE = ServingConfig(max_num_batched_tokens=2048, prefix_caching=True)
 ENGINE_COLUMNS = ["num_prefill_reqs", "prefill_tokens", "prefill_attn_pairs", "prefill_kv_tokens",

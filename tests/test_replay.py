@@ -23,6 +23,8 @@ from bayes_latency.schedule.replay import (
     workload_rows,
 )
 
+pytestmark = pytest.mark.cpu_sensitive  # float results: .ci/run reruns them without AVX-512
+
 ARCH = load_architecture("llama-2-7b")
 GPU = load_gpu("H100")
 #: BLIS-like coefficients in DEFAULT_TERMS order.

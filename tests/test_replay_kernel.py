@@ -12,6 +12,8 @@ from bayes_latency.data.rebuild.replay import _replay
 from bayes_latency.data.rebuild.segments import _GREEDY, _Segments
 from tests.replay_reference import _replay as _replay_ref
 
+pytestmark = pytest.mark.cpu_sensitive  # float results: .ci/run reruns them without AVX-512
+
 
 def _draw(rng: np.random.Generator, n_seg: int, s0: int, n_steps: int, block: int
           ) -> tuple[_Segments, int, np.ndarray]:

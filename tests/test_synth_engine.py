@@ -35,6 +35,8 @@ from bayes_latency.schedule.steptime import StepTimeModel
 from bayes_latency.synth.truth import POPULATION_BETA, true_coefficients
 from bayes_latency.synth.workloads import generate_requests, load_workload
 
+pytestmark = pytest.mark.cpu_sensitive  # float results: .ci/run reruns them without AVX-512
+
 BUDGET = 2048
 MAX_SEQS = 128
 

@@ -1,18 +1,18 @@
-"""The engine's scheduler loop, compiled with numba over flat arrays (issue #14 speed).
+"""The engine's scheduler loop, compiled with numba over flat arrays.
 
 :func:`~bayes_latency.schedule.engine.run_engine` prepares the requests as flat arrays, calls
 :func:`schedule_loop` and assembles the result. The loop is the reference scheduling policy of
-``schedule/engine.py``'s docstring step for step; it is a line-by-line port of the pure-Python loop
-it replaced (same order of operations, same integer and floating-point arithmetic, noise drawn
-from the caller's generator in the same blocks at the same points), so its outputs are identical:
-``tests/test_engine_kernel.py`` compares every output array against digests frozen from the
-Python loop.
+``schedule/engine.py``'s docstring step for step (same order of operations and integer arithmetic
+as the plain-Python loop it was ported from, noise drawn from the caller's generator in the same
+blocks at the same points): ``tests/test_engine_kernel.py`` compares every output array against
+stored reference values (``tests/golden/engine_cases.npz``), scheduling columns exactly and
+float-derived ones within a stated tolerance.
 
 Requests are integers ``0..n-1``; their state lives in arrays (``computed[r]``, ``nblocks[r]``,
 ...). The running list is an array with a length, the waiting deque a ring buffer, the prefix
 cache two boolean arrays over dense group and prompt ids. Outputs go to arrays that grow by
 doubling. Noise blocks come from the generator through ``numba.objmode`` (one call per 8192
-steps), so the generator is left in the same state as by the Python loop.
+steps), so the generator's final state depends only on the number of steps.
 
 Compiled on first use and cached on disk (``cache=True``): the first call in a fresh
 environment compiles for a few seconds.

@@ -4,8 +4,8 @@ Three parts, one run:
 
 1. **Where ingest time goes** on the demo fleet's traces: MB per CPU-second of decoding the lines
    with ``json.loads``, msgspec (to dicts), msgspec into the typed OTLP Structs of
-   :mod:`bayes_latency.data.otlp.read` and ``pyarrow.json`` with the OTLP schema of
-   :mod:`bayes_latency.data.otlp.arrow`; of :func:`~bayes_latency.data.otlp.read.read_otlp` on its
+   :mod:`bayes_latency.data.otlp.read` and the compiled scanner of
+   :mod:`bayes_latency.data.otlp.scan`; of :func:`~bayes_latency.data.otlp.read.read_otlp` on its
    generic, typed and columnar paths (the tables of all three must be identical); and CPU
    seconds per ingest stage (read, rebuild, observations, iterations, lifecycle, Parquet) of an
    inline ingest, with the columnar path and with the line-by-line path.
@@ -274,37 +274,11 @@ def json_path(demo: list[Path], work: Path) -> dict:
         res[f"decode_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
         res[f"decode_mb_s[{name}]"] = round(mb / best_w, 1)
     del lines
-    import pyarrow as pa
-    import pyarrow.json as pj
-
-    from bayes_latency.data.otlp.arrow import _PARSE
-
     blobs = [f.read_bytes() for f in files]
-    best_c = best_w = float("inf")
-    for _ in range(3):
-        c0, w0 = time.process_time(), time.perf_counter()
-        for b in blobs:
-            pj.read_json(pa.BufferReader(b), parse_options=_PARSE, read_options=pj.ReadOptions(
-                use_threads=False, block_size=len(b) + 1))
-        best_c = min(best_c, time.process_time() - c0)
-        best_w = min(best_w, time.perf_counter() - w0)
-    res["decode_mb_per_cpu_s[pyarrow.json]"] = round(mb / best_c, 1)
-    res["decode_mb_s[pyarrow.json]"] = round(mb / best_w, 1)
-    # the tokenizer alone: a schema holding none of the fields used (every value skipped)
-    floor = pj.ParseOptions(explicit_schema=pa.schema([("resourceSpans", pa.list_(pa.struct(
-        [("none", pa.int64())])))]), unexpected_field_behavior="ignore")
-    best_c = float("inf")
-    for _ in range(3):
-        c0 = time.process_time()
-        for b in blobs:
-            pj.read_json(pa.BufferReader(b), parse_options=floor, read_options=pj.ReadOptions(
-                use_threads=False, block_size=len(b) + 1))
-        best_c = min(best_c, time.process_time() - c0)
-    res["decode_mb_per_cpu_s[pyarrow.json tokenizer]"] = round(mb / best_c, 1)
     # the compiled scanner of the default path (data/otlp/scan.py) over whole files
     import numpy as np
 
-    from bayes_latency.data.otlp import arrow as oa
+    from bayes_latency.data.otlp import chunks as oc
     from bayes_latency.data.otlp import scan as otlp_scan
 
     best_c = best_w = float("inf")
@@ -317,7 +291,7 @@ def json_path(demo: list[Path], work: Path) -> dict:
                 (otlp_scan.SP_WIDTH, 26), (otlp_scan.EV_WIDTH, 11), (otlp_scan.KV_WIDTH, 16),
                 (otlp_scan.KV_WIDTH, 16))]
             assert otlp_scan.scan_kernel(arr, n, *ws, np.zeros(4, dtype=np.int64),
-                                         *oa._scan_tables(),
+                                         *oc._scan_tables(),
                                          np.empty(otlp_scan.MAX_DEPTH, dtype=np.uint8)) > 0
         best_c = min(best_c, time.process_time() - c0)
         best_w = min(best_w, time.perf_counter() - w0)
@@ -332,10 +306,8 @@ def json_path(demo: list[Path], work: Path) -> dict:
     typed = otlp._decode_typed
     try:
         for name, fn, chunk in (("generic", refuse, 0), ("typed", typed, 0),
-                                ("columnar pyarrow.json", typed, None),
                                 ("columnar", typed, None)):
             otlp._decode_typed = fn
-            oa.SCAN = name == "columnar"
             best_c = best_w = float("inf")
             for _ in range(2):
                 c0, w0 = time.process_time(), time.perf_counter()
@@ -346,8 +318,7 @@ def json_path(demo: list[Path], work: Path) -> dict:
             res[f"read_otlp_mb_s[{name}]"] = round(mb / best_w, 1)
     finally:
         otlp._decode_typed = typed
-        oa.SCAN = True
-    for other in ("typed", "columnar pyarrow.json", "columnar"):
+    for other in ("typed", "columnar"):
         for a, b in zip(tabs["generic"], tabs[other], strict=True):
             for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
                 pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
@@ -771,11 +742,6 @@ def _markdown(r: dict) -> str:
         *[f"| {name} | {j[f'decode_mb_per_cpu_s[{name}]']} ({j[f'decode_mb_s[{name}]']}) |"
           for name in ("json.loads", "msgspec", "orjson", "msgspec typed")
           if f"decode_mb_per_cpu_s[{name}]" in j],
-        f"| pyarrow.json, OTLP schema (whole files) | "
-        f"{j['decode_mb_per_cpu_s[pyarrow.json]']} ({j['decode_mb_s[pyarrow.json]']}) |",
-        *([f"| pyarrow.json, a schema of no field used (its tokenizer alone) | "
-           f"{j['decode_mb_per_cpu_s[pyarrow.json tokenizer]']} |"]
-          if "decode_mb_per_cpu_s[pyarrow.json tokenizer]" in j else []),
         *([f"| compiled scanner of the OTLP fields (`data/otlp/scan.py`, whole files) | "
            f"{j['decode_mb_per_cpu_s[scanner]']} ({j['decode_mb_s[scanner]']}) |"]
           if "decode_mb_per_cpu_s[scanner]" in j else []),
@@ -783,19 +749,15 @@ def _markdown(r: dict) -> str:
         f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
         f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
         f"{j['read_otlp_mb_per_cpu_s[typed]']} ({j['read_otlp_mb_s[typed]']}) |",
-        *([f"| `read_otlp` end to end, columnar path with pyarrow.json chunks | "
-           f"{j['read_otlp_mb_per_cpu_s[columnar pyarrow.json]']} "
-           f"({j['read_otlp_mb_s[columnar pyarrow.json]']}) |"]
-          if "read_otlp_mb_per_cpu_s[columnar pyarrow.json]" in j else []),
         f"| `read_otlp` end to end, columnar path with the compiled scanner (the default) | "
         f"{j['read_otlp_mb_per_cpu_s[columnar]']} ({j['read_otlp_mb_s[columnar]']}) |",
         "",
-        f"Tables and reports of the four paths identical: {j['tables_identical']}. "
+        f"Tables and reports of the three paths identical: {j['tables_identical']}. "
         "\"msgspec typed\" decodes each line straight into Structs of the OTLP schema; a line "
         "the schema refuses takes the generic path. The columnar path reads 4 MB chunks of "
         "lines with the compiled scanner (numba; spans, events and attributes as flat tables, "
-        "keys matched, integers parsed in the scan), else with pyarrow.json, and builds the "
-        "columns with numpy; a chunk both refuse is read line by line.",
+        "keys matched, integers parsed in the scan) and builds the columns with numpy; a "
+        "chunk the scanner refuses is read line by line.",
         "",
         stage_text,
         "",
@@ -891,8 +853,7 @@ def _markdown(r: dict) -> str:
                     if k != "total" and v > 0)
         + (f". The compiled scanner runs at {j['decode_mb_per_cpu_s[scanner]']} MB per CPU-s "
            f"({j['trace_mb'] / j['decode_mb_per_cpu_s[scanner]']:.2f} CPU-s of the "
-           f"{stages['total']:.2f}; pyarrow.json's parse took "
-           f"{j['trace_mb'] / j['decode_mb_per_cpu_s[pyarrow.json]']:.2f}); 50 MB per CPU-s is "
+           f"{stages['total']:.2f}); 50 MB per CPU-s is "
            f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s for the demo fleet."
            if "decode_mb_per_cpu_s[scanner]" in j else "."),
         f"- 1-worker and 2-worker tables identical (exact): "

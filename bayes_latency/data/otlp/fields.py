@@ -3,7 +3,7 @@
 Part of :mod:`bayes_latency.data.otlp.read` (whose docstring describes the format and the bad-input
 policy): the attribute specs and column names of every table, the msgspec Structs a line is first
 decoded into (``_Export``), and the coercion of OTLP attribute values (``_parse_attrs``) shared by
-the line-by-line path (:mod:`.otlp_rows`) and the columnar path (:mod:`.otlp_arrow`).
+the line-by-line path (:mod:`.rows`) and the scanner path (:mod:`.chunks`).
 """
 
 from __future__ import annotations

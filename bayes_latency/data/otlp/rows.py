@@ -2,7 +2,7 @@
 
 Part of :mod:`bayes_latency.data.otlp.read`: the accumulator ``_Acc`` that the line-by-line path
 fills span by span (typed Structs or plain decoded JSON, with the same checks and counts), that
-takes the column segments of chunks read by the columnar path (:mod:`.otlp_arrow`), and whose
+takes the column segments of chunks read by the byte scanner (:mod:`.chunks`), and whose
 ``tables`` (:class:`bayes_latency.data.otlp.assemble._Tables`) builds the final tables.
 """
 
@@ -164,7 +164,7 @@ class _Acc(_Tables):
         self._je_row: np.ndarray | None = None
         self._je_rank: np.ndarray | None = None
         # typed column segments (file order): the lists above flushed by _flush, and the
-        # columns of chunks read by the columnar path (data/otlp/arrow.py); one dict per segment
+        # columns of chunks read by the byte scanner (data/otlp/chunks.py); one dict per segment
         self._segs: dict[str, list[dict[str, Any]]] = {t: [] for t in _LIST_TABLES}
         self._je_base = 0  # journey rows already in segments (core_rows count from there)
 
@@ -194,7 +194,7 @@ class _Acc(_Tables):
                 self._je_base += n
 
     def add_chunk(self, cols: Any) -> None:
-        """Add the columns of a chunk read by :func:`bayes_latency.data.otlp.arrow.read_chunk`
+        """Add the columns of a chunk read by :func:`bayes_latency.data.otlp.chunks.read_chunk`
         (its spans are new: the caller checked ``seen_spans``)."""
         rep = self.report
         for k, v in cols.read.items():

@@ -1,7 +1,7 @@
-"""Compiled scanner of OTLP JSON lines: the columnar path's parse without ``pyarrow.json``.
+"""Compiled scanner of OTLP JSON lines: the parser of the OTLP reader's fast path.
 
 :func:`scan_kernel` (numba, ``cache=True``) walks a chunk of OTLP JSON lines byte by byte and
-writes flat tables of what :mod:`bayes_latency.data.otlp.arrow` uses: spans (their scope, the
+writes flat tables of what :mod:`bayes_latency.data.otlp.chunks` uses: spans (their scope, the
 byte ranges of ``traceId`` / ``spanId`` / ``parentSpanId``, ``status.code``), events (their span
 and name) and the attributes of spans and of events (their owner, key, and value: the byte range
 of a ``stringValue``, an ``intValue`` string already parsed to int64, the byte range of a
@@ -9,15 +9,16 @@ of a ``stringValue``, an ``intValue`` string already parsed to int64, the byte r
 in the kernel; every other field is skipped but checked to be valid JSON.
 
 It is strict: anything but the usual shapes refuses the whole chunk (returns a negative
-status), which then goes to ``pyarrow.json`` and, if refused again, line by line. Refused are
-any syntax error, a ``null`` or a value of another JSON type in a field the reader uses, a
-field given twice in one object, an unknown scope or event name, a missing ``resourceSpans`` /
-``scopeSpans`` / scope name / ``traceId`` / ``spanId`` / event name, a backslash escape in a
-string the reader uses, ``droppedEventsCount`` other than 0, a line holding anything after its
-object, a carriage return or a control character, nesting deeper than the stack
-(:data:`MAX_DEPTH`). What it accepts it reads as ``pyarrow.json`` does with the columnar path's
-schema (a missing ``parentSpanId`` is "", missing lists are empty, a missing ``status`` is
-invalid), so :func:`bayes_latency.data.otlp.arrow.read_chunk` builds the same columns from it.
+status), which is then read line by line by :mod:`bayes_latency.data.otlp.read` (msgspec), the
+code that applies the bad-input policy and counts what it drops. Refused are any syntax error, a
+``null`` or a value of another JSON type in a field the reader uses, a field given twice in one
+object, an unknown scope or event name, a missing ``resourceSpans`` / ``scopeSpans`` / scope name
+/ ``traceId`` / ``spanId`` / event name, a backslash escape in a string the reader uses,
+``droppedEventsCount`` other than 0, a line holding anything after its object, a carriage return
+or a control character, nesting deeper than the stack (:data:`MAX_DEPTH`). What it accepts it
+reads as the line-by-line path does (a missing ``parentSpanId`` is "", missing lists are empty, a
+missing ``status`` is invalid), so :func:`bayes_latency.data.otlp.chunks.read_chunk` builds the
+same columns from it.
 """
 
 from __future__ import annotations

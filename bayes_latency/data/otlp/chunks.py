@@ -1,26 +1,22 @@
-"""Columnar fast path of the OTLP reader: a chunk of lines parsed by ``pyarrow.json`` in C++.
+"""Columns of a chunk of OTLP JSON lines read by the compiled byte scanner.
 
-:func:`read_chunk` parses a chunk of OTLP JSON lines with an explicit Arrow schema (only the
-fields the reader uses: resource spans > scope spans > spans > events > attributes, each value a
-struct of ``stringValue`` / ``intValue`` / ``doubleValue``), flattens the nested lists with
-``pyarrow.compute`` and builds the span, event and attribute columns in bulk with numpy (attribute
-keys matched by ``index_in``, OTLP's string integers parsed by ``cast``). No Python code runs per
-event or attribute.
+:func:`read_chunk` hands a chunk of whole lines to :func:`bayes_latency.data.otlp.scan.scan_kernel`
+(numba), which writes flat tables of spans, events and attributes (keys, event and scope names
+already matched, ``intValue`` strings already parsed), and builds the span, event and attribute
+columns from those tables in bulk with numpy (``doubleValue`` texts parsed by a ``pyarrow.compute``
+cast). No Python code runs per span, event or attribute.
 
 It only takes chunks that :func:`bayes_latency.data.otlp.read.read_otlp`'s line-by-line path reads
 without a single drop, flag or special case, and then gives the same rows (the same values in
 the same file order) and the same counts. Anything else returns None and the caller reads the
 chunk line by line: a line that is not one JSON object with a ``resourceSpans`` list, a ``\\u``
-escape, bytes that are not UTF-8 or a BOM, a value of another JSON type than the schema's, a
-known attribute without its usual value type (an ``intValue`` string for integers, a finite
-``doubleValue`` for floats, a ``stringValue`` for strings) or given twice, a negative zero, an
-unknown scope or event, a repeated span or event, a missing or out-of-range field,
-``droppedEventsCount`` other than 0, a ``journey.*`` event without ``ts.monotonic_ns``, ... The
-line-by-line path then counts and reports them as it always has.
-
-One difference is deliberate: a line nested deeper than msgspec / ``json`` can decode (about
-1,000 levels) inside a field the reader ignores is read here, where the line-by-line path drops
-it as ``malformed_json``.
+escape, bytes that are not UTF-8 or a BOM, a carriage return or another control character, a
+value nested deeper than :data:`bayes_latency.data.otlp.scan.MAX_DEPTH`, a value of another JSON
+type than the reader expects, a known attribute without its usual value type (an ``intValue``
+string for integers, a finite ``doubleValue`` for floats, a ``stringValue`` for strings) or given
+twice, a negative zero, an unknown scope or event, a repeated span or event, a missing or
+out-of-range field, ``droppedEventsCount`` other than 0, a ``journey.*`` event without
+``ts.monotonic_ns``, ... The line-by-line path then counts and reports them.
 """
 
 from __future__ import annotations
@@ -32,27 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
 from bayes_latency.data.otlp import fields as _o
 from bayes_latency.data.otlp.rows import _int_column
 
 __all__ = ["ChunkColumns", "read_chunk"]
-
-_VALUE = pa.struct([("stringValue", pa.string()), ("intValue", pa.string()),
-                    ("doubleValue", pa.float64())])
-_KVS = pa.list_(pa.struct([("key", pa.string()), ("value", _VALUE)]))
-_EVENT = pa.struct([("name", pa.string()), ("attributes", _KVS)])
-_SPAN = pa.struct([
-    ("traceId", pa.string()), ("spanId", pa.string()), ("parentSpanId", pa.string()),
-    ("attributes", _KVS), ("events", pa.list_(_EVENT)), ("droppedEventsCount", pa.int64()),
-    ("status", pa.struct([("code", pa.int64())])),
-])
-_SCOPE_SPANS = pa.struct([("scope", pa.struct([("name", pa.string())])),
-                          ("spans", pa.list_(_SPAN))])
-SCHEMA = pa.schema([("resourceSpans", pa.list_(pa.struct([("scopeSpans",
-                                                            pa.list_(_SCOPE_SPANS))])))])
-_PARSE = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
 
 _SCOPES = (_o._SCOPE_API, _o._SCOPE_CORE, _o._SCOPE_STEP)
 # event names -> (kind, index): API events 0-4, journey events 5-9, step summary 10, snapshot 11
@@ -67,9 +47,6 @@ _EVENT_SCOPE = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 2], dt
 _EVENT_GROUP = np.array([0] * _N_API + [1] * len(_o.JOURNEY_EVENTS) + [2, 3], dtype=np.int64)
 _EVENT_SPECS = (_o._API_EVENT_SPEC, _o._JOURNEY_SPEC, _o._STEP_SPEC, _o._SNAPSHOT_SPEC)
 _SPAN_SPECS = (_o._API_SPEC, _o._CORE_SPEC, {})
-#: Whether :func:`read_chunk` tries the compiled scanner (:mod:`.otlp_scan`) before
-#: ``pyarrow.json`` (tests switch it off to check the ``pyarrow.json`` path alone).
-SCAN = True
 
 
 class _Fallback(Exception):
@@ -78,9 +55,9 @@ class _Fallback(Exception):
 
 @dataclass
 class ChunkColumns:
-    """Columns of one chunk, in file order, typed as :func:`otlp_rows._typed_column` makes them.
+    """Columns of one chunk, in file order, typed as :func:`.rows._typed_column` makes them.
 
-    ``steps``, ``snaps``, ``je`` and ``api`` are segments for :meth:`otlp_rows._Acc.add_segment`;
+    ``steps``, ``snaps``, ``je`` and ``api`` are segments for :meth:`.rows._Acc.add_segment`;
     ``cores`` lists ``(request_id, trace_id, span_id, parent_span_id or None, first journey row,
     end journey row)`` per core span (rows counted within the chunk); ``span_keys`` the
     ``(traceId, spanId)`` of every span; ``read`` the counts for ``report.read``.
@@ -93,30 +70,6 @@ class ChunkColumns:
     cores: list[tuple]
     span_keys: list[tuple[str, str]]
     read: dict[str, int]
-
-
-def _fields(arr: pa.Array) -> dict[str, pa.Array]:
-    """Children of a struct array, with the struct's nulls merged into them."""
-    return dict(zip([f.name for f in arr.type], arr.flatten(), strict=True))
-
-
-def _flat(lists: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """Values of a list array (null lists = empty) and the index of each value's list; a null
-    value refuses the chunk."""
-    values = pc.list_flatten(lists)
-    if values.null_count:
-        raise _Fallback
-    return values, pc.list_parent_indices(lists).to_numpy()
-
-
-def _np(arr: pa.Array, fill: Any) -> np.ndarray:
-    return arr.fill_null(fill).to_numpy(zero_copy_only=False)
-
-
-def _no_nulls(arr: pa.Array) -> pa.Array:
-    if arr.null_count:
-        raise _Fallback
-    return arr
 
 
 def _spec_keys(specs: tuple[dict[str, int], ...]) -> tuple[str, ...]:
@@ -139,27 +92,10 @@ def _scan_remap(keys: tuple[str, ...]) -> np.ndarray:
     return remap
 
 
-def _arrow_values(value: dict[str, pa.Array]) -> Any:
-    """``take(kind, rows)``: the values of kind ``kind`` of attributes ``rows`` parsed by
-    ``pyarrow.json`` (``value``: the fields of their value structs); raises _Fallback."""
-
-    def take(kind: int, ii: np.ndarray) -> np.ndarray:
-        if kind == _o._INT:
-            raw = _no_nulls(value["intValue"].take(ii))
-            try:
-                return pc.cast(raw, pa.int64()).to_numpy()
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise _Fallback from exc
-        if kind == _o._FLOAT:
-            return _no_nulls(value["doubleValue"].take(ii)).to_numpy()
-        return _no_nulls(value["stringValue"].take(ii)).to_numpy(zero_copy_only=False)
-
-    return take
-
-
 def _scanned_values(kv: np.ndarray, b: np.ndarray) -> Any:
-    """``take(kind, rows)`` of :func:`_arrow_values` for the rows of an attribute table of
-    :func:`bayes_latency.data.otlp.scan.scan_kernel` (``b``: the chunk's bytes)."""
+    """``take(kind, ii)``: the values of kind ``kind`` (int, float or str) of the rows ``ii`` of
+    an attribute table of :func:`bayes_latency.data.otlp.scan.scan_kernel` (``b``: the chunk's
+    bytes); raises :class:`_Fallback` when one is missing or does not parse."""
     from bayes_latency.data.otlp import scan as _s
 
     def take(kind: int, ii: np.ndarray) -> np.ndarray:
@@ -207,31 +143,20 @@ class _Attrs:
     usual value type, parse, be finite and appear once, or the chunk is refused.
     """
 
-    def __init__(self, kvs: pa.Array | None, parent: np.ndarray, group: np.ndarray, n: int,
-                 specs: tuple[dict[str, int], ...], scanned: tuple | None = None) -> None:
-        """``kvs``: the attributes as parsed by ``pyarrow.json``; or ``scanned``: ``(rows of an
-        attribute table of otlp_scan.scan_kernel, the chunk's bytes)``, ``kvs`` None."""
+    def __init__(self, kv: np.ndarray, buf: np.ndarray, group: np.ndarray, n: int,
+                 specs: tuple[dict[str, int], ...]) -> None:
+        """``kv``: rows of an attribute table of :func:`.scan.scan_kernel`, ``buf``: the
+        chunk's bytes; ``group[p]``: the spec group of parent ``p``."""
+        from bayes_latency.data.otlp import scan as _s
+
         self.n = n
         keys = _spec_keys(specs)
         self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if not keys:
+        if not keys or not kv.shape[1]:
             return
-        if scanned is not None:
-            kv, buf = scanned
-            if not kv.shape[1]:
-                return
-            from bayes_latency.data.otlp import scan as _s
-
-            raw, remap = kv[_s.KV_KEY], _scan_remap(keys)
-            take = _scanned_values(kv, buf)
-        else:
-            if not len(kvs):
-                return
-            f = _fields(kvs)
-            raw = _np(pc.index_in(f["key"], value_set=pa.array(keys)), -1).astype(np.int64)
-            remap = np.append(np.arange(len(keys), dtype=np.int64), -1)
-            take = _arrow_values(_fields(f["value"]))
-        self._build(keys, raw, remap, np.ascontiguousarray(parent), group, specs, take)
+        self._build(keys, kv[_s.KV_KEY], _scan_remap(keys),
+                    np.ascontiguousarray(kv[_s.KV_PARENT]), group, specs,
+                    _scanned_values(kv, buf))
 
     def _build(self, keys: tuple[str, ...], raw: np.ndarray, remap: np.ndarray,
                parent: np.ndarray, group: np.ndarray, specs: tuple[dict[str, int], ...],
@@ -334,23 +259,8 @@ def read_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
     # (a backslash first: memchr, where the two-byte search takes 0.9 ms per MB)
     if (b"\\" in buf and b"\\u" in buf) or not _utf8_no_bom(buf):
         return None
-    if SCAN:
-        try:
-            cols = _scanned_chunk(buf, n_lines)
-        except _Fallback:
-            cols = None
-        if cols is not None:
-            return cols
     try:
-        table = pj.read_json(pa.BufferReader(buf), parse_options=_PARSE,
-                             read_options=pj.ReadOptions(use_threads=False,
-                                                         block_size=len(buf) + 1))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-        return None
-    if table.num_rows != n_lines:  # two JSON values on one line
-        return None
-    try:
-        return _columns(table.column("resourceSpans").combine_chunks())
+        return _scanned_chunk(buf, n_lines)
     except _Fallback:
         return None
 
@@ -365,48 +275,9 @@ def _utf8_no_bom(buf: bytes) -> bool:
     return b"\xef\xbb\xbf" not in buf
 
 
-def _columns(rs_lists: pa.Array) -> ChunkColumns:
-    """The chunk's columns (raises :class:`_Fallback`)."""
-    if rs_lists.null_count:  # a line without a resourceSpans list
-        raise _Fallback
-    rs, _ = _flat(rs_lists)
-    ss, _ = _flat(_no_nulls(_fields(rs)["scopeSpans"]))
-    ssf = _fields(ss)
-    scope = _np(pc.index_in(_fields(ssf["scope"])["name"], value_set=pa.array(_SCOPES)), -1)
-    if (scope < 0).any():
-        raise _Fallback
-    spans, span_ss = _flat(ssf["spans"])
-    n_spans = len(spans)
-    span_scope = scope[span_ss].astype(np.int64)
-    sf = _fields(spans)
-    trace = _no_nulls(sf["traceId"]).to_numpy(zero_copy_only=False)
-    span_id = _no_nulls(sf["spanId"]).to_numpy(zero_copy_only=False)
-    parent = _np(sf["parentSpanId"], "").astype(object)
-    if _np(sf["droppedEventsCount"], 0).any():
-        raise _Fallback
-    status = sf["status"]
-    code = _np(_fields(status)["code"], 0).astype(np.int64)
-    status_valid = _np(status.is_valid(), False).astype(bool)
-
-    span_kv, span_kv_parent = _flat(sf["attributes"])
-    span_attrs = _Attrs(span_kv, span_kv_parent, span_scope, n_spans, _SPAN_SPECS)
-
-    events, ev_span = _flat(sf["events"])
-    n_ev = len(events)
-    ef = _fields(events)
-    ev_code = _np(pc.index_in(_no_nulls(ef["name"]), value_set=pa.array(_EVENT_NAMES)), -1)
-    ev_code = ev_code.astype(np.int64)
-    if (ev_code < 0).any() or (_EVENT_SCOPE[ev_code] != span_scope[ev_span]).any():
-        raise _Fallback  # unknown event, or an event of another scope's span
-    ev_kv, ev_kv_parent = _flat(ef["attributes"])
-    ev_attrs = _Attrs(ev_kv, ev_kv_parent, _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS)
-    return _chunk(span_scope, trace, span_id, parent, code, status_valid, span_attrs, ev_span,
-                  ev_code, ev_attrs)
-
-
 def _scanned_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
-    """:func:`_columns` of a chunk read by the compiled scanner (:mod:`.otlp_scan`) instead of
-    ``pyarrow.json``; None when the scanner refuses it (raises :class:`_Fallback`)."""
+    """The columns of a chunk read by the compiled scanner (:mod:`.scan`); None when the scanner
+    refuses it (raises :class:`_Fallback` when the columns refuse it)."""
     from bayes_latency.data.otlp import scan as _s
 
     if b"\r" in buf:
@@ -430,13 +301,11 @@ def _scanned_chunk(buf: bytes, n_lines: int) -> ChunkColumns | None:
     parent = _texts(b, sp[_s.SP_PAR_S], sp[_s.SP_PAR_E])
     code = sp[_s.SP_CODE]
     status_valid = sp[_s.SP_STATUS] == 1
-    span_attrs = _Attrs(None, skv[_s.KV_PARENT], span_scope, n_spans, _SPAN_SPECS,
-                        scanned=(skv, b))
+    span_attrs = _Attrs(skv, b, span_scope, n_spans, _SPAN_SPECS)
     ev_span, ev_code = ev[_s.EV_SPAN], ev[_s.EV_NAME]
     if (_EVENT_SCOPE[ev_code] != span_scope[ev_span]).any():
         raise _Fallback  # an event of another scope's span
-    ev_attrs = _Attrs(None, ekv[_s.KV_PARENT], _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS,
-                      scanned=(ekv, b))
+    ev_attrs = _Attrs(ekv, b, _EVENT_GROUP[ev_code], n_ev, _EVENT_SPECS)
     return _chunk(span_scope, trace, span_id, parent, code, status_valid, span_attrs, ev_span,
                   ev_code, ev_attrs)
 

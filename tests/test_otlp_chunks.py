@@ -1,10 +1,9 @@
-"""The columnar OTLP path (``data/otlp/arrow.py``) reads exactly like the line-by-line path.
+"""The OTLP reader's scanner path (``data/otlp/chunks.py``) reads exactly like the line path.
 
-Every comparison reads one file line by line (``chunk_bytes=0``) and with the columnar path (the
-default chunk size, and a tiny one that splits the file into chunks some of which the columnar
-path takes and some it refuses), each with the compiled scanner (``data/otlp/scan.py``) first
-and with ``pyarrow.json`` alone; tables (values, dtypes, column order) and reports must be
-equal.
+Every comparison reads one file line by line (``chunk_bytes=0``) and in chunks handed to the
+compiled byte scanner (``data/otlp/scan.py``; the default chunk size, and a tiny one that splits
+the file into chunks some of which the scanner takes and some it refuses, read line by line);
+tables (values, dtypes, column order) and reports must be equal.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fuzz_readers import FUZZ, _assert_same_reading, _mutated_lines
 
-import bayes_latency.data.otlp.arrow as oa
+import bayes_latency.data.otlp.chunks as oc
 from bayes_latency.data.otlp.read import read_otlp
 from bayes_latency.errors import TraceFormatError
 
@@ -40,20 +39,17 @@ def _read(path: Path, chunk_bytes: int | None) -> Any:
 
 def _same_all_ways(path: Path) -> Any:
     ref = _read(path, 0)
-    for scan in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(oa, "SCAN", scan)
-            for cb in (None, 700):
-                _assert_same_reading(_read(path, cb), ref)
+    for cb in (None, 700):
+        _assert_same_reading(_read(path, cb), ref)
     return ref
 
 
 class _Count:
-    """Counts the chunks the columnar path takes and refuses."""
+    """Counts the chunks the scanner path takes and refuses."""
 
     def __init__(self, mp: pytest.MonkeyPatch) -> None:
         self.taken = self.refused = 0
-        orig = oa.read_chunk
+        orig = oc.read_chunk
 
         def wrapped(buf: bytes, n: int) -> Any:
             out = orig(buf, n)
@@ -63,7 +59,7 @@ class _Count:
                 self.taken += 1
             return out
 
-        mp.setattr(oa, "read_chunk", wrapped)
+        mp.setattr(oc, "read_chunk", wrapped)
 
 
 def _write(path: Path, docs: list[Any]) -> Path:
@@ -73,14 +69,14 @@ def _write(path: Path, docs: list[Any]) -> Path:
 
 @settings(FUZZ, max_examples=100)
 @given(data=st.data())
-def test_columnar_path_reads_like_the_line_path(example_docs: list[dict], tmp_path_factory,
-                                                data: st.DataObject) -> None:
+def test_scanner_path_reads_like_the_line_path(example_docs: list[dict], tmp_path_factory,
+                                               data: st.DataObject) -> None:
     lines = data.draw(_mutated_lines(example_docs))
-    p = _write(tmp_path_factory.mktemp("arrow") / "traces.jsonl", lines)
+    p = _write(tmp_path_factory.mktemp("chunks") / "traces.jsonl", lines)
     _same_all_ways(p)
 
 
-def test_clean_example_takes_the_columnar_path(example_docs: list[dict], tmp_path: Path) -> None:
+def test_clean_example_takes_the_scanner_path(example_docs: list[dict], tmp_path: Path) -> None:
     p = _write(tmp_path / "traces.jsonl", example_docs * 2 + [""])  # repeats + a blank line
     with pytest.MonkeyPatch.context() as mp:
         count = _Count(mp)
@@ -92,8 +88,8 @@ def test_clean_example_takes_the_columnar_path(example_docs: list[dict], tmp_pat
     with pytest.MonkeyPatch.context() as mp:
         count = _Count(mp)
         scanned = []
-        orig = oa._scanned_chunk
-        mp.setattr(oa, "_scanned_chunk", lambda buf, n: scanned.append(orig(buf, n)) or
+        orig = oc._scanned_chunk
+        mp.setattr(oc, "_scanned_chunk", lambda buf, n: scanned.append(orig(buf, n)) or
                    scanned[-1])
         t = read_otlp(single)
     assert (count.taken, count.refused) == (1, 0) and t.report.n_dropped == 0
@@ -134,8 +130,7 @@ def test_numbers_parse_to_the_same_bits(example_docs: list[dict], tmp_path: Path
 @pytest.mark.parametrize("bad", ["null", "[]", "7", '"x"', "{}", '{"resourceSpans": null}',
                                  '{"resourceSpans": [null]}', "\ufeff{}", "{} {}"])
 def test_odd_lines_fall_back(example_docs: list[dict], tmp_path: Path, bad: str) -> None:
-    """Lines the columnar path cannot take (one of them, a leading 'null', crashes
-    pyarrow.json) send their chunk to the line path, which counts them as before."""
+    """Lines the scanner cannot take send their chunk to the line path, which counts them."""
     for pos in (0, len(example_docs)):
         lines = [json.dumps(d) for d in example_docs]
         lines.insert(pos, bad)
@@ -155,8 +150,8 @@ def test_span_without_events_counts_events_like_the_line_path(tmp_path: Path) ->
 
 
 # byte-level variants of the example's lines (json.dumps never writes them): each is read by the
-# compiled scanner, or refused by it and read by pyarrow.json or line by line, always with the
-# line path's tables and counts
+# compiled scanner, or refused by it and read line by line, always with the line path's tables
+# and counts
 _EDITS = [
     ("compact", lambda ln: ln.replace(", ", ",").replace(": ", ":")),
     ("tabs", lambda ln: ln.replace(": ", ":\t").replace(", ", " ,\t")),
@@ -217,13 +212,21 @@ def test_byte_level_variants_read_like_the_line_path(example_docs: list[dict], t
     _same_all_ways(p)
 
 
-def test_scanner_reads_compact_lines_itself(example_docs: list[dict]) -> None:
+def test_scanner_reads_compact_lines_itself(example_docs: list[dict], tmp_path: Path) -> None:
     """The usual compact lines (and json.dumps' spaced ones) are taken by the scanner; a value
-    with an escape is refused by it (then read by pyarrow.json)."""
+    with an escape is refused by it, and by :func:`read_chunk`, and then read line by line."""
     for sep in ((",", ":"), (", ", ": ")):
         buf = ("\n".join(json.dumps(d, separators=sep) for d in example_docs) + "\n").encode()
-        assert oa._scanned_chunk(buf, len(example_docs)) is not None
-        assert oa._scanned_chunk(buf, len(example_docs) + 1) is None  # wrong line count
+        assert oc._scanned_chunk(buf, len(example_docs)) is not None
+        assert oc._scanned_chunk(buf, len(example_docs) + 1) is None  # wrong line count
     esc = buf.replace(b'"stringValue": "/v1/', b'"stringValue": "\\/v1/')
-    assert esc != buf and oa._scanned_chunk(esc, len(example_docs)) is None
-    assert oa.read_chunk(esc, len(example_docs)) is not None
+    assert esc != buf and oc._scanned_chunk(esc, len(example_docs)) is None
+    assert oc.read_chunk(esc, len(example_docs)) is None
+    p = tmp_path / "traces.jsonl"
+    p.write_bytes(esc)
+    with pytest.MonkeyPatch.context() as mp:
+        count = _Count(mp)
+        t = _same_all_ways(p)
+    assert count.refused >= 1  # the chunks holding the escape
+    assert t.report.n_dropped == 0 and len(t.requests) == 1  # the line path read it all
+    assert t.api_spans["http_route"].tolist() == ["/v1/completions"]

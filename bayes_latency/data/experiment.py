@@ -289,6 +289,12 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         batches["experiment_id"] = eid
         recon = rrep.to_dict()
         report.kept["batches"] += len(batches)
+        for issue in ("step_out_of_range", "summary_step_out_of_range"):
+            if rrep.issues.get(issue):
+                report.drop(f"rebuild:{issue}", int(rrep.issues[issue]))
+                report.notes.append(f"rebuild: {rrep.issues[issue]} step id(s) outside the "
+                                    f"range the journeys' tokens allow were not used "
+                                    f"({issue})")
         if rrep.n_compared and rrep.agreement < 0.9:
             report.notes.append(f"reconstruction agrees with only {rrep.agreement:.1%} of the "
                                 f"{rrep.n_compared} sampled steps (journey sampling < 1, or "

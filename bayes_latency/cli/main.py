@@ -239,7 +239,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
                  "ttft_alpha_share": float(share),
                  "draws": blis_draws(run, int(args.export_draws), args.seed, config)},
                 sort_keys=False, default_flow_style=None, width=120)
-        _check_finite(yaml.safe_load(text))
+        from bayes_latency.textfiles import load_yaml
+
+        _check_finite(load_yaml(text))
         atomic_write_text(export_path, text)
         for note in blis_notes(coefs, config):
             print(f"note: {note}")

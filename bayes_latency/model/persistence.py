@@ -165,11 +165,10 @@ def load_estimator(cls: type[LatencyModel], path: str | Path,
     terms = tuple(json.loads(a["terms"]))
     embedded = None
     if "priors_yaml" in a:
-        import yaml
-
         from bayes_latency.priors import load_priors
+        from bayes_latency.textfiles import load_yaml
 
-        embedded = load_priors(yaml.safe_load(a["priors_yaml"]))
+        embedded = load_priors(load_yaml(a["priors_yaml"]))
         if embedded.hash != a.get("priors_hash"):
             raise ModelMismatchError(
                 f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "

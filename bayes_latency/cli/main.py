@@ -140,11 +140,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     terms = tuple(t.strip() for t in args.terms.split(",") if t.strip()) if args.terms else None
 
     # ---- inputs
-    from bayes_latency.calibrate.stages import client_stages, default_kv_blocks, stages_table
+    from bayes_latency.calibrate.stages import (
+        check_client_report,
+        client_stages,
+        default_kv_blocks,
+        stages_table,
+    )
     from bayes_latency.data.client.read import read_client_results
 
     tables, report = read_client_results(result)
     print(report.format())
+    check_client_report(report, result)
     kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
                                                                       args.tp)
     stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,

@@ -62,12 +62,13 @@ from bayes_latency.data.report import IngestReport
 from bayes_latency.data.tables import (
     clear_table,
     read_table,
+    remove_manifest,
     table_names,
     write_manifest,
     write_partition,
 )
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
-from bayes_latency.io import atomic_write_text, check_output_path
+from bayes_latency.io import atomic_write_text, check_output_path, folder_lock
 from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = [
@@ -545,14 +546,27 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
         Bad serving config, or two inputs with the same experiment id.
     TraceFormatError
         Unreadable input.
+    OutputPathError
+        ``out`` is being written by another ingest (its lock file ``.bayes_latency.lock``
+        names a running process; a lock of a process that no longer runs is taken over, with
+        a note in the report).
     """
-    from bayes_latency.data.otlp.read import _default_experiment_id
-    from bayes_latency.parallel import run_units
-
     out = check_output_path(
         out, [*paths, *([config] if config is not None else [])], kind="dir",
         names=[*TABLES, *(f"{t}.parquet" for t in TABLES), "tables.json", "ingest_report.json",
-               "reconstruction_report.json"])
+               "reconstruction_report.json", ".bayes_latency.lock"])
+    with folder_lock(out, "ingest") as lock_notes:
+        total = _ingest_locked(paths, out, config, scheduler, iteration_notes)
+    total.notes[:0] = lock_notes
+    return total
+
+
+def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, scheduler: Any,
+                   iteration_notes: IterationNotes | None) -> IngestReport:
+    """:func:`ingest`'s work, while it holds the lock of ``out``."""
+    from bayes_latency.data.otlp.read import _default_experiment_id
+    from bayes_latency.parallel import run_units
+
     total = IngestReport(source=str(out))
     per_exp: dict[str, Any] = {}
     recon: dict[str, Any] = {}
@@ -573,6 +587,7 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
             raise ConfigError(f"experiment id {key!r} appears twice in the inputs "
                               f"(set experiment_id in the serving YAML)")
         seen.add(key)
+    remove_manifest(out)
     for name in TABLES:
         clear_table(out, name)
     sizes = [_size(trace) for trace, *_ in inputs]

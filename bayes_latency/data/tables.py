@@ -13,7 +13,10 @@ hold one ``<table>.parquet`` file per table; :func:`read_table` reads both.
 Every reader of ingested tables (``fit``, ``check``, the demo, benchmarks) goes through
 :func:`read_table`; it reads only the partitions (``experiments``) and ``columns`` asked for, in
 the experiment order of the ingest, with one schema unified over the partitions (a column that
-is all null in one experiment takes the type it has in the others).
+is all null in one experiment takes the type it has in the others). A partitioned table is read
+only when its partition files are exactly those ``tables.json`` lists for it: a missing, extra or
+foreign partition, or a missing or unreadable manifest, is a :class:`TableLayoutError` naming
+the table and experiment (never a silent subset).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from urllib.parse import quote, unquote
 
 import pandas as pd
 
-from bayes_latency.errors import BayesLatencyError, TraceFormatError
-from bayes_latency.io import atomic_write, read_parquet
+from bayes_latency.errors import BayesLatencyError, TableLayoutError, TraceFormatError
+from bayes_latency.io import atomic_write, atomic_write_text, read_parquet
+from bayes_latency.textfiles import read_text
 
 __all__ = [
     "load_observations",
@@ -37,6 +41,7 @@ __all__ = [
     "clear_table",
     "partition_path",
     "read_table",
+    "remove_manifest",
     "table_files",
     "table_names",
     "write_manifest",
@@ -144,23 +149,84 @@ def clear_table(tables_dir: str | Path, name: str) -> None:
 
 def write_manifest(tables_dir: str | Path, experiments: Sequence[str],
                    tables: dict[str, Sequence[str]]) -> None:
-    """``tables.json``: the layout version, the experiments in ingest order and, per table, the
-    experiments that have a partition."""
+    """``tables.json`` (written atomically, last of an ingest): the layout version, the
+    experiments in ingest order and, per table, the experiments that have a partition."""
     doc = {"layout": LAYOUT_VERSION, "experiments": list(experiments),
            "tables": {k: list(v) for k, v in tables.items()}}
-    with open(Path(tables_dir) / MANIFEST, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
+    atomic_write_text(Path(tables_dir) / MANIFEST, json.dumps(doc, indent=1))
 
 
-def _manifest(tables_dir: Path) -> dict | None:
+def remove_manifest(tables_dir: str | Path) -> None:
+    """Remove ``tables.json`` (an ingest does so before it rewrites any partition, so that a
+    folder whose ingest did not finish is refused by :func:`read_table`)."""
+    (Path(tables_dir) / MANIFEST).unlink(missing_ok=True)
+
+
+def _manifest(tables_dir: Path) -> dict[str, Any]:
+    """The manifest of a partitioned table folder.
+
+    Raises
+    ------
+    TableLayoutError
+        Missing, unreadable, or not of the shape :func:`write_manifest` writes.
+    """
     f = tables_dir / MANIFEST
     if not f.is_file():
-        return None
+        raise TableLayoutError(f"{f}: missing: the folder holds partitioned tables but no "
+                               f"manifest (an ingest that did not finish?); run "
+                               f"`bayes-latency ingest` again")
     try:
-        with open(f, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
+        doc = json.loads(read_text(f, "table manifest", TableLayoutError))
+    except (OSError, ValueError) as exc:
+        raise TableLayoutError(f"{f}: unreadable table manifest ({exc}); run "
+                               f"`bayes-latency ingest` again") from None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("experiments"), list)
+          and isinstance(doc.get("tables"), dict)
+          and all(isinstance(e, str) for e in doc["experiments"])
+          and all(isinstance(v, list) and all(isinstance(e, str) for e in v)
+                  for v in doc["tables"].values()))
+    if not ok:
+        raise TableLayoutError(f"{f}: not a table manifest (needs 'experiments': a list of ids "
+                               f"and 'tables': table -> list of ids); run `bayes-latency ingest` "
+                               f"again")
+    return doc
+
+
+def _check_partitions(tables_dir: Path, name: str, found: dict[str, Path],
+                      man: dict[str, Any]) -> None:
+    """Refuse a table whose partition files are not exactly those the manifest lists.
+
+    Raises
+    ------
+    TableLayoutError
+        Naming the table and the first experiments whose partition is missing, not listed, or
+        of an experiment the manifest does not know.
+    """
+    where = f"{tables_dir / MANIFEST}: table {name!r}"
+    if name not in man["tables"]:
+        raise TableLayoutError(f"{where}: not listed, but {tables_dir / name} holds partitions "
+                               f"of {_few(found)}")
+    listed = man["tables"][name]
+    known = set(man["experiments"])
+    foreign = sorted(set(found) - known)
+    if foreign:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) not in this ingest: "
+                               f"{_few(foreign)} (e.g. {found[foreign[0]]})")
+    missing = [e for e in listed if e not in found]
+    if missing:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) {_few(missing)} listed "
+                               f"but missing (e.g. {partition_path(tables_dir, name, missing[0])})"
+                               f"; run `bayes-latency ingest` again")
+    extra = sorted(set(found) - set(listed))
+    if extra:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) {_few(extra)} present "
+                               f"but not listed (e.g. {found[extra[0]]})")
+
+
+def _few(ids: Any, n: int = 3) -> str:
+    ids = list(ids)
+    more = f" and {len(ids) - n} more" if len(ids) > n else ""
+    return ", ".join(repr(str(e)) for e in ids[:n]) + more
 
 
 def table_names(tables_dir: str | Path) -> list[str]:
@@ -184,9 +250,11 @@ def table_files(tables_dir: str | Path, name: str,
     if not part_dir.is_dir():
         return []
     found = {unquote(p.parent.name[len(_KEY):]): p for p in part_dir.glob(f"{_KEY}*/{_PART}")}
+    if not found:
+        return []
     man = _manifest(d)
-    order = [e for e in (man or {}).get("experiments", []) if e in found]
-    order += sorted(set(found) - set(order))
+    _check_partitions(d, name, found, man)
+    order = [e for e in man["experiments"] if e in found]
     if experiments is not None:
         wanted = {str(e) for e in experiments}
         order = [e for e in order if e in wanted]

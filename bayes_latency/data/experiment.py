@@ -150,14 +150,21 @@ def _normalise(doc: dict[str, Any], path: Path) -> dict[str, Any]:
                                 and path.parent.name else path.stem)
     out["experiment_id"] = str(out["experiment_id"])
     out["workload"] = str(out.get("workload") or "")
+    out.setdefault(SOURCE_KEY, str(path))
+    serving_config(out, source=out[SOURCE_KEY])  # knob errors name the YAML, before any work
     return out
 
 
+#: Key of a :func:`load_serving_yaml` dict holding the file it was read from (for messages).
+SOURCE_KEY = "_source"
+
+
 def serving_config(cfg: dict[str, Any], source: str | None = None) -> Any:
-    """:class:`~bayes_latency.physics.serving.ServingConfig` of a :func:`load_serving_yaml` dict."""
+    """:class:`~bayes_latency.physics.serving.ServingConfig` of a :func:`load_serving_yaml` dict
+    (errors name ``source``, else the serving YAML the dict was read from)."""
     from bayes_latency.physics.serving import ServingConfig
 
-    return ServingConfig.from_dict(cfg, source=source)
+    return ServingConfig.from_dict(cfg, source=source or cfg.get(SOURCE_KEY))
 
 
 def _find(folder: Path, names: Sequence[str]) -> Path | None:
@@ -249,7 +256,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         :meth:`ReconstructionReport.to_dict`.
     """
     from bayes_latency.data.otlp.read import read_otlp
-    from bayes_latency.data.steps import iterations_from_steps
+    from bayes_latency.data.steps import drop_over_serving_limits, iterations_from_steps
     from bayes_latency.physics.serving import ServingConfig
 
     eid = experiment_id or (cfg or {}).get("experiment_id")
@@ -257,7 +264,12 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
     tabs = read_otlp(trace, experiment_id=eid, report=report)
     eid = eid or (str(tabs.steps["experiment_id"].iloc[0]) if len(tabs.steps) else None) or (
         str(tabs.requests["experiment_id"].iloc[0]) if len(tabs.requests) else trace.stem)
-    serving = serving_config(cfg, source=str(trace)) if cfg else ServingConfig()
+    serving = serving_config(cfg, source=_cfg_source(cfg, trace)) if cfg else ServingConfig()
+    if cfg is not None:
+        tabs.steps = drop_over_serving_limits(
+            tabs.steps, *(getattr(serving, k) if _given(cfg, k) else None
+                          for k in ("max_num_seqs", "max_num_batched_tokens")),
+            report, source=str(folder or trace))
     if cfg is None:
         report.notes.append("no serving config: batches rebuilt with the default serving knobs "
                             f"(max_num_batched_tokens={serving.max_num_batched_tokens}, "
@@ -328,8 +340,8 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         from bayes_latency.physics.models import load_architecture
 
         arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
-        serving.check_against(arch, source=str(trace))
-        _check_prompt_lengths(tabs.requests, serving, cfg, str(folder or trace))
+        serving.check_against(arch, source=_cfg_source(cfg, trace))
+        _check_prompt_lengths(tabs.requests, serving, cfg, _cfg_source(cfg, trace))
         obs, orep = build_observations(
             {"steps": tabs.steps, "requests": tabs.requests,
              "journey_events": tabs.journey_events, "batches": batches},
@@ -339,6 +351,16 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         report.notes.extend(orep.notes)
         out["observations"] = obs
     return out, report, recon
+
+
+def _given(cfg: dict[str, Any], knob: str) -> bool:
+    """Whether the serving mapping sets ``knob`` (vLLM's spellings accepted)."""
+    return any(str(k).strip().lstrip("-").replace("-", "_") == knob for k in cfg)
+
+
+def _cfg_source(cfg: dict[str, Any], trace: Path) -> str:
+    """The file a serving mapping came from (for messages), else the trace."""
+    return str(cfg.get(SOURCE_KEY) or trace)
 
 
 def _check_prompt_lengths(requests: pd.DataFrame, serving: Any, cfg: dict[str, Any],
@@ -353,7 +375,7 @@ def _check_prompt_lengths(requests: pd.DataFrame, serving: Any, cfg: dict[str, A
     if not len(requests) or "prompt_tokens" not in requests:
         return
     prompt = requests["prompt_tokens"].to_numpy(dtype=float, na_value=np.nan)
-    given = any(str(k).strip().lstrip("-").replace("-", "_") == "max_model_len" for k in cfg)
+    given = _given(cfg, "max_model_len")
     limit = getattr(serving, "max_model_len", None)
     if not given or not limit:  # only a value the user gave can be contradicted
         return

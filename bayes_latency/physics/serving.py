@@ -9,7 +9,6 @@ rather than the server (``model``, ``gpu``, ``app``, ``workload`` ...) are ignor
 from __future__ import annotations
 
 import math
-
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields

@@ -137,7 +137,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if arch.n_heads % args.tp:
         raise BayesLatencyError(f"--tp {args.tp}: does not divide the {arch.n_heads} attention "
                                 f"heads of {arch.name}")
-    terms = tuple(t.strip() for t in args.terms.split(",") if t.strip()) if args.terms else None
+    from bayes_latency.cli.fit import parse_terms
+
+    terms = parse_terms(args.terms)
 
     # ---- inputs
     from bayes_latency.calibrate.stages import (
@@ -162,12 +164,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(stages_table(stages).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     base = pd.DataFrame()
     if args.tables:
-        from bayes_latency.data.observations.build import validate_observations
-        from bayes_latency.data.tables import load_observations
+        from bayes_latency.data.tables import load_checked_observations
 
-        tp_ = Path(args.tables)
-        f_in = tp_ / "observations.parquet" if tp_.is_dir() else tp_
-        base = validate_observations(load_observations(args.tables), source=str(f_in))
+        base = load_checked_observations(args.tables)
         print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
 
     # ---- calibrate

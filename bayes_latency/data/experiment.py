@@ -335,6 +335,9 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         )
 
         add_folder_client_results(out, folder, eid, report)
+        from bayes_latency.data.client.frames import plausibility_notes
+
+        report.notes.extend(plausibility_notes(out.get("lifecycle"), str(folder)))
     if cfg is not None:
         from bayes_latency.physics.hardware import load_gpu
         from bayes_latency.physics.models import load_architecture

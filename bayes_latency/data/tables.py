@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -35,6 +35,8 @@ from bayes_latency.io import atomic_write, atomic_write_text, read_parquet
 from bayes_latency.textfiles import read_text
 
 __all__ = [
+    "check_tables",
+    "load_checked_observations",
     "load_observations",
     "LAYOUT_VERSION",
     "MANIFEST",
@@ -42,7 +44,9 @@ __all__ = [
     "partition_path",
     "read_table",
     "remove_manifest",
+    "row_locator",
     "table_files",
+    "table_source",
     "table_names",
     "write_manifest",
     "write_partition",
@@ -315,6 +319,7 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
             raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
                                    file=str(f)) from None
+    _check_same_columns(d, name, files, schemas)
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
     meta = next((s.metadata for s in schemas
@@ -325,9 +330,121 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
     return table.to_pandas().reset_index(drop=True)
 
 
+def _check_same_columns(tables_dir: Path, name: str, files: Sequence[Path],
+                        schemas: Sequence[Any]) -> None:
+    """Refuse partitions of one table with different columns (unifying them would fill the
+    missing ones with nulls and report a foreign file as null values).
+
+    Raises
+    ------
+    TableLayoutError
+        Naming the partition file and its missing and foreign columns (against the first
+        partition in ingest order).
+    """
+    ref = list(schemas[0].names)
+    for f, sch in zip(files[1:], schemas[1:], strict=True):
+        cols = list(sch.names)
+        if set(cols) == set(ref):
+            continue
+        missing = [c for c in ref if c not in cols]
+        foreign = [c for c in cols if c not in ref]
+        parts = []
+        if missing:
+            parts.append(f"lacks column(s) {_few(missing, 5)}")
+        if foreign:
+            parts.append(f"has column(s) {_few(foreign, 5)} the others have not")
+        raise TableLayoutError(f"{f}: partition of table {name!r} {' and '.join(parts)} "
+                               f"(compared with {files[0]}); run `bayes-latency ingest` again")
+
+
+def check_tables(tables_dir: str | Path) -> list[str]:
+    """Check a table folder before a command writes anything: every table's partitions agree
+    with the manifest, every Parquet file's schema reads, and the partitions of a table have
+    the same columns. Returns the table names.
+
+    Raises
+    ------
+    BayesLatencyError
+        Naming the folder, table, experiment or file (:class:`TableLayoutError`,
+        :class:`TraceFormatError`).
+    """
+    import pyarrow.parquet as pq
+
+    d = Path(tables_dir)
+    if d.is_file():
+        return [d.stem]
+    if not d.is_dir():
+        raise BayesLatencyError(f"{d}: no such table folder")
+    names = table_names(d)
+    if not names:
+        raise BayesLatencyError(f"{d}: no Parquet table (run `bayes-latency ingest` first)")
+    for name in names:
+        files = table_files(d, name)
+        schemas = []
+        for f in files:
+            try:
+                schemas.append(pq.read_schema(f))
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+                raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
+                                       file=str(f)) from None
+        if len(files) > 1:
+            _check_same_columns(d, name, files, schemas)
+    return names
+
+
+def row_locator(path: str | Path, name: str = "observations"
+                ) -> Callable[[int], tuple[str, int]]:
+    """A function of a row of :func:`read_table`'s frame (all experiments) -> ``(file, row in
+    that file)``, for messages about a row of a partitioned table.
+
+    ``path`` is a table folder (either layout) or one Parquet file.
+    """
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    files = [p] if p.is_file() else table_files(p, name)
+    counts = []
+    for f in files:
+        try:
+            counts.append(pq.ParquetFile(f).metadata.num_rows)
+        except Exception:  # noqa: BLE001 - an unreadable file was reported by read_table
+            counts.append(0)
+    starts = [0]
+    for n in counts:
+        starts.append(starts[-1] + n)
+
+    def locate(row: int) -> tuple[str, int]:
+        for f, a, b in zip(files, starts, starts[1:], strict=False):
+            if a <= row < b:
+                return str(f), row - a
+        return str(p), row
+
+    return locate
+
+
 def load_observations(path: str | Path) -> pd.DataFrame:
     """The observation table from an ingest folder (either layout) or a Parquet file."""
     path = Path(path)
     if not path.exists():
         raise BayesLatencyError(f"no observation table at {path}; run `bayes-latency ingest` first")
     return read_table(path, "observations")
+
+
+def load_checked_observations(path: str | Path) -> pd.DataFrame:
+    """:func:`load_observations`, validated
+    (:func:`~bayes_latency.data.observations.table.validate_observations`): a bad value is
+    reported at its partition file and row."""
+    from bayes_latency.data.observations.table import validate_observations
+
+    obs = load_observations(path)
+    return validate_observations(obs, source=str(table_source(path, "observations")),
+                                 locate=row_locator(path, "observations"))
+
+
+def table_source(path: str | Path, name: str) -> Path:
+    """The path messages about table ``name`` of ``path`` name: the file itself, the single
+    ``<name>.parquet`` of the old layout, else the table's partition folder."""
+    p = Path(path)
+    if p.is_file() or (p / f"{name}.parquet").is_file():
+        return p if p.is_file() else p / f"{name}.parquet"
+    return p / name

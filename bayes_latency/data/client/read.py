@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from bayes_latency.data.client.frames import _empty_requests, summary_frame
+from bayes_latency.data.client.frames import _empty_requests, plausibility_notes, summary_frame
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
 from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
@@ -217,7 +217,9 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
     """
     path = Path(path)
     if path.is_file():
-        return _read_one_file(path, experiment_id)
+        out, report = _read_one_file(path, experiment_id)
+        report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
+        return out, report
     if not path.is_dir():
         raise TraceFormatError("no such file or folder", file=str(path))
     has_ip, vllm, headers = _folder_sources(path)
@@ -245,6 +247,7 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
            else lifecycle[0],
            "client_requests": pd.concat(requests, ignore_index=True) if requests
            else _empty_requests()}
+    report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
     return out, report
 
 

@@ -367,6 +367,18 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
                   max_num_seqs=int(max_num_seqs),
                   max_num_batched_tokens=int(max_num_batched_tokens),
                   block_size=int(block_size), prefix_caching=bool(prefix_caching))
+    try:
+        return _client_stages(lc, req, model, tp, common, path, seed)
+    except ConfigError as exc:  # name the results the stage came from
+        if path is None or str(path) in str(exc):
+            raise
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path, tp: int,
+                   common: dict[str, Any], path: str | Path | None, seed: int
+                   ) -> list[ClientStage]:
+    """:func:`client_stages`' work."""
     results, profile = _stage_files(Path(path) if path is not None else None)
     out: list[ClientStage] = []
     for eid, rows in lc.groupby("experiment_id", sort=False):

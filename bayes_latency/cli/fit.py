@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bayes_latency.data.tables import (
+    check_tables,
     load_checked_observations,
     read_table,
     table_names,
@@ -97,6 +98,8 @@ def fit_command(args: argparse.Namespace) -> int:
     if out_path.suffix == ".zarr" and out_path.exists():
         raise BayesLatencyError(f"--out {out_path}: zarr store exists; remove it or choose "
                                 f"another path")
+    if tables.is_dir():  # every table of the folder agrees with its manifest, before any work
+        check_tables(tables)
     obs = load_checked_observations(args.tables)
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
                      scheduler=getattr(args, "scheduler", None))

@@ -164,8 +164,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(stages_table(stages).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     base = pd.DataFrame()
     if args.tables:
-        from bayes_latency.data.tables import load_checked_observations
+        from bayes_latency.data.tables import check_tables, load_checked_observations
 
+        check_tables(args.tables)
         base = load_checked_observations(args.tables)
         print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
 

@@ -230,3 +230,17 @@ def time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+class Sampled(Exception):
+    """Raised instead of sampling (fuzz tests replace the sampler): the input passed validation."""
+
+
+def one_line_error(err: str, names: tuple[str, ...]) -> str | None:
+    """None when ``err`` is one ``bayes-latency: error:`` line naming one of ``names``."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    if len(lines) != 1 or not lines[0].startswith("bayes-latency: error:"):
+        return f"not one error line: {err!r}"
+    if names and not any(n in lines[0] for n in names):
+        return f"error does not name any of {names}: {lines[0]!r}"
+    return None

@@ -51,3 +51,7 @@ class ConvergenceError(BayesLatencyError):
 
 class ModelMismatchError(BayesLatencyError):
     """A saved posterior was made by another model version, priors or term set."""
+
+
+class TableLayoutError(BayesLatencyError):
+    """A folder of ingested tables whose manifest and partition files disagree."""

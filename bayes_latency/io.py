@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from bayes_latency.errors import BayesLatencyError, TraceFormatError
 
 __all__ = ["OutputPathError", "atomic_path", "atomic_write", "atomic_write_text",
-           "check_output_path", "read_parquet"]
+           "check_output_path", "folder_lock", "read_parquet"]
 
 
 class OutputPathError(BayesLatencyError):
@@ -168,3 +169,74 @@ def read_parquet(path: str | Path, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceFormatError(f"cannot read Parquet table: {msg}", file=str(path)) from None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, what: str = "write",
+                name: str = ".bayes_latency.lock") -> Iterator[list[str]]:
+    """Hold ``folder/name`` while the block writes ``folder``; refuse a folder another run holds.
+
+    The lock file is created atomically (``O_CREAT | O_EXCL``) and holds ``pid host``; it is
+    removed when the block ends. A lock left by a process of this host that no longer runs is
+    taken over, with a note.
+
+    Yields
+    ------
+    list[str]
+        Notes (the takeover of a stale lock), for the command's report.
+
+    Raises
+    ------
+    OutputPathError
+        When another running process (or one on another host) holds the folder.
+    """
+    path = Path(folder) / name
+    host = socket.gethostname()
+    me = f"{os.getpid()} {host}\n"
+    notes: list[str] = []
+    for attempt in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = path.read_text(encoding="utf-8", errors="replace").split()
+            except OSError:
+                owner = []
+            pid = int(owner[0]) if owner and owner[0].isdigit() else -1
+            other_host = owner[1] if len(owner) > 1 else host
+            if attempt == 0 and other_host == host and not _pid_alive(pid) and owner:
+                notes.append(f"took over the stale lock {path} of process {pid}, which no "
+                             f"longer runs")
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            who = f"process {pid}" + ("" if other_host == host else f" on host {other_host}")
+            raise OutputPathError(
+                f"--out {folder}: another run ({who}) is writing this folder ({path} exists); "
+                f"wait for it to finish, or remove {path} if it is not running") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(me)
+        break
+    try:
+        yield notes
+    finally:
+        try:
+            if path.read_text(encoding="utf-8") == me:
+                path.unlink()
+        except OSError:
+            pass

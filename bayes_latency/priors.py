@@ -35,6 +35,7 @@ import yaml
 from bayes_latency.errors import PriorError
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, TERMS
 from bayes_latency.physics.hardware import GPU, resolve_gpu_name
+from bayes_latency.textfiles import load_yaml, read_text
 
 SCHEMA_VERSION = 1
 """The prior-file schema this module reads."""
@@ -371,8 +372,7 @@ def load_priors(path: str | Path | Mapping[str, Any] | None = None,
     if not p.is_file():
         raise PriorError(f"{p}: prior file not found")
     try:
-        with open(p, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        raw = load_yaml(read_text(p, "prior file", PriorError))
     except (OSError, yaml.YAMLError) as e:
         raise PriorError(f"{p}: cannot read prior file: {e}") from None
     return parse_priors(raw, str(p), [getattr(t, "name", t) for t in terms],

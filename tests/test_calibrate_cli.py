@@ -198,3 +198,27 @@ def test_real_inference_perf_run_matches_the_study_stages(real_dir):
             b.num_groups, b.users_per_group, b.system_prompt_len)
         assert a.output_pdf == b.output_pdf
         assert all(math.isclose(a.observed[k], b.observed[k]) for k in b.observed)
+
+
+def test_calibrate_stops_when_every_request_row_is_dropped(tmp_path, capsys):
+    doc = _doc()
+    doc["ttfts"] = [-1] * len(doc["ttfts"])
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    _one_line_error(capsys, ["calibrate", str(p), "--model", "llama-2-7b", "--gpu", "H100",
+                             "--out", str(tmp_path / "p.nc")],
+                    f"{p}: all 50 per-request record(s) were dropped (malformed:ttfts=50)")
+    assert not (tmp_path / "p.nc").exists()
+
+
+def test_calibrate_stops_when_a_needed_mean_is_missing(tmp_path, capsys):
+    doc = _doc()
+    for k in [k for k in doc if k.endswith("_e2el_ms")] + ["ttfts", "latencies", "itls",
+                                                           "input_lens", "output_lens",
+                                                           "start_times", "errors"]:
+        doc.pop(k, None)
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    _one_line_error(capsys, ["calibrate", str(p), "--model", "llama-2-7b", "--gpu", "H100",
+                             "--out", str(tmp_path / "p.nc")], "no mean E2E of successful")
+    assert not (tmp_path / "p.nc").exists()

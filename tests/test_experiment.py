@@ -147,3 +147,12 @@ def test_tiny_fleet_end_to_end(tiny_fleet):
         s0 = int(eng.index[0])
         true = ct[o["step_last"].to_numpy(int) - s0 + 1] - ct[o["step_first"].to_numpy(int) - s0]
         assert np.abs(o["value_us"].to_numpy() - true).max() < 1000.0
+
+
+@pytest.mark.parametrize("line, field", [("tp: true", "tp"), ("max_num_seqs: -5", "max_num_seqs"),
+                                         ("max_num_seqs: .inf", "max_num_seqs")])
+def test_bad_serving_knob_names_the_serving_yaml_and_field(tmp_path, line, field):
+    p = tmp_path / "serving.yaml"
+    p.write_text(f"model: llama-2-7b\ngpu: H100\n{line}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"serving\.yaml: field '{field}'"):
+        load_serving_yaml(p)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from mutate import Sampled as _Sampled
 from mutate import (
     attr,
     copy_exp,
@@ -43,6 +44,7 @@ from mutate import (
     step_summaries,
     tree_hash,
 )
+from mutate import one_line_error as _one_line
 
 from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import load_tables as _load_tables
@@ -197,8 +199,32 @@ def _trace_cases() -> list[tuple[str, Callable, str]]:
         ("empty_trace", _raw_text(lambda ls, r: []), "signal"),
         ("all_garbage", _raw_text(lambda ls, r: ["nope"] * 3), "signal"),
         ("deep_nesting", _raw_text(lambda ls, r: ls + ["[" * 5000 + "]" * 5000]), "signal"),
+        ("journey_step_1e9", _docs_op(_journey_step(10**9)), "signal"),
+        ("journey_step_1e7", _docs_op(_journey_step(10**7)), "signal"),
+        ("step_over_max_num_seqs", _docs_op(_set_step("batch.num_decode_reqs",
+                                                      {"intValue": "100000"})), "signal"),
+        ("step_over_max_tokens", _docs_op(_set_step("batch.prefill_tokens",
+                                                    {"intValue": "1000000000"})), "signal"),
     ]
     return cases
+
+
+def _journey_step(value: int) -> Callable:
+    def fn(docs: list, rng: random.Random) -> None:
+        ev = _rand_event(docs, rng, "vllm.scheduler", "journey")
+        set_attr(ev["attributes"], "scheduler.step", {"intValue": str(value)})
+    return fn
+
+
+def _yaml_append(text: str, encoding: str = "utf-8") -> Callable:
+    def run(exp: Path, rng: random.Random) -> None:
+        y = exp / "serving.yaml"
+        y.write_bytes(y.read_bytes() + text.encode(encoding))
+    return run
+
+
+_BOMB = "".join(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i else '"lol"'] * 9) + "]\n"
+                for i in range(10))
 
 
 # -- serving config / config.json / lifecycle / kv-events mutations ----------------------------
@@ -271,6 +297,14 @@ def _config_cases() -> list[tuple[str, Callable, str]]:
         ("config_json_kv_5", _bad_config_json(dict(_LLAMA, num_key_value_heads=5)), "signal"),
         ("config_json_negative", _bad_config_json(dict(_LLAMA, num_hidden_layers=-2)), "signal"),
         ("config_json_garbage", _bad_config_json([1, 2]), "signal"),  # type: ignore[arg-type]
+        ("config_json_1e9_layers", _bad_config_json(dict(_LLAMA, num_hidden_layers=10**9)),
+         "signal"),
+        ("config_json_1e9_experts", _bad_config_json(dict(_LLAMA, num_local_experts=10**9,
+                                                          num_experts_per_tok=2)), "signal"),
+        ("serving_latin1", _yaml_append("description: café\n", "latin-1"), "signal"),
+        ("serving_alias_bomb", _yaml_append(_BOMB), "signal"),
+        ("serving_duplicate_key", _yaml_append("tp: 1\n"), "signal"),
+        ("serving_tp_true", _yaml_edit("tp: 2", "tp: true"), "signal"),
         ("lifecycle_string", _lifecycle(_lc_leaf("fast")), "signal"),
         ("lifecycle_negative", _lifecycle(_lc_leaf(-5)), "signal"),
         ("lifecycle_inf", _lifecycle(_lc_leaf(float("inf"))), "signal"),
@@ -302,16 +336,6 @@ def _config_cases() -> list[tuple[str, Callable, str]]:
 # ---------------------------------------------------------------------------------------------
 # Checks of one run
 # ---------------------------------------------------------------------------------------------
-def _one_line(err: str, names: tuple[str, ...]) -> str | None:
-    """None when ``err`` is one ``bayes-latency: error:`` line naming one of ``names``."""
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    if len(lines) != 1 or not lines[0].startswith("bayes-latency: error:"):
-        return f"not one error line: {err!r}"
-    if names and not any(n in lines[0] for n in names):
-        return f"error does not name any of {names}: {lines[0]!r}"
-    return None
-
-
 def _table_domain(folder: Path) -> list[str]:
     """Numeric values of written tables outside their domain (non-finite, or negative)."""
     bad = []
@@ -351,10 +375,6 @@ def _all_finite(doc: object) -> bool:
     if isinstance(doc, str):
         return doc.strip().lower() not in ("nan", "inf", "-inf", "infinity", "-infinity")
     return not isinstance(doc, float) or bool(np.isfinite(doc))
-
-
-class _Sampled(Exception):
-    """Raised instead of sampling: the input passed validation."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -241,3 +241,159 @@ def test_kv_reader_survives_mutations(fuzz_dir: Path, data: st.DataObject) -> No
     except TraceFormatError:
         return
     assert list(df.columns) == list(KV_EVENT_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Client readers (vllm bench JSON, inference-perf lifecycle JSON, TraceV2 pairs): every outcome
+# classified (mutate.OUTCOMES); repeatable (derandomized), a few seconds each
+# ---------------------------------------------------------------------------------------------
+import os  # noqa: E402
+from collections import Counter  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mutate import BAD_OUTCOMES, Hang, time_limit  # noqa: E402
+
+from bayes_latency.data.client.read import read_client_results  # noqa: E402
+from bayes_latency.errors import BayesLatencyError  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+#: examples per client fuzz test (``BAYES_LATENCY_FUZZ_EXAMPLES`` for a longer run by hand)
+CLIENT_EXAMPLES = int(os.environ.get("BAYES_LATENCY_FUZZ_EXAMPLES", "40"))
+CLIENT_FUZZ = settings(max_examples=CLIENT_EXAMPLES, deadline=None, database=None,
+                       derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                              HealthCheck.function_scoped_fixture])
+CLIENT_STATS: Counter = Counter()
+_CLIENT_WEIRD = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+    st.text(max_size=6), st.sampled_from(["", "NaN", "-1", "1e400", "inf", "\ufeff"]),
+    st.builds(list), st.builds(dict), st.builds(lambda: [[1.0, None]]))
+
+
+def _client_outcome(path: Path) -> tuple[str, str]:
+    """Read ``path`` with :func:`read_client_results` and classify the result."""
+    try:
+        with time_limit(20):
+            tabs, rep = read_client_results(path)
+    except Hang as exc:
+        return "hang", str(exc)
+    except BayesLatencyError as exc:
+        ok = path.name in str(exc) or str(path.parent) in str(exc)
+        return ("clean_error", str(exc)) if ok else ("wrong_accepted", f"unnamed: {exc}")
+    except Exception:  # noqa: BLE001 - the point of the suite
+        import traceback
+
+        return "traceback", traceback.format_exc()[-1500:]
+    req = tabs["client_requests"]
+    kept = rep.kept["requests_ok"] + rep.kept["requests_failed"]
+    if len(tabs["lifecycle"]) != rep.kept["lifecycle_rows"] or len(req) != kept or (
+            rep.read["requests"] and rep.read["requests"] != kept + rep.n_dropped):
+        return "silent_loss", rep.format()
+    ok = req[req["status"] == "ok"]
+    for c in ("ttft_s", "e2e_s"):
+        v = ok[c].to_numpy(dtype=float)
+        if (v[np.isfinite(v)] < 0).any() or np.isinf(v).any():
+            return "wrong_accepted", f"{c} out of domain"
+    lc = tabs["lifecycle"]
+    for c in ("ttft_mean_s", "e2e_mean_s", "decode_interval_s", "prompt_len_mean"):
+        v = pd.to_numeric(lc[c], errors="coerce").to_numpy(dtype=float)
+        if np.isinf(v).any() or (v[np.isfinite(v)] < 0).any():
+            return "wrong_accepted", f"lifecycle {c} out of domain: {v}"
+    return ("counted_drop", "") if rep.n_dropped else ("accepted", "")
+
+
+def _record(kind: str, detail: str) -> None:
+    CLIENT_STATS[kind] += 1
+    assert kind not in BAD_OUTCOMES, f"{kind}: {detail}"
+
+
+def _mutate_doc(doc: Any, data: st.DataObject, n_max: int = 4) -> Any:
+    """Up to ``n_max`` edits at random paths: a value replaced, a key deleted, a list cut."""
+    for _ in range(data.draw(st.integers(1, n_max))):
+        paths = _paths(doc)
+        if not paths:
+            break
+        path = data.draw(st.sampled_from(paths))
+        parent = _parent(doc, path)
+        op = data.draw(st.sampled_from(["replace", "delete", "truncate"]))
+        if op == "delete" and isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        elif op == "truncate" and isinstance(parent[path[-1]], list):
+            parent[path[-1]] = parent[path[-1]][: data.draw(st.integers(0, 3))]
+        else:
+            parent[path[-1]] = data.draw(_CLIENT_WEIRD)
+    return doc
+
+
+def _dump(doc: Any, data: st.DataObject) -> bytes:
+    text = json.dumps(doc)
+    enc = data.draw(st.sampled_from(["utf-8", "utf-8-sig", "latin-1-tail", "cut"]))
+    if enc == "utf-8-sig":
+        return text.encode("utf-8-sig")
+    if enc == "latin-1-tail":
+        return text.encode("utf-8") + " café".encode("latin-1")
+    if enc == "cut":
+        return text.encode("utf-8")[: data.draw(st.integers(0, len(text)))]
+    return text.encode("utf-8")
+
+
+@CLIENT_FUZZ
+@given(data=st.data())
+def test_vllm_bench_fuzz_outcomes(tmp_path: Path, data: st.DataObject) -> None:
+    doc = _mutate_doc(json.loads((DATA / "vllm_bench_small.json").read_text()), data)
+    p = tmp_path / "bench.json"
+    p.write_bytes(_dump(doc, data))
+    _record(*_client_outcome(p))
+
+
+def _lifecycle_doc() -> dict:
+    dist = {"mean": 0.05, "min": 0.01, "p10": 0.02, "p25": 0.03, "median": 0.05, "p75": 0.06,
+            "p90": 0.07, "p99": 0.09, "max": 0.1}
+    lat = {k: {q: v * f for q, v in dist.items()} for k, f in (
+        ("request_latency", 40.0), ("time_to_first_token", 1.0), ("time_per_output_token", 0.2),
+        ("inter_token_latency", 0.2), ("normalized_time_per_output_token", 0.25))}
+    return {"load_summary": {"count": 40, "requested_rate": 4.0, "achieved_rate": 3.9,
+                             "schedule_delay": dict(dist)},
+            "successes": {"count": 40, "latency": lat,
+                          "prompt_len": {q: v * 4000 for q, v in dist.items()},
+                          "output_len": {q: v * 2000 for q, v in dist.items()},
+                          "throughput": {"input_tokens_per_sec": 900.0,
+                                         "output_tokens_per_sec": 500.0,
+                                         "requests_per_sec": 3.9}},
+            "failures": {"count": 0}}
+
+
+@CLIENT_FUZZ
+@given(data=st.data())
+def test_lifecycle_fuzz_outcomes(tmp_path: Path, data: st.DataObject) -> None:
+    doc = _mutate_doc(_lifecycle_doc(), data)
+    p = tmp_path / "summary_lifecycle_metrics.json"
+    p.write_bytes(_dump(doc, data))
+    _record(*_client_outcome(p))
+
+
+@CLIENT_FUZZ
+@given(data=st.data())
+def test_tracev2_fuzz_outcomes(tmp_path: Path, data: st.DataObject) -> None:
+    hdr = (DATA / "blis_observe.yaml").read_text(encoding="utf-8")
+    rows = [ln.split(",") for ln in (DATA / "blis_observe.csv").read_text().splitlines()]
+    for _ in range(data.draw(st.integers(0, 6))):
+        r = data.draw(st.integers(0, len(rows) - 1))
+        c = data.draw(st.integers(0, len(rows[r]) - 1))
+        rows[r][c] = data.draw(st.one_of(
+            st.sampled_from(["", "NaN", "-1", "1e400", "abc", "-0", "9223372036854775808"]),
+            st.text(max_size=5))).replace(",", ";").replace("\n", " ").replace("\r", " ")
+    extra = data.draw(st.sampled_from(["", "time_unit: seconds\n", "trace_version: 1\n",
+                                       "x: &a [1]\ny: [*a, *a]\n", "mode: [\n"]))
+    (tmp_path / "obs.yaml").write_text(hdr + extra, encoding="utf-8")
+    (tmp_path / "obs.csv").write_bytes(
+        "\n".join(",".join(r) for r in rows).encode(
+            data.draw(st.sampled_from(["utf-8", "utf-8-sig"]))))
+    _record(*_client_outcome(tmp_path / "obs.yaml"))
+
+
+def test_client_fuzz_counts() -> None:
+    """The classes seen by the three client fuzz tests above (run in file order): printed with
+    ``-s``; every example was classified and none was bad."""
+    print(f"\nfuzz client readers: {dict(CLIENT_STATS)}")
+    assert not any(CLIENT_STATS[k] for k in BAD_OUTCOMES)

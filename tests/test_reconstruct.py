@@ -276,3 +276,13 @@ def test_engine_prefix_caching_flags_every_wrong_step():
     # decodes do not depend on the cache and stay exact everywhere
     np.testing.assert_allclose(got["decode_ctx_tokens"], truth["decode_ctx_tokens"])
     assert rep.agreement > 0.9
+
+
+def test_corrupt_step_id_far_from_the_rest_is_a_counted_drop_not_a_dense_table():
+    ev = pd.DataFrame(simple("a", 100, 5, 0, 1, 1, 5) + simple("b", 50, 3, 2, 3, 3, 5, t0=1))
+    ev.loc[ev.index[-1], "step"] = 1_000_000_000  # b's FINISHED at step 1e9
+    summ = pd.DataFrame([summary(3, 1, 50, 1, 1), summary(2_000_000_000, 0, 0, 1, 1)])
+    b, _, rep = reconstruct_batches(ev, None, NO_CACHE, summ, with_members=False)
+    assert len(b) <= 10 and int(b["step_id"].max()) <= 10
+    assert rep.issues["step_out_of_range"] == 1
+    assert rep.issues["summary_step_out_of_range"] == 1

@@ -164,3 +164,23 @@ def test_unreadable_step_table(tmp_path: Path) -> None:
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(TraceFormatError):
         load_step_table(tmp_path / "bad.parquet")
+
+
+def test_summaries_over_the_serving_limits_are_dropped_and_counted():
+    from bayes_latency.data.report import IngestReport
+    from bayes_latency.data.steps import drop_over_serving_limits
+
+    steps = pd.DataFrame({"step.id": [1, 2, 3, 4], "batch.num_prefill_reqs": [1, 0, 1, 0],
+                          "batch.num_decode_reqs": [5, 100_000, 127, 3],
+                          "batch.prefill_tokens": [100, 0, 1e9, 2046],
+                          "batch.decode_tokens": [5, 100_000, 127, 3]})
+    rep = IngestReport()
+    rep.read["step_summaries"] = rep.kept["steps"] = 4
+    kept = drop_over_serving_limits(steps, 128, 2048, rep, source="exp")
+    assert list(kept["step.id"]) == [1]  # 2: 100,000 requests; 3: 1e9 tokens; 4: 2049 tokens
+    assert rep.dropped == {"over_max_num_seqs": 1, "over_max_num_batched_tokens": 2}
+    assert not rep.unbalanced()
+    assert any("step 2" in n and "max_num_seqs = 128" in n for n in rep.notes)
+    # a limit the user did not give is not checked
+    rep2 = IngestReport()
+    assert len(drop_over_serving_limits(steps, None, None, rep2)) == 4 and not rep2.dropped

@@ -34,7 +34,7 @@ import pandas as pd
 from bayes_latency.errors import ConfigError, TraceFormatError
 from bayes_latency.schedule.replay import ClientStage, stratified_lengths
 
-__all__ = ["QUANTILE_LEVELS", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
+__all__ = ["QUANTILE_LEVELS", "check_client_report", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
            "stages_table"]
 
 #: Quantile levels of inference-perf distributions, key -> level.
@@ -167,12 +167,34 @@ def _finite(v: Any) -> bool:
 
 
 def _observed(ttft_s: float, e2e_s: float, out_mean: float, where: str) -> dict[str, float]:
-    if not (_finite(ttft_s) and ttft_s > 0) and not (_finite(e2e_s) and e2e_s > 0):
-        raise ConfigError(f"{where}: no mean TTFT or E2E of successful requests "
-                          "(field ttft_mean_s / e2e_mean_s; vLLM: mean_ttft_ms / mean_e2el_ms)")
-    return {"ttft_mean_us": float(ttft_s) * 1e6 if _finite(ttft_s) else math.nan,
-            "e2e_mean_us": float(e2e_s) * 1e6 if _finite(e2e_s) else math.nan,
+    """The measured means a calibration fits (µs); both TTFT and E2E are needed (E2E anchors the
+    scale of the coefficients, TTFT splits it between prefill and decode)."""
+    for name, v, field in (("TTFT", ttft_s, "ttft_mean_s; vLLM: mean_ttft_ms"),
+                           ("E2E", e2e_s, "e2e_mean_s; vLLM: mean_e2el_ms")):
+        if not (_finite(v) and float(v) > 0):
+            raise ConfigError(f"{where}: no mean {name} of successful requests (field {field}"
+                              f", got {v!r}); a calibration needs both the TTFT and E2E means")
+    return {"ttft_mean_us": float(ttft_s) * 1e6, "e2e_mean_us": float(e2e_s) * 1e6,
             "output_len_mean": float(out_mean) if _finite(out_mean) else math.nan}
+
+
+def check_client_report(report: Any, source: str | Path) -> None:
+    """Refuse client results whose per-request records were all dropped.
+
+    A result that lists requests, none of them kept, would otherwise fall back to its summary
+    means, which describe those same (malformed) requests.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file and the drop counts.
+    """
+    read = int(report.read.get("requests", 0))
+    kept = int(report.kept.get("requests_ok", 0)) + int(report.kept.get("requests_failed", 0))
+    if read > 0 and kept == 0:
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(report.dropped.items()) if v)
+        raise ConfigError(f"{source}: all {read} per-request record(s) were dropped "
+                          f"({drops or 'no reason counted'}): nothing to calibrate on")
 
 
 def _stage_files(path: Path | None) -> tuple[Path | None, dict[str, Any] | None]:
@@ -345,6 +367,18 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
                   max_num_seqs=int(max_num_seqs),
                   max_num_batched_tokens=int(max_num_batched_tokens),
                   block_size=int(block_size), prefix_caching=bool(prefix_caching))
+    try:
+        return _client_stages(lc, req, model, tp, common, path, seed)
+    except ConfigError as exc:  # name the results the stage came from
+        if path is None or str(path) in str(exc):
+            raise
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path, tp: int,
+                   common: dict[str, Any], path: str | Path | None, seed: int
+                   ) -> list[ClientStage]:
+    """:func:`client_stages`' work."""
     results, profile = _stage_files(Path(path) if path is not None else None)
     out: list[ClientStage] = []
     for eid, rows in lc.groupby("experiment_id", sort=False):

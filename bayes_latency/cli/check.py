@@ -44,6 +44,11 @@ def check_command(args: argparse.Namespace) -> int:
     if out is not None:  # before loading: a bad --out fails at once
         check_output_path(out, [p for p in (args.posterior, tables, priors) if p], kind="dir",
                           names=("diagnostics.md", "diagnostics.json", "findings.json"))
+    if tables:  # every input checked before any output
+        from bayes_latency.data.tables import check_tables, load_checked_observations
+
+        if "observations" in check_tables(tables):
+            load_checked_observations(tables)
     model = load_posterior(args.posterior, priors=priors)
     report = diagnose(model.result)
     print(report.to_markdown())

@@ -11,8 +11,6 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
-
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
     _check_finite,
@@ -21,6 +19,7 @@ from bayes_latency.export.document import (
     export_document,
     provenance,
 )
+from bayes_latency.textfiles import load_yaml
 
 MAX_EXPORT_DRAWS = 100_000
 """Upper bound of ``export --draws`` (each draw is a full coefficient vector in the output)."""
@@ -82,7 +81,7 @@ def export_command(args: argparse.Namespace) -> int:
         n_draws = int(getattr(args, "draws", 0) or 0)
         if args.format == "blis":
             text = blis_yaml(coefs, config, prov, n_draws=n_draws)
-            _check_finite(yaml.safe_load(text))
+            _check_finite(load_yaml(text))
         elif args.format == "json":
             doc = export_document(coefs, config, prov, n_draws=n_draws)
             _check_finite(doc)

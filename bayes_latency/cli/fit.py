@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from bayes_latency.data.tables import load_observations, read_table, table_names
+from bayes_latency.data.tables import (
+    check_tables,
+    load_checked_observations,
+    read_table,
+    table_names,
+    table_source,
+)
 from bayes_latency.errors import BayesLatencyError, ConvergenceError
 from bayes_latency.model.sampler import MAX_DRAWS_FACTOR, NUTPIE_ADAPTATION, TARGET_ACCEPT
 from bayes_latency.physics.basis import DEFAULT_TERMS
@@ -40,9 +46,30 @@ def _check_sampler_args(args: argparse.Namespace) -> None:
     ta = getattr(args, "target_accept", None)
     if ta is not None and not (isinstance(ta, (int, float)) and 0.5 <= ta < 1.0):
         raise bad("--target-accept", ta, "a number in [0.5, 1)")
+    md, draws = getattr(args, "max_draws", None), getattr(args, "draws", None)
+    if md and isinstance(draws, int) and md < draws:
+        raise bad("--max-draws", md, f"0 (no extension) or at least --draws ({draws})")
+    parse_terms(getattr(args, "terms", None))
     mr = getattr(args, "max_rhat", None)
     if mr is not None and not (isinstance(mr, (int, float)) and 1.0 <= mr < 10.0):
         raise bad("--max-rhat", mr, "a number in [1, 10)")
+
+
+def parse_terms(value: str | None) -> tuple[str, ...] | None:
+    """``--terms a,b,c`` -> the term names; None when the option is not given.
+
+    Raises
+    ------
+    BayesLatencyError
+        When the option is given but names no term (``--terms ""``).
+    """
+    if value is None:
+        return None
+    terms = tuple(t.strip() for t in str(value).split(",") if t.strip())
+    if not terms:
+        raise BayesLatencyError(f"--terms {value!r}: names no term (give a comma-separated "
+                                f"list, or leave the option out for the default terms)")
+    return terms
 
 
 def _max_draws(args: argparse.Namespace) -> int | None:
@@ -60,22 +87,22 @@ def fit_command(args: argparse.Namespace) -> int:
     The arguments, the output path and the observation table are validated before sampling; the
     posterior is written atomically (never over an input).
     """
-    from bayes_latency.data.observations.build import validate_observations
     from bayes_latency.io import atomic_path, check_output_path
     from bayes_latency.model.estimator import LatencyModel
 
     _check_sampler_args(args)
+    terms = parse_terms(getattr(args, "terms", None)) or DEFAULT_TERMS
     tables = Path(args.tables)
-    f_in = tables / "observations.parquet" if tables.is_dir() else tables
+    f_in = table_source(tables, "observations")
     inputs = [tables, f_in] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():
         raise BayesLatencyError(f"--out {out_path}: zarr store exists; remove it or choose "
                                 f"another path")
-    obs = validate_observations(load_observations(args.tables), source=str(f_in))
-    terms = getattr(args, "terms", None)
-    terms = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
+    if tables.is_dir():  # every table of the folder agrees with its manifest, before any work
+        check_tables(tables)
+    obs = load_checked_observations(args.tables)
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
                      scheduler=getattr(args, "scheduler", None))
     t0 = time.perf_counter()

@@ -137,14 +137,22 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if arch.n_heads % args.tp:
         raise BayesLatencyError(f"--tp {args.tp}: does not divide the {arch.n_heads} attention "
                                 f"heads of {arch.name}")
-    terms = tuple(t.strip() for t in args.terms.split(",") if t.strip()) if args.terms else None
+    from bayes_latency.cli.fit import parse_terms
+
+    terms = parse_terms(args.terms)
 
     # ---- inputs
-    from bayes_latency.calibrate.stages import client_stages, default_kv_blocks, stages_table
+    from bayes_latency.calibrate.stages import (
+        check_client_report,
+        client_stages,
+        default_kv_blocks,
+        stages_table,
+    )
     from bayes_latency.data.client.read import read_client_results
 
     tables, report = read_client_results(result)
     print(report.format())
+    check_client_report(report, result)
     kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
                                                                       args.tp)
     stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,
@@ -156,12 +164,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
         print(stages_table(stages).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     base = pd.DataFrame()
     if args.tables:
-        from bayes_latency.data.observations.build import validate_observations
-        from bayes_latency.data.tables import load_observations
+        from bayes_latency.data.tables import check_tables, load_checked_observations
 
-        tp_ = Path(args.tables)
-        f_in = tp_ / "observations.parquet" if tp_.is_dir() else tp_
-        base = validate_observations(load_observations(args.tables), source=str(f_in))
+        check_tables(args.tables)
+        base = load_checked_observations(args.tables)
         print(f"--tables: {len(base):,} trace / benchmark rows join the fit")
 
     # ---- calibrate
@@ -239,7 +245,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
                  "ttft_alpha_share": float(share),
                  "draws": blis_draws(run, int(args.export_draws), args.seed, config)},
                 sort_keys=False, default_flow_style=None, width=120)
-        _check_finite(yaml.safe_load(text))
+        from bayes_latency.textfiles import load_yaml
+
+        _check_finite(load_yaml(text))
         atomic_write_text(export_path, text)
         for note in blis_notes(coefs, config):
             print(f"note: {note}")

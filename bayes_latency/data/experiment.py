@@ -11,24 +11,7 @@ Inputs
   ``observations`` is written (batches rebuilt with the default serving knobs) and the report
   says so.
 
-Serving YAML (``serving.yaml``)
--------------------------------
-A flat mapping::
-
-    experiment_id: llama-2-7b-h100-tp1-general   # default: folder name (or file stem)
-    model: llama-2-7b        # known short name / HF name, or a config.json path (relative to the YAML)
-    gpu: H100                # GPU name, or a datasheet YAML path (relative to the YAML)
-    tp: 1
-    workload: general        # free label (default: "")
-    max_num_batched_tokens: 2048
-    max_num_seqs: 128
-    max_model_len: 4096
-    block_size: 16
-    prefix_caching: true     # and any other ServingConfig knob (vLLM names accepted)
-
-Knobs may also sit under a nested ``serving:`` mapping. inference-perf's ``exp-config.yaml``
-(``model``, ``tensor_parallelism``, ``max_num_batched_tokens``, ``max_num_seqs``,
-``max_model_len``) is accepted too, with an added ``gpu`` key.
+The serving YAML format is described in :mod:`bayes_latency.data.serving_yaml`.
 
 Outputs (in ``--out``)
 ----------------------
@@ -45,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
@@ -56,19 +38,29 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from bayes_latency.data.jsonl import _replace_lone_surrogates
 from bayes_latency.data.observations.build import build_observations, empty_observations
 from bayes_latency.data.rebuild.reconstruct import BATCH_COLUMNS, reconstruct_batches
 from bayes_latency.data.report import IngestReport
+from bayes_latency.data.serving_yaml import (
+    _CONFIG_NAMES,
+    _cfg_source,
+    _check_prompt_lengths,
+    _given,
+    _normalise,
+    load_serving_yaml,
+    serving_config,
+)
 from bayes_latency.data.tables import (
     clear_table,
     read_table,
+    remove_manifest,
     table_names,
     write_manifest,
     write_partition,
 )
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
-from bayes_latency.io import atomic_write_text, check_output_path
+from bayes_latency.io import atomic_write_text, check_output_path, folder_lock
+from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = [
     "TABLES",
@@ -88,93 +80,6 @@ TABLES: tuple[str, ...] = ("steps", "journey_events", "requests", "batches", "it
 """Table names written by :func:`ingest` (``lifecycle`` / ``kv_events`` only when present)."""
 
 _TRACE_NAMES = ("traces.jsonl", "traces.json", "traces.jsonl.gz", "traces.json.gz")
-_CONFIG_NAMES = ("serving.yaml", "serving.yml", "exp-config.yaml")
-
-
-#: libyaml's loader when PyYAML has it: 4x less CPU for the client, which reads every
-#: experiment's serving YAML before the first task starts (520 experiments: 0.33 -> 0.08 CPU-s)
-_CLoader = getattr(yaml, "CSafeLoader", None)
-_PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")
-
-
-def _safe_load(text: str) -> Any:
-    """``yaml.safe_load(text)``; printable ASCII is parsed with libyaml (same result), anything
-    else and any text libyaml refuses with PyYAML's own parser (its result and error messages)."""
-    if _CLoader is not None and _PLAIN.fullmatch(text):
-        try:
-            return yaml.load(text, Loader=_CLoader)  # noqa: S506 - CSafeLoader is the safe one
-        except yaml.YAMLError:
-            pass
-    return yaml.safe_load(text)
-
-
-def load_serving_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a serving YAML (or an inference-perf ``exp-config.yaml`` plus a ``gpu`` key).
-
-    Parameters
-    ----------
-    path
-        The YAML file (format in the module docstring).
-
-    Returns
-    -------
-    dict
-        A flat mapping with ``experiment_id`` (default: the folder name for ``serving.yaml`` /
-        ``exp-config.yaml``, else the file stem), ``model`` and ``gpu`` (paths relative to the
-        YAML made absolute), ``tp`` (int, default 1), ``workload`` (default ``""``) and the
-        serving knobs as given (feed it to :func:`serving_config`).
-
-    Raises
-    ------
-    ConfigError
-        Unreadable file, not a mapping, or missing / invalid ``model`` or ``gpu`` (named).
-    """
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = _safe_load(fh.read())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read serving config: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: serving config must be a mapping")
-    return _normalise(doc, path)
-
-
-def _normalise(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Flatten, default and resolve the fields of a serving mapping read from ``path``."""
-    doc, _ = _replace_lone_surrogates(doc)  # "\ud800" escapes: no Parquet writer takes them
-    out: dict[str, Any] = {}
-    for k, v in doc.items():
-        if k == "serving" and isinstance(v, dict):
-            out.update(v)
-        else:
-            out[str(k)] = v
-    if "tensor_parallelism" in out and "tp" not in out:
-        out["tp"] = out.pop("tensor_parallelism")
-    out.setdefault("tp", 1)
-    for key in ("model", "gpu"):
-        val = out.get(key)
-        if not isinstance(val, str) or not val.strip():
-            raise ConfigError(f"{path}: field {key!r} is missing or not a string "
-                              f"(a known name or a path relative to the YAML)")
-        cand = path.parent / val
-        if cand.is_file():
-            out[key] = str(cand.resolve())
-    if not out.get("experiment_id"):
-        out["experiment_id"] = (path.parent.name if path.name in _CONFIG_NAMES
-                                and path.parent.name else path.stem)
-    out["experiment_id"] = str(out["experiment_id"])
-    out["workload"] = str(out.get("workload") or "")
-    return out
-
-
-def serving_config(cfg: dict[str, Any], source: str | None = None) -> Any:
-    """:class:`~bayes_latency.physics.serving.ServingConfig` of a :func:`load_serving_yaml` dict."""
-    from bayes_latency.physics.serving import ServingConfig
-
-    return ServingConfig.from_dict(cfg, source=source)
 
 
 def _find(folder: Path, names: Sequence[str]) -> Path | None:
@@ -266,7 +171,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         :meth:`ReconstructionReport.to_dict`.
     """
     from bayes_latency.data.otlp.read import read_otlp
-    from bayes_latency.data.steps import iterations_from_steps
+    from bayes_latency.data.steps import drop_over_serving_limits, iterations_from_steps
     from bayes_latency.physics.serving import ServingConfig
 
     eid = experiment_id or (cfg or {}).get("experiment_id")
@@ -274,7 +179,12 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
     tabs = read_otlp(trace, experiment_id=eid, report=report)
     eid = eid or (str(tabs.steps["experiment_id"].iloc[0]) if len(tabs.steps) else None) or (
         str(tabs.requests["experiment_id"].iloc[0]) if len(tabs.requests) else trace.stem)
-    serving = serving_config(cfg, source=str(trace)) if cfg else ServingConfig()
+    serving = serving_config(cfg, source=_cfg_source(cfg, trace)) if cfg else ServingConfig()
+    if cfg is not None:
+        tabs.steps = drop_over_serving_limits(
+            tabs.steps, *(getattr(serving, k) if _given(cfg, k) else None
+                          for k in ("max_num_seqs", "max_num_batched_tokens")),
+            report, source=str(folder or trace))
     if cfg is None:
         report.notes.append("no serving config: batches rebuilt with the default serving knobs "
                             f"(max_num_batched_tokens={serving.max_num_batched_tokens}, "
@@ -289,6 +199,12 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         batches["experiment_id"] = eid
         recon = rrep.to_dict()
         report.kept["batches"] += len(batches)
+        for issue in ("step_out_of_range", "summary_step_out_of_range"):
+            if rrep.issues.get(issue):
+                report.drop(f"rebuild:{issue}", int(rrep.issues[issue]))
+                report.notes.append(f"rebuild: {rrep.issues[issue]} step id(s) outside the "
+                                    f"range the journeys' tokens allow were not used "
+                                    f"({issue})")
         if rrep.n_compared and rrep.agreement < 0.9:
             report.notes.append(f"reconstruction agrees with only {rrep.agreement:.1%} of the "
                                 f"{rrep.n_compared} sampled steps (journey sampling < 1, or "
@@ -334,13 +250,16 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         )
 
         add_folder_client_results(out, folder, eid, report)
+        from bayes_latency.data.client.frames import plausibility_notes
+
+        report.notes.extend(plausibility_notes(out.get("lifecycle"), str(folder)))
     if cfg is not None:
         from bayes_latency.physics.hardware import load_gpu
         from bayes_latency.physics.models import load_architecture
 
         arch, gpu = load_architecture(cfg["model"]), load_gpu(cfg["gpu"])
-        serving.check_against(arch, source=str(trace))
-        _check_prompt_lengths(tabs.requests, serving, cfg, str(folder or trace))
+        serving.check_against(arch, source=_cfg_source(cfg, trace))
+        _check_prompt_lengths(tabs.requests, serving, cfg, _cfg_source(cfg, trace))
         obs, orep = build_observations(
             {"steps": tabs.steps, "requests": tabs.requests,
              "journey_events": tabs.journey_events, "batches": batches},
@@ -350,29 +269,6 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         report.notes.extend(orep.notes)
         out["observations"] = obs
     return out, report, recon
-
-
-def _check_prompt_lengths(requests: pd.DataFrame, serving: Any, cfg: dict[str, Any],
-                          source: str) -> None:
-    """vLLM rejects prompts longer than ``max_model_len``: seeing any means the config is wrong.
-
-    Raises
-    ------
-    ConfigError
-        Naming the serving file and ``max_model_len`` when a request's prompt exceeds it.
-    """
-    if not len(requests) or "prompt_tokens" not in requests:
-        return
-    prompt = requests["prompt_tokens"].to_numpy(dtype=float, na_value=np.nan)
-    given = any(str(k).strip().lstrip("-").replace("-", "_") == "max_model_len" for k in cfg)
-    limit = getattr(serving, "max_model_len", None)
-    if not given or not limit:  # only a value the user gave can be contradicted
-        return
-    over = prompt > limit
-    if over.any():
-        raise ConfigError(f"{source}: serving config field 'max_model_len' = {limit} is smaller than the prompts "
-                          f"of {int(over.sum())} request(s) in the trace (largest "
-                          f"{int(np.nanmax(prompt))} tokens); fix max_model_len")
 
 
 #: Files that a shell glob over a fleet folder picks up beside the experiments and that are not
@@ -401,8 +297,10 @@ def _inputs(paths: Sequence[Path], config: Path | None, skipped: list[Path] | No
             cfg = load_serving_yaml(cfg_path) if cfg_path is not None and \
                 cfg_path.name != "exp-config.yaml" else None
             if cfg is None and cfg_path is not None:  # exp-config.yaml: knobs, maybe no gpu
-                with open(cfg_path, encoding="utf-8") as fh:
-                    doc = yaml.safe_load(fh) or {}
+                try:
+                    doc = load_yaml(read_text(cfg_path, "serving config", ConfigError)) or {}
+                except yaml.YAMLError as exc:
+                    raise ConfigError(f"{cfg_path}: not valid YAML: {exc}") from None
                 if isinstance(doc, dict) and ("gpu" in doc or shared is not None):
                     merged = {**(shared or {}), **doc}
                     merged["experiment_id"] = p.name
@@ -555,14 +453,27 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
         Bad serving config, or two inputs with the same experiment id.
     TraceFormatError
         Unreadable input.
+    OutputPathError
+        ``out`` is being written by another ingest (its lock file ``.bayes_latency.lock``
+        names a running process; a lock of a process that no longer runs is taken over, with
+        a note in the report).
     """
-    from bayes_latency.data.otlp.read import _default_experiment_id
-    from bayes_latency.parallel import run_units
-
     out = check_output_path(
         out, [*paths, *([config] if config is not None else [])], kind="dir",
         names=[*TABLES, *(f"{t}.parquet" for t in TABLES), "tables.json", "ingest_report.json",
-               "reconstruction_report.json"])
+               "reconstruction_report.json", ".bayes_latency.lock"])
+    with folder_lock(out, "ingest") as lock_notes:
+        total = _ingest_locked(paths, out, config, scheduler, iteration_notes)
+    total.notes[:0] = lock_notes
+    return total
+
+
+def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, scheduler: Any,
+                   iteration_notes: IterationNotes | None) -> IngestReport:
+    """:func:`ingest`'s work, while it holds the lock of ``out``."""
+    from bayes_latency.data.otlp.read import _default_experiment_id
+    from bayes_latency.parallel import run_units
+
     total = IngestReport(source=str(out))
     per_exp: dict[str, Any] = {}
     recon: dict[str, Any] = {}
@@ -583,6 +494,7 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
             raise ConfigError(f"experiment id {key!r} appears twice in the inputs "
                               f"(set experiment_id in the serving YAML)")
         seen.add(key)
+    remove_manifest(out)
     for name in TABLES:
         clear_table(out, name)
     sizes = [_size(trace) for trace, *_ in inputs]

@@ -46,6 +46,7 @@ from bayes_latency.errors import TraceFormatError
 
 __all__ = [
     "REQUIRED_STEP_COLUMNS",
+    "drop_over_serving_limits",
     "ITERATION_COLUMNS",
     "BATCH_COLUMNS",
     "load_step_table",
@@ -281,3 +282,47 @@ def iterations_from_steps(steps: pd.DataFrame, block_size: int = 16,
     })
     report.kept["iterations"] += len(out)
     return out[list(ITERATION_COLUMNS)]
+
+
+def drop_over_serving_limits(steps: pd.DataFrame, max_num_seqs: int | None,
+                             max_num_batched_tokens: int | None, report: IngestReport,
+                             source: str = "") -> pd.DataFrame:
+    """The step summaries without the ones the serving config makes impossible.
+
+    vLLM schedules at most ``max_num_seqs`` requests and ``max_num_batched_tokens`` tokens in one
+    step; a summary above either (``batch.num_prefill_reqs + batch.num_decode_reqs``, or
+    ``batch.prefill_tokens + batch.decode_tokens``) is a corrupt record or a wrong config. Such
+    rows are dropped and counted (``steps`` records, reason ``over_max_num_seqs`` /
+    ``over_max_num_batched_tokens``), with a note naming the first one. A limit of None is not
+    checked (pass only the limits the user gave: the defaults may not be the server's).
+    """
+    if not len(steps) or (max_num_seqs is None and max_num_batched_tokens is None):
+        return steps
+
+    def col(name: str) -> np.ndarray:
+        if name not in steps:
+            return np.zeros(len(steps))
+        return pd.to_numeric(steps[name], errors="coerce").to_numpy(dtype=float, na_value=0.0)
+
+    reqs = col("batch.num_prefill_reqs") + col("batch.num_decode_reqs")
+    toks = col("batch.prefill_tokens") + col("batch.decode_tokens")
+    bad = np.zeros(len(steps), dtype=bool)
+    for limit, vals, what, field in (
+            (max_num_seqs, reqs, "requests", "max_num_seqs"),
+            (max_num_batched_tokens, toks, "tokens", "max_num_batched_tokens")):
+        if limit is None:
+            continue
+        over = (vals > limit) & ~bad
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            sid = steps["step.id"].iloc[i] if "step.id" in steps else i
+            report.drop_record("steps", f"over_{field}", int(over.sum()))
+            report.notes.append(
+                f"{source}: {int(over.sum())} step summary(ies) schedule more {what} than the "
+                f"serving config's {field} = {limit} (first: step {sid}, {vals[i]:g} {what}); "
+                f"dropped")
+            bad |= over
+    if not bad.any():
+        return steps
+    report.kept["steps"] -= int(bad.sum())
+    return steps.loc[~bad].reset_index(drop=True)

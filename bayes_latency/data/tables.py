@@ -13,31 +13,40 @@ hold one ``<table>.parquet`` file per table; :func:`read_table` reads both.
 Every reader of ingested tables (``fit``, ``check``, the demo, benchmarks) goes through
 :func:`read_table`; it reads only the partitions (``experiments``) and ``columns`` asked for, in
 the experiment order of the ingest, with one schema unified over the partitions (a column that
-is all null in one experiment takes the type it has in the others).
+is all null in one experiment takes the type it has in the others). A partitioned table is read
+only when its partition files are exactly those ``tables.json`` lists for it: a missing, extra or
+foreign partition, or a missing or unreadable manifest, is a :class:`TableLayoutError` naming
+the table and experiment (never a silent subset).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
 import pandas as pd
 
-from bayes_latency.errors import BayesLatencyError, TraceFormatError
-from bayes_latency.io import atomic_write, read_parquet
+from bayes_latency.errors import BayesLatencyError, TableLayoutError, TraceFormatError
+from bayes_latency.io import atomic_write, atomic_write_text, read_parquet
+from bayes_latency.textfiles import read_text
 
 __all__ = [
+    "check_tables",
+    "load_checked_observations",
     "load_observations",
     "LAYOUT_VERSION",
     "MANIFEST",
     "clear_table",
     "partition_path",
     "read_table",
+    "remove_manifest",
+    "row_locator",
     "table_files",
+    "table_source",
     "table_names",
     "write_manifest",
     "write_partition",
@@ -144,23 +153,84 @@ def clear_table(tables_dir: str | Path, name: str) -> None:
 
 def write_manifest(tables_dir: str | Path, experiments: Sequence[str],
                    tables: dict[str, Sequence[str]]) -> None:
-    """``tables.json``: the layout version, the experiments in ingest order and, per table, the
-    experiments that have a partition."""
+    """``tables.json`` (written atomically, last of an ingest): the layout version, the
+    experiments in ingest order and, per table, the experiments that have a partition."""
     doc = {"layout": LAYOUT_VERSION, "experiments": list(experiments),
            "tables": {k: list(v) for k, v in tables.items()}}
-    with open(Path(tables_dir) / MANIFEST, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
+    atomic_write_text(Path(tables_dir) / MANIFEST, json.dumps(doc, indent=1))
 
 
-def _manifest(tables_dir: Path) -> dict | None:
+def remove_manifest(tables_dir: str | Path) -> None:
+    """Remove ``tables.json`` (an ingest does so before it rewrites any partition, so that a
+    folder whose ingest did not finish is refused by :func:`read_table`)."""
+    (Path(tables_dir) / MANIFEST).unlink(missing_ok=True)
+
+
+def _manifest(tables_dir: Path) -> dict[str, Any]:
+    """The manifest of a partitioned table folder.
+
+    Raises
+    ------
+    TableLayoutError
+        Missing, unreadable, or not of the shape :func:`write_manifest` writes.
+    """
     f = tables_dir / MANIFEST
     if not f.is_file():
-        return None
+        raise TableLayoutError(f"{f}: missing: the folder holds partitioned tables but no "
+                               f"manifest (an ingest that did not finish?); run "
+                               f"`bayes-latency ingest` again")
     try:
-        with open(f, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
+        doc = json.loads(read_text(f, "table manifest", TableLayoutError))
+    except (OSError, ValueError) as exc:
+        raise TableLayoutError(f"{f}: unreadable table manifest ({exc}); run "
+                               f"`bayes-latency ingest` again") from None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("experiments"), list)
+          and isinstance(doc.get("tables"), dict)
+          and all(isinstance(e, str) for e in doc["experiments"])
+          and all(isinstance(v, list) and all(isinstance(e, str) for e in v)
+                  for v in doc["tables"].values()))
+    if not ok:
+        raise TableLayoutError(f"{f}: not a table manifest (needs 'experiments': a list of ids "
+                               f"and 'tables': table -> list of ids); run `bayes-latency ingest` "
+                               f"again")
+    return doc
+
+
+def _check_partitions(tables_dir: Path, name: str, found: dict[str, Path],
+                      man: dict[str, Any]) -> None:
+    """Refuse a table whose partition files are not exactly those the manifest lists.
+
+    Raises
+    ------
+    TableLayoutError
+        Naming the table and the first experiments whose partition is missing, not listed, or
+        of an experiment the manifest does not know.
+    """
+    where = f"{tables_dir / MANIFEST}: table {name!r}"
+    if name not in man["tables"]:
+        raise TableLayoutError(f"{where}: not listed, but {tables_dir / name} holds partitions "
+                               f"of {_few(found)}")
+    listed = man["tables"][name]
+    known = set(man["experiments"])
+    foreign = sorted(set(found) - known)
+    if foreign:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) not in this ingest: "
+                               f"{_few(foreign)} (e.g. {found[foreign[0]]})")
+    missing = [e for e in listed if e not in found]
+    if missing:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) {_few(missing)} listed "
+                               f"but missing (e.g. {partition_path(tables_dir, name, missing[0])})"
+                               f"; run `bayes-latency ingest` again")
+    extra = sorted(set(found) - set(listed))
+    if extra:
+        raise TableLayoutError(f"{where}: partition(s) of experiment(s) {_few(extra)} present "
+                               f"but not listed (e.g. {found[extra[0]]})")
+
+
+def _few(ids: Any, n: int = 3) -> str:
+    ids = list(ids)
+    more = f" and {len(ids) - n} more" if len(ids) > n else ""
+    return ", ".join(repr(str(e)) for e in ids[:n]) + more
 
 
 def table_names(tables_dir: str | Path) -> list[str]:
@@ -184,9 +254,11 @@ def table_files(tables_dir: str | Path, name: str,
     if not part_dir.is_dir():
         return []
     found = {unquote(p.parent.name[len(_KEY):]): p for p in part_dir.glob(f"{_KEY}*/{_PART}")}
+    if not found:
+        return []
     man = _manifest(d)
-    order = [e for e in (man or {}).get("experiments", []) if e in found]
-    order += sorted(set(found) - set(order))
+    _check_partitions(d, name, found, man)
+    order = [e for e in man["experiments"] if e in found]
     if experiments is not None:
         wanted = {str(e) for e in experiments}
         order = [e for e in order if e in wanted]
@@ -247,6 +319,7 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
             raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
                                    file=str(f)) from None
+    _check_same_columns(d, name, files, schemas)
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
     meta = next((s.metadata for s in schemas
@@ -257,9 +330,121 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
     return table.to_pandas().reset_index(drop=True)
 
 
+def _check_same_columns(tables_dir: Path, name: str, files: Sequence[Path],
+                        schemas: Sequence[Any]) -> None:
+    """Refuse partitions of one table with different columns (unifying them would fill the
+    missing ones with nulls and report a foreign file as null values).
+
+    Raises
+    ------
+    TableLayoutError
+        Naming the partition file and its missing and foreign columns (against the first
+        partition in ingest order).
+    """
+    ref = list(schemas[0].names)
+    for f, sch in zip(files[1:], schemas[1:], strict=True):
+        cols = list(sch.names)
+        if set(cols) == set(ref):
+            continue
+        missing = [c for c in ref if c not in cols]
+        foreign = [c for c in cols if c not in ref]
+        parts = []
+        if missing:
+            parts.append(f"lacks column(s) {_few(missing, 5)}")
+        if foreign:
+            parts.append(f"has column(s) {_few(foreign, 5)} the others have not")
+        raise TableLayoutError(f"{f}: partition of table {name!r} {' and '.join(parts)} "
+                               f"(compared with {files[0]}); run `bayes-latency ingest` again")
+
+
+def check_tables(tables_dir: str | Path) -> list[str]:
+    """Check a table folder before a command writes anything: every table's partitions agree
+    with the manifest, every Parquet file's schema reads, and the partitions of a table have
+    the same columns. Returns the table names.
+
+    Raises
+    ------
+    BayesLatencyError
+        Naming the folder, table, experiment or file (:class:`TableLayoutError`,
+        :class:`TraceFormatError`).
+    """
+    import pyarrow.parquet as pq
+
+    d = Path(tables_dir)
+    if d.is_file():
+        return [d.stem]
+    if not d.is_dir():
+        raise BayesLatencyError(f"{d}: no such table folder")
+    names = table_names(d)
+    if not names:
+        raise BayesLatencyError(f"{d}: no Parquet table (run `bayes-latency ingest` first)")
+    for name in names:
+        files = table_files(d, name)
+        schemas = []
+        for f in files:
+            try:
+                schemas.append(pq.read_schema(f))
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+                raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
+                                       file=str(f)) from None
+        if len(files) > 1:
+            _check_same_columns(d, name, files, schemas)
+    return names
+
+
+def row_locator(path: str | Path, name: str = "observations"
+                ) -> Callable[[int], tuple[str, int]]:
+    """A function of a row of :func:`read_table`'s frame (all experiments) -> ``(file, row in
+    that file)``, for messages about a row of a partitioned table.
+
+    ``path`` is a table folder (either layout) or one Parquet file.
+    """
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    files = [p] if p.is_file() else table_files(p, name)
+    counts = []
+    for f in files:
+        try:
+            counts.append(pq.ParquetFile(f).metadata.num_rows)
+        except Exception:  # noqa: BLE001 - an unreadable file was reported by read_table
+            counts.append(0)
+    starts = [0]
+    for n in counts:
+        starts.append(starts[-1] + n)
+
+    def locate(row: int) -> tuple[str, int]:
+        for f, a, b in zip(files, starts, starts[1:], strict=False):
+            if a <= row < b:
+                return str(f), row - a
+        return str(p), row
+
+    return locate
+
+
 def load_observations(path: str | Path) -> pd.DataFrame:
     """The observation table from an ingest folder (either layout) or a Parquet file."""
     path = Path(path)
     if not path.exists():
         raise BayesLatencyError(f"no observation table at {path}; run `bayes-latency ingest` first")
     return read_table(path, "observations")
+
+
+def load_checked_observations(path: str | Path) -> pd.DataFrame:
+    """:func:`load_observations`, validated
+    (:func:`~bayes_latency.data.observations.table.validate_observations`): a bad value is
+    reported at its partition file and row."""
+    from bayes_latency.data.observations.table import validate_observations
+
+    obs = load_observations(path)
+    return validate_observations(obs, source=str(table_source(path, "observations")),
+                                 locate=row_locator(path, "observations"))
+
+
+def table_source(path: str | Path, name: str) -> Path:
+    """The path messages about table ``name`` of ``path`` name: the file itself, the single
+    ``<name>.parquet`` of the old layout, else the table's partition folder."""
+    p = Path(path)
+    if p.is_file() or (p / f"{name}.parquet").is_file():
+        return p if p.is_file() else p / f"{name}.parquet"
+    return p / name

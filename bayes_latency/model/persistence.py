@@ -158,6 +158,11 @@ def load_estimator(cls: type[LatencyModel], path: str | Path,
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
         raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
     a = dt.attrs
+    if "model_version" not in a or "terms" not in a or "posterior" not in dt.children:
+        raise BayesLatencyError(
+            f"{path} is not a bayes_latency posterior (no model_version / terms attributes "
+            f"or no posterior group); give a file written by `bayes-latency fit` or "
+            f"`calibrate`")
     if a.get("model_version") != MODEL_VERSION:
         raise ModelMismatchError(
             f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
@@ -165,11 +170,10 @@ def load_estimator(cls: type[LatencyModel], path: str | Path,
     terms = tuple(json.loads(a["terms"]))
     embedded = None
     if "priors_yaml" in a:
-        import yaml
-
         from bayes_latency.priors import load_priors
+        from bayes_latency.textfiles import load_yaml
 
-        embedded = load_priors(yaml.safe_load(a["priors_yaml"]))
+        embedded = load_priors(load_yaml(a["priors_yaml"]))
         if embedded.hash != a.get("priors_hash"):
             raise ModelMismatchError(
                 f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "

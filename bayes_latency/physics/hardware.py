@@ -18,6 +18,7 @@ import yaml
 
 from bayes_latency.errors import ConfigError, UnknownGPUError
 from bayes_latency.physics.blis import BlisHardware
+from bayes_latency.textfiles import load_yaml, read_text
 
 GPUS_FILE = Path(__file__).resolve().parent / "data" / "gpus.yaml"
 """The shipped datasheet file."""
@@ -137,8 +138,7 @@ def _blis_entry(name: str, d: Any, src: str) -> BlisHardware | None:
 
 @lru_cache(maxsize=1)
 def _shipped() -> dict[str, GPU]:
-    with open(GPUS_FILE, encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
+    raw = load_yaml(read_text(GPUS_FILE, "GPU datasheets", ConfigError))
     return {n: _gpu_from_mapping(n, d, str(GPUS_FILE)) for n, d in raw.items()}
 
 
@@ -197,8 +197,7 @@ def load_gpu(name_or_path: str | Path | GPU) -> GPU:
             raise UnknownGPUError(f"GPU datasheet file {p} does not exist; "
                                   f"known GPUs: {', '.join(known_gpus())}")
         try:
-            with open(p, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
+            raw = load_yaml(read_text(p, "GPU datasheet", ConfigError))
         except (OSError, yaml.YAMLError) as e:
             raise ConfigError(f"{p}: cannot read GPU datasheet: {e}") from None
         if not isinstance(raw, Mapping) or not raw:

@@ -31,17 +31,56 @@ def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _int_field(cfg: Mapping[str, Any], src: str, *keys: str, default: Any = None) -> int:
+#: Largest plausible values of the size fields of a config.json (released models stay one to
+#: two orders of magnitude below): a larger value is a corrupt or mistyped file, and would make
+#: the per-layer tables and the FLOP counts of the physics layer absurd.
+MAX_FIELD = {
+    "num_hidden_layers": 4_096,
+    "hidden_size": 1_048_576,
+    "num_attention_heads": 16_384,
+    "num_key_value_heads": 16_384,
+    "vocab_size": 16_777_216,
+    "head_dim": 65_536,
+    "qk_rope_head_dim": 65_536,
+    "qk_nope_head_dim": 65_536,
+    "v_head_dim": 65_536,
+    "kv_lora_rank": 1_048_576,
+    "q_lora_rank": 1_048_576,
+    "intermediate_size": 16_777_216,
+    "moe_intermediate_size": 16_777_216,
+    "shared_expert_intermediate_size": 16_777_216,
+    "num_local_experts": 65_536,
+    "num_experts_per_tok": 65_536,
+    "n_shared_experts": 65_536,
+    "interleave_moe_layer_step": 4_096,
+    "first_k_dense_replace": 4_096,
+    "moe_layer_freq": 4_096,
+    "decoder_sparse_step": 4_096,
+}
+
+
+def _int_field(cfg: Mapping[str, Any], src: str, *keys: str, default: Any = None,
+               cap: str | None = None) -> int:
+    """The first of ``keys`` present in ``cfg`` as a non-negative integer at most
+    ``MAX_FIELD[cap or keys[0]]`` (integral floats accepted)."""
     v = _first(cfg, *keys, default=default)
     if v is None:
         raise UnknownArchitectureError(
             f"{src}: missing field {keys[0]!r} (also tried {list(keys[1:])})")
+    if isinstance(v, bool):
+        raise UnknownArchitectureError(f"{src}: field {keys[0]!r} is not an integer: {v!r}")
     try:
         iv = int(v)
-    except (TypeError, ValueError):
+        if isinstance(v, float) and iv != v:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise UnknownArchitectureError(f"{src}: field {keys[0]!r} is not an integer: {v!r}") from None
     if iv < 0:
         raise UnknownArchitectureError(f"{src}: field {keys[0]!r} is negative: {iv}")
+    most = MAX_FIELD.get(cap or keys[0])
+    if most is not None and iv > most:
+        raise UnknownArchitectureError(f"{src}: field {keys[0]!r} = {iv} is larger than any "
+                                       f"plausible model (at most {most:,})")
     return iv
 
 
@@ -88,16 +127,16 @@ def _moe_layers(text: Mapping[str, Any], n_layers: int, n_experts: int, src: str
         s = set(explicit)
         return tuple(i in s for i in range(n_layers))
     if "interleave_moe_layer_step" in text:  # Llama-4
-        step = int(text["interleave_moe_layer_step"] or 1)
+        step = _int_field(text, src, "interleave_moe_layer_step", default=1) or 1
         if step <= 0:
             raise UnknownArchitectureError(f"{src}: field 'interleave_moe_layer_step' must be >= 1")
         return tuple((i + 1) % step == 0 for i in range(n_layers))
     if "first_k_dense_replace" in text or "moe_layer_freq" in text:  # DeepSeek / GLM
-        k = int(text.get("first_k_dense_replace") or 0)
-        freq = int(text.get("moe_layer_freq") or 1)
+        k = _int_field(text, src, "first_k_dense_replace", default=0)
+        freq = _int_field(text, src, "moe_layer_freq", default=1)
         return tuple(i >= k and i % max(1, freq) == 0 for i in range(n_layers))
     if "decoder_sparse_step" in text or "mlp_only_layers" in text:  # Qwen2/3-MoE
-        step = int(text.get("decoder_sparse_step") or 1)
+        step = _int_field(text, src, "decoder_sparse_step", default=1)
         dense = set(text.get("mlp_only_layers") or [])
         return tuple(i not in dense and (i + 1) % max(1, step) == 0 for i in range(n_layers))
     return tuple([True] * n_layers)
@@ -148,13 +187,13 @@ def architecture_from_config(config: Mapping[str, Any], name: str = "custom",
                       default=default_kv) or n_heads
     vocab = _int_field(text, src, "vocab_size", "padded_vocab_size")
 
-    kv_lora = int(text.get("kv_lora_rank") or 0)
+    kv_lora = _int_field(text, src, "kv_lora_rank", default=0)
     if kv_lora > 0:
         attention = "mla"
         rope = _int_field(text, src, "qk_rope_head_dim")
         nope = _int_field(text, src, "qk_nope_head_dim")
         v_head = _int_field(text, src, "v_head_dim", default=nope)
-        q_lora = int(text.get("q_lora_rank") or 0)
+        q_lora = _int_field(text, src, "q_lora_rank", default=0)
         head_dim = nope + rope
     else:
         rope = nope = v_head = q_lora = 0
@@ -184,21 +223,21 @@ def architecture_from_config(config: Mapping[str, Any], name: str = "custom",
         raise UnknownArchitectureError(f"{src}: MoE config without field 'num_experts_per_tok'")
     if top_k > n_experts:
         top_k = n_experts if n_experts else 0
-    dense_ffn = _first(text, "intermediate_size_mlp") if model_type.startswith("llama4") else None
-    if dense_ffn is None:
-        dense_ffn = _first(text, "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
-    if dense_ffn is None:
-        dense_ffn = 4 * hidden
-    moe_ffn = int(_first(text, "moe_intermediate_size", default=0) or 0)
+    ffn_keys = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
+    if model_type.startswith("llama4") and _first(text, "intermediate_size_mlp") is not None:
+        ffn_keys = ("intermediate_size_mlp",)
+    dense_ffn = _int_field(text, src, *ffn_keys, default=4 * hidden, cap="intermediate_size")
+    moe_ffn = _int_field(text, src, "moe_intermediate_size", default=0)
     if n_experts and not moe_ffn:
-        moe_ffn = int(_first(text, "intermediate_size", default=dense_ffn))
+        moe_ffn = _int_field(text, src, "intermediate_size", default=dense_ffn)
     n_shared = 0
     shared_ffn = 0
     if n_experts:
         if text.get("shared_expert_intermediate_size"):  # Qwen2-MoE
-            n_shared, shared_ffn = 1, int(text["shared_expert_intermediate_size"])
+            n_shared = 1
+            shared_ffn = _int_field(text, src, "shared_expert_intermediate_size")
         elif text.get("n_shared_experts"):  # DeepSeek / GLM
-            n_shared, shared_ffn = int(text["n_shared_experts"]), moe_ffn
+            n_shared, shared_ffn = _int_field(text, src, "n_shared_experts"), moe_ffn
         elif model_type.startswith("llama4"):  # Llama-4: one shared expert per MoE layer
             n_shared, shared_ffn = 1, moe_ffn
     moe_layers = _moe_layers(text, n_layers, n_experts, src)

@@ -17,6 +17,7 @@ from typing import Any
 from bayes_latency.errors import UnknownArchitectureError
 from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.hf_config import architecture_from_config
+from bayes_latency.textfiles import read_text
 
 __all__ = ["MODELS_DIR", "known_architectures", "load_architecture", "resolve_name"]
 
@@ -89,8 +90,7 @@ def resolve_name(name: str) -> str | None:
 @lru_cache(maxsize=64)
 def _load_shipped(short: str) -> Architecture:
     path = MODELS_DIR / f"{short}.json"
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
+    cfg = json.loads(read_text(path, "config.json", UnknownArchitectureError))
     return architecture_from_config(cfg, name=short, source=str(path))
 
 
@@ -128,8 +128,7 @@ def load_architecture(name_or_path: str | Path | Mapping[str, Any] | Architectur
         p = p / "config.json"
     if p.is_file():
         try:
-            with open(p, encoding="utf-8") as f:
-                cfg = json.load(f)
+            cfg = json.loads(read_text(p, "config.json", UnknownArchitectureError))
         except (OSError, json.JSONDecodeError) as e:
             raise UnknownArchitectureError(f"{p}: cannot read config.json: {e}") from None
         nm = p.parent.name if p.name == "config.json" else p.stem

@@ -8,6 +8,7 @@ rather than the server (``model``, ``gpu``, ``app``, ``workload`` ...) are ignor
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -203,7 +204,7 @@ def _coerce(k: str, v: Any, src: str) -> Any:
             fv = float(v)
         except (TypeError, ValueError):
             raise ConfigError(f"{src}: field {k!r} must be a positive integer, got {v!r}") from None
-        if fv != int(fv):
+        if not math.isfinite(fv) or fv != int(fv):
             raise ConfigError(f"{src}: field {k!r} must be an integer, got {v!r}")
         return int(fv)
     if k in _BOOL_FIELDS:

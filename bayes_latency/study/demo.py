@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from bayes_latency import __version__
 from bayes_latency.checks.recovery import (
@@ -27,6 +26,7 @@ from bayes_latency.checks.recovery import (
 )
 from bayes_latency.data.observations.build import config_id
 from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.textfiles import load_yaml, read_text
 
 #: Configuration left out of the fit, to show what the posterior says about an unseen one
 #: (its model, GPU and TP degree are each seen elsewhere, never together).
@@ -67,7 +67,7 @@ def _truth(fleet_dir: Path) -> dict[str, dict[str, float]]:
 
     out = {}
     for f in sorted(fleet_dir.glob("*/truth.yaml")):
-        d = yaml.safe_load(f.read_text())
+        d = load_yaml(read_text(f, "truth file"))
         cid = config_id(d["model"], load_gpu(d["gpu"]).name, int(d["tp"]))
         out[cid] = {**d["beta"], **d["alpha"]}
     return out

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from bayes_latency.errors import ConfigError
+from bayes_latency.textfiles import load_yaml, read_text
 
 WORKLOADS_FILE = Path(__file__).resolve().parent / "data" / "workloads.yaml"
 
@@ -237,8 +237,7 @@ def generate_requests(workload: Workload, rng: np.random.Generator,
 
 @cache
 def _presets() -> dict[str, dict[str, Any]]:
-    with open(WORKLOADS_FILE) as f:
-        doc = yaml.safe_load(f)
+    doc = load_yaml(read_text(WORKLOADS_FILE, "workload presets"))
     return dict(doc["workloads"])
 
 

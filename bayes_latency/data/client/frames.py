@@ -15,7 +15,8 @@ import pandas as pd
 
 from bayes_latency.data.client.lifecycle import LIFECYCLE_COLUMNS
 
-__all__ = ["CLIENT_REQUEST_COLUMNS", "CLIENT_SUMMARY_COLUMNS", "decode_interval",
+__all__ = ["CLIENT_REQUEST_COLUMNS", "CLIENT_SUMMARY_COLUMNS", "MAX_PLAUSIBLE_DECODE_S",
+           "MAX_PLAUSIBLE_LATENCY_S", "decode_interval", "plausibility_notes",
            "requests_frame", "summary_frame", "summary_from_requests"]
 
 #: Columns of the client summary rows (the ``lifecycle`` table's, plus four).
@@ -137,3 +138,35 @@ def requests_frame(rows: dict[str, list[Any]] | pd.DataFrame) -> pd.DataFrame:
 
 def _empty_requests() -> pd.DataFrame:
     return requests_frame({c: [] for c in CLIENT_REQUEST_COLUMNS})
+
+
+#: Mean TTFT or E2E (seconds) above which a client summary is flagged as implausible: requests
+#: of a benchmark taking more than half an hour on average, likely latencies in the wrong unit
+#: (milliseconds written as seconds turn a 2.5 s E2E into 41 minutes).
+MAX_PLAUSIBLE_LATENCY_S = 1800.0
+#: Mean decode interval (seconds per output token) above which a summary is flagged: vLLM decodes
+#: a token in 5-200 ms (x1000: 5-200 s).
+MAX_PLAUSIBLE_DECODE_S = 2.0
+
+
+def plausibility_notes(lifecycle: pd.DataFrame | None, source: str = "") -> list[str]:
+    """Notes on client summary rows whose means no LLM server produces (see
+    :data:`MAX_PLAUSIBLE_LATENCY_S`, :data:`MAX_PLAUSIBLE_DECODE_S`); the rows are kept."""
+    if lifecycle is None or not len(lifecycle):
+        return []
+    notes = []
+    checks = (("ttft_mean_s", MAX_PLAUSIBLE_LATENCY_S, "mean TTFT"),
+              ("e2e_mean_s", MAX_PLAUSIBLE_LATENCY_S, "mean E2E"),
+              ("decode_interval_s", MAX_PLAUSIBLE_DECODE_S, "mean decode interval"))
+    for col, limit, what in checks:
+        if col not in lifecycle:
+            continue
+        v = pd.to_numeric(lifecycle[col], errors="coerce").to_numpy(dtype=float)
+        over = np.flatnonzero(np.isfinite(v) & (v > limit))
+        if len(over):
+            r = lifecycle.iloc[int(over[0])]
+            notes.append(f"{source}: implausible {what} {v[over[0]]:.6g} s "
+                         f"(above {limit:g} s; latencies in the wrong unit?) in "
+                         f"{len(over)} row(s), first: experiment {r.get('experiment_id')!r} "
+                         f"stage {r.get('stage')!r}")
+    return notes

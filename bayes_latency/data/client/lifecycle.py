@@ -26,6 +26,7 @@ import yaml
 
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = ["LIFECYCLE_COLUMNS", "METRICS", "STATS", "read_lifecycle_dir", "read_lifecycle_file",
            "read_exp_config", "read_profile"]
@@ -94,8 +95,7 @@ def _number(d: Any, *keys: str) -> float:
 
 def _load_json(path: Path) -> Any:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        return json.loads(read_text(path, "lifecycle metrics", TraceFormatError))
     except OSError as exc:
         raise TraceFormatError(f"cannot read: {exc}", file=str(path)) from exc
     except (ValueError, RecursionError) as exc:
@@ -264,8 +264,7 @@ def read_lifecycle_dir(exp_dir: str | Path, experiment_id: str | None = None
 
 def _load_yaml(path: Path) -> Any:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        return load_yaml(read_text(path, "YAML file", TraceFormatError))
     except OSError as exc:
         raise TraceFormatError(f"cannot read: {exc}", file=str(path)) from exc
     except yaml.YAMLError as exc:

@@ -29,9 +29,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from bayes_latency.data.client.frames import _empty_requests, summary_frame
+from bayes_latency.data.client.frames import _empty_requests, plausibility_notes, summary_frame
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
 
 __all__ = ["ACCEPTED_FORMATS", "add_folder_client_results", "read_client_results"]
 
@@ -51,8 +52,8 @@ ACCEPTED_FORMATS = (
 def _first_json_object(path: Path) -> Any:
     """The document of a JSON file, or its first line's when it holds JSON lines; None if not JSON."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path)
+    except (OSError, TextEncodingError):
         return None
     try:
         return json.loads(text)
@@ -88,9 +89,8 @@ def _tracev2_header_of(path: Path) -> Path | None:
 
 def _is_tracev2_header(path: Path) -> bool:
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = load_yaml(read_text(path))
+    except (OSError, TextEncodingError, yaml.YAMLError):
         return False
     return isinstance(doc, dict) and "trace_version" in doc
 
@@ -161,7 +161,7 @@ def _sniff_vllm(path: Path, size: int = 8192) -> bool:
             head = fh.read(size)
     except OSError:
         return False
-    return head.lstrip().startswith("{") and '"completed"' in head
+    return head.lstrip("\ufeff \t\r\n").startswith("{") and '"completed"' in head
 
 
 def _folder_sources(folder: Path) -> tuple[bool, list[Path], list[Path]]:
@@ -217,7 +217,9 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
     """
     path = Path(path)
     if path.is_file():
-        return _read_one_file(path, experiment_id)
+        out, report = _read_one_file(path, experiment_id)
+        report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
+        return out, report
     if not path.is_dir():
         raise TraceFormatError("no such file or folder", file=str(path))
     has_ip, vllm, headers = _folder_sources(path)
@@ -245,6 +247,7 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
            else lifecycle[0],
            "client_requests": pd.concat(requests, ignore_index=True) if requests
            else _empty_requests()}
+    report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
     return out, report
 
 

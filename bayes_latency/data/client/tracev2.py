@@ -47,6 +47,7 @@ from bayes_latency.data.client.frames import (
 )
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = ["HEADER_FIELDS", "REQUIRED_COLUMNS", "read_tracev2", "read_tracev2_header"]
 
@@ -84,9 +85,8 @@ def read_tracev2_header(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-    except (OSError, UnicodeDecodeError) as exc:
+        doc = load_yaml(read_text(path, "TraceV2 header", TraceFormatError))
+    except OSError as exc:
         raise TraceFormatError(f"cannot read TraceV2 header: {exc}", file=str(path)) from exc
     except yaml.YAMLError as exc:
         raise TraceFormatError(f"TraceV2 header is not valid YAML: {exc}", file=str(path)) from exc
@@ -199,7 +199,7 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
                             f"not a measurement")
     warm = hdr["warm_up_requests"]
     try:
-        fh = open(data, encoding="utf-8", newline="")
+        fh = open(data, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise TraceFormatError(f"cannot read TraceV2 data: {exc}", file=str(data)) from exc
     with fh:

@@ -49,6 +49,7 @@ from bayes_latency.data.client.frames import (
 )
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import read_text
 
 __all__ = ["PER_REQUEST_FIELDS", "looks_like_vllm_bench", "read_vllm_bench"]
 
@@ -76,8 +77,8 @@ def looks_like_vllm_bench(doc: Any) -> bool:
 def _load_docs(path: Path) -> list[dict[str, Any]]:
     """The result objects of a file: one, or one per line (``--append-result``)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path, "vllm bench result", TraceFormatError)
+    except OSError as exc:
         raise TraceFormatError(f"cannot read: {exc}", file=str(path)) from exc
     try:
         docs = [json.loads(text)]

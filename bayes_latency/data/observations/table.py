@@ -9,7 +9,7 @@ domain of every value (:func:`domain_violations`, :func:`validate_observations`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -261,8 +261,14 @@ def _violations(columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def validate_observations(obs: pd.DataFrame, source: str = "observations") -> pd.DataFrame:
+def validate_observations(obs: pd.DataFrame, source: str = "observations",
+                          locate: Callable[[int], tuple[str, int]] | None = None
+                          ) -> pd.DataFrame:
     """Check an observation table before fitting (columns, types, domain of every value).
+
+    ``locate`` maps a row of ``obs`` to ``(file, row in that file)`` (for a table read from
+    several partitions, :func:`bayes_latency.data.tables.row_locator`): a bad value is then
+    reported at its partition file and row.
 
     Returns
     -------
@@ -294,8 +300,9 @@ def validate_observations(obs: pd.DataFrame, source: str = "observations") -> pd
         raise TraceFormatError("observation table has no rows", file=source)
     for c, bad in domain_violations(obs).items():
         i = int(np.flatnonzero(bad)[0])
+        where, row = locate(i) if locate is not None else (source, i)
         raise TraceFormatError(f"{int(bad.sum())} value(s) outside the column's domain "
-                               f"(first: row {i}, value {obs[c].iloc[i]!r})", file=source,
+                               f"(first: row {row}, value {obs[c].iloc[i]!r})", file=where,
                                field=c)
     return obs
 

@@ -92,6 +92,72 @@ def _name_codes(values: pd.Series, names: list[str]) -> np.ndarray:
         ).astype(np.intp)
 
 
+#: Most engine steps one experiment's rebuild may span (its batch table has one row per step id
+#: from the first to the last; about 150 bytes of arrays per step). The journeys span at most
+#: this many steps and the sampled step summaries at most as many again (2 x 2 million steps:
+#: about 0.6 GB); a vLLM engine at 30 ms per step runs 2 million steps in 17 hours.
+MAX_STEP_SPAN = 2_000_000
+
+
+def _step_bound(ev: dict[str, np.ndarray]) -> int:
+    """The most steps the journeys can span: every engine step between a request's first and
+    last event computes at least one token, so the span is at most the tokens of all requests
+    (prompt + outputs + 1, once more per preemption), plus one step per request."""
+    req = ev["_req"]
+    ok = req >= 0
+    if not ok.any():
+        return 1
+    r = req[ok]
+    n_req = int(r.max()) + 1
+    prompt = np.zeros(n_req, dtype=np.float64)
+    done = np.zeros(n_req, dtype=np.float64)
+    np.maximum.at(prompt, r, np.clip(ev["prefill_total"][ok], 0, None).astype(np.float64))
+    np.maximum.at(done, r, np.clip(ev["decode_done"][ok], 0, None).astype(np.float64))
+    preempt = np.bincount(r, weights=(ev["_rank"][ok] == _RANK["PREEMPTED"]).astype(float),
+                          minlength=n_req)
+    tokens = float(((prompt + done + 1) * (1 + preempt)).sum()) + n_req
+    return int(min(tokens, MAX_STEP_SPAN))
+
+
+def _within_step_window(ev: dict[str, np.ndarray], sid: np.ndarray, rep: ReconstructionReport
+                        ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Keep the journey rows whose step ids lie in the window of :func:`_step_bound` steps that
+    holds the most of them (a step id far from the rest, e.g. a corrupt ``scheduler.step``,
+    would make the dense batch table span it); the rows outside are a counted issue
+    (``step_out_of_range``), as are sampled step ids outside (``summary_step_out_of_range``:
+    they are not used for the range).
+
+    Returns
+    -------
+    ev
+        The journey arrays, without the rows outside the window.
+    sid
+        The sampled step ids inside the window.
+    """
+    steps = ev["step"]
+    if not len(steps):
+        return ev, sid
+    bound = _step_bound(ev)
+    if int(steps.max()) - int(steps.min()) < bound:
+        lo, hi = int(steps.min()), int(steps.max())
+    else:
+        srt = np.sort(steps)
+        ends = np.searchsorted(srt, srt + bound, side="right")
+        i = int(np.argmax(ends - np.arange(len(srt))))
+        lo, hi = int(srt[i]), int(srt[i]) + bound
+        keep = (steps >= lo) & (steps <= hi)
+        rep.issues["step_out_of_range"] += int((~keep).sum())
+        rep.notes.append(f"{int((~keep).sum())} journey event(s) with a step id outside "
+                         f"{lo}..{hi} (the most steps the requests' tokens allow) dropped")
+        ev = {k: v[keep] for k, v in ev.items()}
+    # sampled steps: within the journeys' window widened by what is left of the bound
+    slack = max(bound - (hi - lo), 0)
+    inside = (sid >= lo - slack) & (sid <= hi + slack)
+    if not inside.all():
+        rep.issues["summary_step_out_of_range"] += int((~inside).sum())
+    return ev, sid[inside]
+
+
 def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
                     experiment_id: str, with_members: bool
                     ) -> tuple[pd.DataFrame, pd.DataFrame | None, ReconstructionReport]:
@@ -135,13 +201,14 @@ def _one_experiment(ev: pd.DataFrame, steps: pd.DataFrame | None, serving: Any,
           "step": step[order], "_rank": rank[order], "_ts": ts[order], "_row": row[order],
           "prefill_total": num["prefill_total"][order], "decode_done": num["decode_done"][order]}
 
-    sched = ev["_rank"] != _RANK["QUEUED"]
     have_steps = steps is not None and len(steps) > 0
     sid = steps["step.id"].to_numpy(dtype=np.int64) if have_steps else np.empty(0, np.int64)
+    ev, sid_range = _within_step_window(ev, sid, rep)
+    sched = ev["_rank"] != _RANK["QUEUED"]
     lo_candidates = [ev["step"][sched].min() if sched.any() else None,
-                     sid.min() if sid.size else None]
+                     sid_range.min() if sid_range.size else None]
     hi_candidates = [ev["step"].max() if len(ev["step"]) else None,
-                     sid.max() if sid.size else None]
+                     sid_range.max() if sid_range.size else None]
     lo_candidates = [int(x) for x in lo_candidates if x is not None and not pd.isna(x)]
     hi_candidates = [int(x) for x in hi_candidates if x is not None and not pd.isna(x)]
     if not lo_candidates:

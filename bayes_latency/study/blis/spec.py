@@ -43,6 +43,7 @@ from bayes_latency.calibrate.stages import (  # noqa: F401  (moved there; re-exp
 from bayes_latency.data.client.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
 from bayes_latency.errors import BayesLatencyError, TraceFormatError
 from bayes_latency.physics.models import resolve_name
+from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = [
     "EXPORT_MODELS", "N_ALPHA", "N_BETA", "PUBLISHED", "QUANTILE_LEVELS", "CLIENT_TIMEOUT_S",
@@ -381,7 +382,7 @@ def load_export(path: str | Path) -> tuple[Coefficients, list[Coefficients]]:
     if not path.is_file():
         raise BlisSetupError(f"export missing: {path}")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(read_text(path, "BLIS export", BlisSetupError))
     except (OSError, yaml.YAMLError) as exc:
         raise BlisSetupError(f"{path}: not readable YAML ({exc})".replace("\n", " ")) from exc
     mean = _block(doc, str(path))

@@ -1,0 +1,184 @@
+"""Reading the text files the package takes as input: UTF-8, and YAML with bounded expansion.
+
+Every text input (serving YAML, priors, GPU datasheets, ``config.json``, client results) is read
+with :func:`read_text`: UTF-8, a leading UTF-8 byte-order mark dropped, anything else refused
+with the file and the offending byte named. Every YAML input is parsed with :func:`load_yaml`,
+a safe loader that also refuses
+
+- a mapping with the same key twice (YAML says keys are unique; PyYAML keeps the last), and
+- a document whose aliases add more than :data:`MAX_ALIAS_NODES` nodes when expanded, or that
+  refers to itself (an "alias bomb" of nine nested lists of nine aliases is 3.5 billion nodes:
+  building the Python object is fast because aliases share it, but any walk over it never
+  ends). A document without aliases is never refused for its size.
+
+Both refusals are :class:`yaml.YAMLError` subclasses, so a caller's ``except yaml.YAMLError``
+reports them as invalid YAML of its file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError
+
+from bayes_latency.errors import BayesLatencyError
+
+__all__ = ["MAX_ALIAS_NODES", "TextEncodingError", "load_yaml", "read_text"]
+
+#: Most nodes (scalars, lists, mappings) the aliases of a YAML document may add when each use is
+#: expanded. The YAML inputs of the package (serving configs, priors, GPU datasheets) use
+#: aliases rarely, for a few small mappings.
+MAX_ALIAS_NODES = 100_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class TextEncodingError(BayesLatencyError):
+    """A text input that is not UTF-8."""
+
+
+def read_text(path: str | Path, what: str = "file",
+              error: type[BayesLatencyError] = TextEncodingError) -> str:
+    """The text of ``path`` as UTF-8 (a leading byte-order mark dropped).
+
+    Parameters
+    ----------
+    path
+        The file.
+    what
+        What the file is, for the message (``"serving config"``, ``"priors file"``).
+    error
+        The error class raised when the bytes are not UTF-8.
+
+    Raises
+    ------
+    OSError
+        When the file cannot be read (the caller names it its own way).
+    error
+        Naming the file and the first byte that is not UTF-8.
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                    f"{exc.start}); save it as UTF-8") from None
+
+
+def _distinct_nodes(root: yaml.Node) -> int:
+    """Nodes of the document, each counted once however many aliases refer to it."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            todo.extend(n for pair in node.value for n in pair)
+    return len(seen)
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Nodes of the document with every alias expanded, counting up to just past ``limit``.
+
+    Raises
+    ------
+    ConstructorError
+        When a collection contains itself.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ConstructorError(None, None, "the document refers to itself (recursive alias)",
+                                   node.start_mark)
+        if isinstance(node, yaml.ScalarNode):
+            return 1
+        active.add(key)
+        total = 1
+        children = (node.value if isinstance(node, yaml.SequenceNode)
+                    else [n for pair in node.value for n in pair])
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+class _Checks:
+    """Loader mixin: expansion bound and duplicate keys (see the module docstring)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        distinct = _distinct_nodes(node)
+        limit = distinct + MAX_ALIAS_NODES
+        if _expanded_size(node, limit) > limit:
+            raise ConstructorError(None, None, f"its aliases expand to more than "
+                                   f"{MAX_ALIAS_NODES:,} nodes beyond the document's "
+                                   f"{distinct:,} (an alias bomb?)", node.start_mark)
+        return super().construct_document(node)  # type: ignore[misc]
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node, deep=False)  # type: ignore[attr-defined]
+                try:
+                    dup = key in seen
+                except TypeError:
+                    continue
+                if dup:
+                    raise ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key!r} (first at line "
+                        f"{seen[key].start_mark.line + 1})", key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
+class SafeLoader(_Checks, yaml.SafeLoader):
+    """PyYAML's safe loader with the checks of this module."""
+
+
+_CSafe = getattr(yaml, "CSafeLoader", None)
+CSafeLoader = type("CSafeLoader", (_Checks, _CSafe), {}) if _CSafe is not None else None
+_PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)`` with the checks of this module.
+
+    Printable ASCII is parsed with libyaml when PyYAML has it (4x less CPU, same result); any
+    other text, and any libyaml refuses, with PyYAML's own parser (its result and messages).
+
+    Raises
+    ------
+    yaml.YAMLError
+        Invalid YAML, a duplicate key or a document that expands too far (line and column given).
+    """
+    try:
+        if CSafeLoader is not None and _PLAIN.fullmatch(text):
+            try:
+                return yaml.load(text, Loader=CSafeLoader)  # noqa: S506 - a safe loader
+            except ConstructorError:
+                raise
+            except yaml.YAMLError:
+                pass
+        return yaml.load(text, Loader=SafeLoader)  # noqa: S506 - a safe loader
+    except RecursionError:
+        raise yaml.YAMLError("collections nested too deeply to read") from None

@@ -262,15 +262,15 @@ def fast_with_full_noise(rows: pd.DataFrame, terms: tuple[str, ...], full: Laten
                          tune: int, chains: int, seed: int, target_accept: float | None
                          ) -> tuple[LatencyModel, float]:
     """The fast path with :func:`full_noise_summaries` in place of the stage-1 summaries."""
-    import bayes_latency.model.estimator as est
+    import bayes_latency.model.build as build
 
     sums = full_noise_summaries(rows, LatencyModel(terms=terms), full)
-    orig = est.summarize
-    est.summarize = lambda *a, **k: sums  # noqa: ARG005 - same signature, fixed answer
+    orig = build.summarize
+    build.summarize = lambda *a, **k: sums  # noqa: ARG005 - same signature, fixed answer
     try:
         return timed_fit("laplace-hierarchy", rows, terms, draws, tune, chains, seed, target_accept)
     finally:
-        est.summarize = orig
+        build.summarize = orig
 
 
 def compare(rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int, chains: int,

@@ -275,8 +275,9 @@ def test_factor_without_terms_option(data, tmp_path):
         "sigma_config": (("coef", "sample"), np.full((K, S), 1e-9)),
     }, coords={"coef": list(m.coefs), "model": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
     pa = prior_arrays(m.priors, m.coefs, ["H100"])
-    theta, unseen = unseen_config_theta(m, post, pa, "llama-2-7b", "H100", 8, "vllm",
-                                        np.random.default_rng(0))
+    theta, unseen = unseen_config_theta(post, pa, "llama-2-7b", "H100", 8, "vllm",
+                                        np.random.default_rng(0), design=m.design,
+                                        variant=m.variant)
     logt = np.log(theta)
     assert unseen == ["tp", "config"]
     assert np.std(logt[:, k]) < 1e-6 and np.std(np.delete(logt, k, axis=1), axis=0).min() > 0.2

@@ -416,13 +416,12 @@ def test_attach_rows_gives_a_loaded_fit_its_rows_and_refuses_others(tiny_posteri
     whose hash differs from the fit's data hash."""
     from bayes_latency.errors import ModelMismatchError
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.persistence import attach_rows
 
     tables, post = tiny_posterior
     obs = pd.read_parquet(post.parent / "small" / "observations.parquet")
     m = LatencyModel.load(post)
     assert getattr(m, "_rows", None) is None
-    attach_rows(m, obs)
+    m.attach_rows(obs)
     assert len(m._rows) > 0 and set(m._rows["config_id"]) == set(m.design.configs.index)
     with pytest.raises(ModelMismatchError, match="not the rows"):
-        attach_rows(m, obs.iloc[:-3])
+        m.attach_rows(obs.iloc[:-3])

@@ -86,7 +86,7 @@ def test_sum_group_transform_is_exact_with_a_constant_jacobian():
 
 
 def test_unseen_levels_share_the_group_effect():
-    from bayes_latency.model.estimator import _shared_effects
+    from bayes_latency.model.unseen import _shared_effects
 
     rng = np.random.default_rng(1)
     eff = rng.normal(size=(2, 5, 10))  # (level, coef, sample)

@@ -33,6 +33,7 @@ import xarray as xr
 from bayes_latency.checks.datatree import is_approximate
 from bayes_latency.checks.diagnostics_report import jsonable
 from bayes_latency.errors import BayesLatencyError
+from bayes_latency.model.predict import coefficient_arrays, predict_reference
 
 SCHEMA_VERSION = 1
 """Version of the JSON export document."""
@@ -41,56 +42,8 @@ STATS = ("mean", "median")
 """Point statistics :func:`blis_block` can export."""
 
 
-def _reference_batches() -> pd.DataFrame:
-    """Default reference batches (batch-table rows, see ``physics/basis.py``)."""
-    from bayes_latency.physics import prefill_chunk_stats
-
-    pairs_2048, kv_2048 = prefill_chunk_stats([2048], [0])
-    pairs_1024, kv_1024 = prefill_chunk_stats([1024], [0])
-    zero_decode = {"num_decode_reqs": 0, "decode_tokens": 0, "decode_ctx_tokens": 0}
-    zero_prefill = {"num_prefill_reqs": 0, "prefill_tokens": 0, "prefill_attn_pairs": 0,
-                    "prefill_kv_tokens": 0}
-    rows = {
-        "prefill_2048": {"num_prefill_reqs": 1, "prefill_tokens": 2048,
-                         "prefill_attn_pairs": pairs_2048, "prefill_kv_tokens": kv_2048,
-                         **zero_decode},
-        "decode_32x1000": {**zero_prefill, "num_decode_reqs": 32, "decode_tokens": 32,
-                           "decode_ctx_tokens": 32 * 1000},
-        "decode_128x2000": {**zero_prefill, "num_decode_reqs": 128, "decode_tokens": 128,
-                            "decode_ctx_tokens": 128 * 2000},
-        "mixed_1024_prefill_32x1000_decode": {
-            "num_prefill_reqs": 1, "prefill_tokens": 1024, "prefill_attn_pairs": pairs_1024,
-            "prefill_kv_tokens": kv_1024, "num_decode_reqs": 32, "decode_tokens": 32,
-            "decode_ctx_tokens": 32 * 1000},
-    }
-    return pd.DataFrame.from_dict(rows, orient="index").astype(float)
-
-
 # --------------------------------------------------------------------------------------------
 # coefficients
-
-
-def _arrays(coefs: xr.Dataset) -> tuple[xr.DataArray, xr.DataArray]:
-    """``beta (sample, term)`` and ``alpha (sample, alpha_term)`` of ``coefs`` (validated)."""
-    for v, dim in (("beta", "term"), ("alpha", "alpha_term")):
-        if v not in coefs.data_vars:
-            raise BayesLatencyError(f"coefficients have no {v!r} variable")
-        if set(coefs[v].dims) != {"sample", dim}:
-            raise BayesLatencyError(f"coefficients {v!r} must have dims (sample, {dim}), "
-                                    f"got {coefs[v].dims}")
-    beta = coefs["beta"].transpose("sample", "term")
-    alpha = coefs["alpha"].transpose("sample", "alpha_term")
-    for da, dim in ((beta, "term"), (alpha, "alpha_term")):
-        vals = np.asarray(da.values, dtype=float)
-        bad = ~np.isfinite(vals) | (vals < 0)
-        if bad.any():
-            j = int(np.flatnonzero(bad.any(axis=0))[0])
-            name = str(da[dim].values[j])
-            example = vals[bad[:, j], j][0]
-            raise BayesLatencyError(
-                f"coefficient {name!r} has {int(bad[:, j].sum())} draws that are not finite and "
-                f">= 0 (e.g. {example!r}): refusing to export")
-    return beta, alpha
 
 
 def coefficient_info(name: str) -> dict[str, Any]:
@@ -129,7 +82,7 @@ def summarize_coefficients(coefs: xr.Dataset, hdi_prob: float = 0.9) -> pd.DataF
     """
     import arviz_stats as azs
 
-    beta, alpha = _arrays(coefs)
+    beta, alpha = coefficient_arrays(coefs)
     rows = []
     for da, dim in ((beta, "term"), (alpha, "alpha_term")):
         hdi = azs.hdi(da, prob=hdi_prob, dim=["sample"]).transpose(dim, "ci_bound")
@@ -223,7 +176,7 @@ def _block(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 
 def blis_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None) -> list[str]:
     """Notes on terms folded into, left out of, or missing from the BLIS export of ``coefs``."""
-    return _blis_vectors(*_arrays(coefs), config)[2]
+    return _blis_vectors(*coefficient_arrays(coefs), config)[2]
 
 
 def blis_block(coefs: xr.Dataset, stat: str = "mean",
@@ -254,7 +207,7 @@ def blis_block(coefs: xr.Dataset, stat: str = "mean",
     """
     if stat not in STATS:
         raise BayesLatencyError(f"unknown statistic {stat!r}; use one of {STATS}")
-    a, b, _ = _blis_vectors(*_arrays(coefs), config)
+    a, b, _ = _blis_vectors(*coefficient_arrays(coefs), config)
     reduce = np.mean if stat == "mean" else np.median
     return _block(reduce(a, axis=0), reduce(b, axis=0))
 
@@ -293,57 +246,13 @@ def blis_draws(coefs: xr.Dataset, n_draws: int, seed: int = 0,
     Draws are taken without replacement (with replacement only when more are asked for than
     exist), in sample order, with a seeded generator.
     """
-    a, b, _ = _blis_vectors(*_arrays(coefs), config)
+    a, b, _ = _blis_vectors(*coefficient_arrays(coefs), config)
     idx = _pick_draws(a.shape[0], n_draws, seed)
     return [_block(a[i], b[i]) for i in idx]
 
 
 # --------------------------------------------------------------------------------------------
-# reference predictions and the JSON document
-
-
-def predict_reference(coefs: xr.Dataset, config: Mapping[str, Any],
-                      batches: pd.DataFrame | Mapping[str, Mapping[str, float]] | None = None,
-                      ) -> pd.DataFrame:
-    """Predicted iteration time (µs) of reference batches with 90% bands.
-
-    Parameters
-    ----------
-    coefs
-        Coefficients of the configuration.
-    config
-        ``model`` (name or config.json path), ``gpu``, ``tp`` and optional serving knobs.
-    batches
-        Batch-table rows indexed by name (DataFrame) or ``{name: row}``; default: pure prefill
-        of 2048 tokens, pure decode 32 x 1000 and 128 x 2000 context tokens, and a mixed step.
-
-    Returns
-    -------
-    DataFrame
-        Index = batch name; the batch columns and ``mean_us, median_us, q05_us, q95_us``.
-    """
-    from bayes_latency.physics import ServingConfig, basis_matrix, load_architecture, load_gpu
-
-    beta, _ = _arrays(coefs)
-    if batches is None:
-        table = _reference_batches()
-    elif isinstance(batches, pd.DataFrame):
-        table = batches.copy()
-    else:
-        table = pd.DataFrame.from_dict(dict(batches), orient="index")
-    arch = load_architecture(str(config["model"]))
-    gpu = load_gpu(str(config["gpu"]))
-    serving = ServingConfig.from_dict(dict(config), arch=arch)
-    terms = [str(t) for t in beta["term"].values]
-    x = basis_matrix(table, arch, gpu, serving, terms=terms)
-    pred = np.asarray(beta.values, dtype=float) @ x.T  # (sample, batch)
-    q = np.quantile(pred, [0.05, 0.5, 0.95], axis=0)
-    out = table.copy()
-    out["mean_us"] = pred.mean(axis=0)
-    out["median_us"] = q[1]
-    out["q05_us"] = q[0]
-    out["q95_us"] = q[2]
-    return out
+# the JSON document
 
 
 def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Mapping[str, Any],
@@ -383,7 +292,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     BayesLatencyError
         Non-finite or negative coefficient; ConfigError for an unknown model / GPU.
     """
-    beta, alpha = _arrays(coefs)
+    beta, alpha = coefficient_arrays(coefs)
     summary = summarize_coefficients(coefs, hdi_prob)
     notes = list(blis_notes(coefs, config))
     terms = []

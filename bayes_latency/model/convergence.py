@@ -1,9 +1,9 @@
 """Convergence gates of a fit: R-hat, bulk ESS and divergences, and hints when they fail.
 
-:data:`GATES` holds the default thresholds; :func:`convergence` measures a fitted
-:class:`~bayes_latency.model.estimator.LatencyModel` against them (the public entry point is
-:meth:`LatencyModel.convergence <bayes_latency.model.estimator.LatencyModel.convergence>`) and
-:func:`_convergence_hints` says what to do about failing ones.
+:data:`GATES` holds the default thresholds; :func:`gate_stats` measures a posterior against
+them, :func:`convergence` a fitted result (its posterior, divergences, approximation flag and
+the sampling extension's record), and :func:`_convergence_hints` says what to do about failing
+ones, naming the coefficient groups the identifiability report finds confounded.
 
 Importing this module is light (ArviZ is imported when a fit is checked).
 """
@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-if TYPE_CHECKING:  # pragma: no cover
-    from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.errors import BayesLatencyError
 
-#: Convergence gates applied by :meth:`LatencyModel.convergence`.
+if TYPE_CHECKING:  # pragma: no cover
+    from bayes_latency.model.identifiability import IdentifiabilityReport
+
+#: Default convergence gates of :func:`convergence` (and of an extended fit's checks).
 GATES = {"max_rhat": 1.01, "min_ess_bulk": 400.0, "max_divergences": 0}
 
 
@@ -58,23 +60,29 @@ def gate_stats(post: xr.Dataset, divergences: int, gates: dict | None = None,
     return stats, rhat, ess
 
 
-def convergence(est: LatencyModel, gates: dict | None = None) -> dict:
-    """Max R-hat, min bulk ESS, divergences and whether they pass ``gates`` (:data:`GATES`)."""
+def convergence(result: xr.DataTree | None, identifiability: IdentifiabilityReport | None = None,
+                gates: dict | None = None) -> dict:
+    """Max R-hat, min bulk ESS, divergences of a fitted ``result`` and whether they pass
+    ``gates`` (:data:`GATES`); failing gates come with hints (``identifiability`` names the
+    confounded groups), an extended fit with its checks (``extension``)."""
     gates = {**GATES, **(gates or {})}
-    post = est._post()
+    if result is None:
+        raise BayesLatencyError("the model is not fitted; call fit() or load()")
+    post = result["posterior"].to_dataset()
     div = 0
-    if "sample_stats" in est.result and "diverging" in est.result["sample_stats"]:
-        div = int(est.result["sample_stats"]["diverging"].values.sum())
-    approx = est.result.attrs.get("approximate") == "true"
+    if "sample_stats" in result and "diverging" in result["sample_stats"]:
+        div = int(result["sample_stats"]["diverging"].values.sum())
+    approx = result.attrs.get("approximate") == "true"
     stats, rhat, ess = gate_stats(post, div, gates, approximate=approx)
-    stats["hints"] = _convergence_hints(est, rhat, ess, gates) if stats["failures"] else []
-    ext = est.result.attrs.get("extension")
+    stats["hints"] = (_convergence_hints(identifiability, rhat, ess, gates)
+                      if stats["failures"] else [])
+    ext = result.attrs.get("extension")
     if ext:
         stats["extension"] = json.loads(ext)
     return stats
 
 
-def _convergence_hints(est: LatencyModel, rhat: xr.Dataset, ess: xr.Dataset,
+def _convergence_hints(ident: IdentifiabilityReport | None, rhat: xr.Dataset, ess: xr.Dataset,
                        gates: dict) -> list[str]:
     """What to do about failing gates: name the coefficients that fail and, when the data
     identify them only jointly with others, say so (the usual cause on real traces)."""
@@ -90,7 +98,6 @@ def _convergence_hints(est: LatencyModel, rhat: xr.Dataset, ess: xr.Dataset,
     if not bad:
         return []
     hints = [f"coefficients failing the gates: {', '.join(sorted(bad))}"]
-    ident = getattr(est, "identifiability", None)
     groups = ident.involved(sorted(bad)) if ident is not None else []
     if groups:
         hints.append("no configuration of the data separates "

@@ -22,7 +22,7 @@ import xarray as xr
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
-    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.state import FitState
 
 
 def _with_deterministics(model: pm.Model, post: xr.Dataset, names: Sequence[str] | None = None,
@@ -130,7 +130,7 @@ def _inlined(outs: list, replace: dict) -> list:
     return list(fg.outputs)
 
 
-def config_draws_posterior(est: LatencyModel, post: xr.Dataset, seed: int) -> tuple[xr.Dataset, int]:
+def config_draws_posterior(state: FitState, post: xr.Dataset, seed: int) -> tuple[xr.Dataset, int]:
     """``post`` with the fast path's configuration coefficients drawn (``beta``, ``alpha``), per
     posterior draw, and how many (draw, configuration) vectors came from the truncated
     conditional; ``post`` unchanged when it has them already or is not the fast path's."""
@@ -141,30 +141,33 @@ def config_draws_posterior(est: LatencyModel, post: xr.Dataset, seed: int) -> tu
     tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
     sc = post["sigma_config"].transpose("chain", "draw", "coef").values
     Cn, Dn = tp.shape[:2]
-    pa = prior_arrays(est.priors, est.coefs, est.design.gpus)
+    pa = prior_arrays(state.priors, state.coefs, state.design.gpus)
     theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
-                                est.summaries, est.design, np.random.default_rng(seed + 7),
+                                state.summaries, state.design, np.random.default_rng(seed + 7),
                                 scale=np.exp(pa.mu_mean))
     theta = theta.reshape(tp.shape)
-    nb = len(est.terms)
+    nb = len(state.terms)
     post = post.assign(
         beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
         alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
-    ).assign_coords(term=list(est.terms), alpha_term=list(est.alpha_terms))
+    ).assign_coords(term=list(state.terms), alpha_term=list(state.alpha_terms))
     return post, n_neg
 
 
-def add_config_draws(est: LatencyModel, dt: xr.DataTree, seed: int) -> None:
-    """Fast path: draw the integrated-out configuration coefficients, per posterior draw."""
+def add_config_draws(state: FitState, dt: xr.DataTree, seed: int) -> tuple[float | None, list[str]]:
+    """Fast path: draw the integrated-out configuration coefficients, per posterior draw, into
+    ``dt["posterior"]`` (in place). Returns the seconds it took (None when there was nothing to
+    draw) and the notes for the fit report."""
     post = dt["posterior"].to_dataset() if isinstance(dt, xr.DataTree) else dt["posterior"]
     if "beta" in post or "theta_pop" not in post:
-        return
+        return None, []
     t0 = time.perf_counter()
-    post, n_neg = config_draws_posterior(est, post, seed)
+    post, n_neg = config_draws_posterior(state, post, seed)
+    notes = []
     if n_neg:
         Cn, Dn = post.sizes["chain"], post.sizes["draw"]
-        est.report.notes.append(f"{n_neg} of {Cn * Dn * len(est.design.configs)} (draw, "
-                                 "configuration) coefficient vectors drawn from the truncated "
-                                 "(theta >= 0) conditional")
+        notes.append(f"{n_neg} of {Cn * Dn * len(state.design.configs)} (draw, "
+                     "configuration) coefficient vectors drawn from the truncated "
+                     "(theta >= 0) conditional")
     dt["posterior"] = xr.DataTree(post)
-    est.timings["config_draws_s"] = time.perf_counter() - t0
+    return time.perf_counter() - t0, notes

@@ -25,14 +25,15 @@ from bayes_latency.model.sampler import HOPELESS_RHAT, RETRY_TARGET_ACCEPT, Unti
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
-    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.state import FitState
 
 
-def gate_check(est: LatencyModel, model: pm.Model, seed: int,
+def gate_check(state: FitState, model: pm.Model, seed: int,
                gates: dict | None) -> Callable[[xr.Dataset, int], str]:
     """The check of :class:`~bayes_latency.model.sampler.Until`: the convergence gates of
-    :meth:`LatencyModel.convergence` on the draws so far (the gate variables' deterministics
-    and, on the fast path, the configuration draws, added as after sampling).
+    :func:`~bayes_latency.model.convergence.convergence` on the draws so far (the gate
+    variables' deterministics and, on the fast path, the configuration draws, added as after
+    sampling).
 
     Returns ``"pass"``, ``"continue"`` or why more draws cannot help: divergences, or R-hat
     above 1 + 3 x (:data:`HOPELESS_RHAT` - 1) at the first check or above :data:`HOPELESS_RHAT`
@@ -44,7 +45,7 @@ def gate_check(est: LatencyModel, model: pm.Model, seed: int,
 
     def check(post: xr.Dataset, divergences: int) -> str:
         post = _with_deterministics(model, post, names=names, cache=cache)
-        post, _ = config_draws_posterior(est, post, seed)
+        post, _ = config_draws_posterior(state, post, seed)
         stats, _, _ = _convergence.gate_stats(post, divergences, gates)
         if stats["passed"]:
             return "pass"
@@ -61,27 +62,29 @@ def gate_check(est: LatencyModel, model: pm.Model, seed: int,
     return check
 
 
-def sample_extended(est: LatencyModel, model: pm.Model, *, draws: int, tune: int, chains: int,
+def sample_extended(state: FitState, model: pm.Model, *, draws: int, tune: int, chains: int,
                     seed: int, progress: bool, target_accept: float, adaptation: str,
-                    max_draws: int, gates: dict | None
+                    max_draws: int, gates: dict | None, timings: dict[str, float]
                     ) -> tuple[xr.DataTree, list[dict], float]:
     """nutpie's draws of ``model``, extended up to ``max_draws`` while the gates fail.
 
     Returns ``(trace, extension, target_accept)``: the trace (value variables, cut at the
     checkpoint that stopped it), every check made (``draws``, ``decision``, ``check_s``,
     ``target_accept``) and the ``target_accept`` of the draws kept (the repeat's after
-    divergences). ``est.timings`` gets the first attempt's compile and sampling times and the
+    divergences). ``timings`` gets the first attempt's compile and sampling times and the
     repeat's as ``retry_*``.
     """
     extension: list[dict] = []
     for attempt in range(2):
-        timings = est.timings if attempt == 0 else {}
-        dt = sample(model, est.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
+        attempt_timings = timings if attempt == 0 else {}
+        dt = sample(model, state.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
                     progress=progress, target_accept=target_accept, adaptation=adaptation,
-                    timings=timings, until=Until(max_draws, gate_check(est, model, seed, gates)))
-        extension += [{**e, "target_accept": target_accept} for e in timings.pop("extension")]
+                    timings=attempt_timings,
+                    until=Until(max_draws, gate_check(state, model, seed, gates)))
+        extension += [{**e, "target_accept": target_accept}
+                      for e in attempt_timings.pop("extension")]
         if attempt:
-            est.timings.update({f"retry_{k}": v for k, v in timings.items()})
+            timings.update({f"retry_{k}": v for k, v in attempt_timings.items()})
         if "divergent" not in extension[-1]["decision"] or target_accept >= RETRY_TARGET_ACCEPT:
             break
         # divergences: once more with a smaller step (the compiled model is reused)

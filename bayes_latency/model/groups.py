@@ -44,12 +44,13 @@ import pandas as pd
 import xarray as xr
 
 from bayes_latency.model.likelihood import row_loglik
-from bayes_latency.model.summaries import feature_columns
+from bayes_latency.model.noise import row_noise
+from bayes_latency.model.rows import feature_columns
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
-    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.state import FitState
 
 #: Name of the observed variable in every observation-level group.
 OBS_VAR = "log_duration"
@@ -209,10 +210,10 @@ def observed_data(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> xr.Data
     return annotate(ds)
 
 
-def _row_inputs(model: LatencyModel, rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
-    X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
+def _row_inputs(state: FitState, rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    X = rows[feature_columns(state.coefs)].to_numpy(dtype=float)
     # the offset of multi-step rows (.likelihood) shifts log y like the observed values
-    scale, nu, off = model._row_noise(rows)
+    scale, nu, off = row_noise(state.noise, rows)
     return X, scale, nu, rows["config_id"].astype(str).to_numpy(), off
 
 
@@ -224,14 +225,14 @@ def _theta(post: xr.Dataset, cfg: str, nb: int) -> np.ndarray:
     return np.concatenate([b.reshape(C * D, nb), a.reshape(C * D, -1)], axis=1)
 
 
-def log_likelihood(model: LatencyModel, rows: pd.DataFrame, post: xr.Dataset,
+def log_likelihood(state: FitState, rows: pd.DataFrame, post: xr.Dataset,
                    n_fitted: int, subsample: bool) -> xr.Dataset:
     """``log_likelihood``: pointwise row log-likelihood at every posterior draw (float32)."""
     C, D = post.sizes["chain"], post.sizes["draw"]
-    X, scale, nu, cfg, off = _row_inputs(model, rows)
+    X, scale, nu, cfg, off = _row_inputs(state, rows)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))
     ll = np.empty((C * D, len(rows)), dtype=np.float32)
-    nb = len(model.terms)
+    nb = len(state.terms)
     for c in pd.unique(cfg):
         m = cfg == c
         ll[:, m] = row_loglik(log_y[m], X[m], _theta(post, c, nb), scale[m], nu[m], off[m])
@@ -244,9 +245,9 @@ def log_likelihood(model: LatencyModel, rows: pd.DataFrame, post: xr.Dataset,
     return annotate(ds, "log_density")
 
 
-def _replicate(model: LatencyModel, rows: pd.DataFrame, theta_of: Any, S: int,
+def _replicate(state: FitState, rows: pd.DataFrame, theta_of: Any, S: int,
                rng: np.random.Generator) -> np.ndarray:
-    X, scale, nu, cfg, off = _row_inputs(model, rows)
+    X, scale, nu, cfg, off = _row_inputs(state, rows)
     out = np.empty((S, len(rows)), dtype=np.float32)
     for c in pd.unique(cfg):
         m = cfg == c
@@ -256,12 +257,12 @@ def _replicate(model: LatencyModel, rows: pd.DataFrame, theta_of: Any, S: int,
     return out
 
 
-def posterior_predictive(model: LatencyModel, rows: pd.DataFrame, post: xr.Dataset, seed: int,
+def posterior_predictive(state: FitState, rows: pd.DataFrame, post: xr.Dataset, seed: int,
                          n_fitted: int, subsample: bool) -> xr.Dataset:
     """``posterior_predictive``: one replicated log duration per row and posterior draw."""
     C, D = post.sizes["chain"], post.sizes["draw"]
-    nb = len(model.terms)
-    vals = _replicate(model, rows, lambda c: _theta(post, c, nb), C * D,
+    nb = len(state.terms)
+    vals = _replicate(state, rows, lambda c: _theta(post, c, nb), C * D,
                       np.random.default_rng(seed + 11))
     ds = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
                     coords={"chain": post["chain"].values, "draw": post["draw"].values,
@@ -274,7 +275,7 @@ def posterior_predictive(model: LatencyModel, rows: pd.DataFrame, post: xr.Datas
 
 
 # ------------------------------------------------------------------------------ prior
-def prior_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, seed: int,
+def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: int,
                  n_fitted: int, subsample: bool, draws: int = PRIOR_DRAWS,
                  ) -> tuple[xr.Dataset, xr.Dataset]:
     """``prior`` (population variables, beta, alpha) and ``prior_predictive`` (log durations).
@@ -301,8 +302,8 @@ def prior_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, se
                                         compile_kwargs=_compile_kwargs())
     prior = pr["prior"].to_dataset() if isinstance(pr, xr.DataTree) else pr.prior
     rng = np.random.default_rng(seed + 17)
-    d = model.design
-    nb = len(model.terms)
+    d = state.design
+    nb = len(state.terms)
     if "beta" not in prior:
         m = prior["theta_pop"].transpose("chain", "draw", "config", "coef").values
         sc = prior["sigma_config"].transpose("chain", "draw", "coef").values[:, :, None, :]
@@ -310,14 +311,14 @@ def prior_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, se
         prior = prior.assign(
             beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
             alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
-        ).assign_coords(term=list(model.terms), alpha_term=list(model.alpha_terms))
+        ).assign_coords(term=list(state.terms), alpha_term=list(state.alpha_terms))
     prior = annotate(with_config_coords(prior, d))
     prior.attrs["draws"] = (f"{prior.sizes['draw']} draws of the prior: population variables by "
                             "pm.sample_prior_predictive, beta/alpha from the configuration "
                             "residual given them")
     C, D = prior.sizes["chain"], prior.sizes["draw"]
     cfg_of = {c: _theta(prior, c, nb) for c in d.configs.index}
-    vals = _replicate(model, rows, lambda c: cfg_of[c], C * D, rng)
+    vals = _replicate(state, rows, lambda c: cfg_of[c], C * D, rng)
     pp = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
                     coords={"chain": prior["chain"].values, "draw": prior["draw"].values,
                             **_obs_coords(rows)})
@@ -369,30 +370,33 @@ def log_prior(pm_model: pm.Model, post: xr.Dataset) -> xr.Dataset:
     return annotate(ds, "log_density")
 
 
-def add_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, seed: int,
-               prior_draws: int = PRIOR_DRAWS) -> dict[str, float]:
-    """Add every ArviZ group to ``model.result`` (in place); returns timings in seconds."""
+def add_groups(result: xr.DataTree, state: FitState, pm_model: pm.Model | None,
+               rows: pd.DataFrame, seed: int, prior_draws: int = PRIOR_DRAWS
+               ) -> tuple[dict[str, float], list[str]]:
+    """Add every ArviZ group to ``result`` (in place) from its posterior, the fit's state and
+    its rows; returns timings in seconds and notes for the fit report."""
     import time
 
     timings: dict[str, float] = {}
-    res = model.result
+    notes: list[str] = []
+    res = result
     post = res["posterior"].to_dataset()
     S = post.sizes["chain"] * post.sizes["draw"]
     sub_rows, subsample = predictive_rows(rows, S, seed)
     n_fitted = len(rows)
     t0 = time.perf_counter()
     res["observed_data"] = xr.DataTree(observed_data(sub_rows, n_fitted, subsample))
-    res["log_likelihood"] = xr.DataTree(log_likelihood(model, sub_rows, post, n_fitted, subsample))
+    res["log_likelihood"] = xr.DataTree(log_likelihood(state, sub_rows, post, n_fitted, subsample))
     timings["log_likelihood_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     res["posterior_predictive"] = xr.DataTree(
-        posterior_predictive(model, sub_rows, post, seed, n_fitted, subsample))
+        posterior_predictive(state, sub_rows, post, seed, n_fitted, subsample))
     timings["posterior_predictive_s"] = time.perf_counter() - t0
     if pm_model is None:
-        return timings
+        return timings, notes
     if prior_draws > 0:
         t0 = time.perf_counter()
-        prior, prior_pp = prior_groups(model, pm_model, sub_rows, seed, n_fitted, subsample,
+        prior, prior_pp = prior_groups(state, pm_model, sub_rows, seed, n_fitted, subsample,
                                        draws=prior_draws)
         res["prior"] = xr.DataTree(prior)
         res["prior_predictive"] = xr.DataTree(prior_pp)
@@ -401,6 +405,6 @@ def add_groups(model: LatencyModel, pm_model: pm.Model, rows: pd.DataFrame, seed
     try:
         res["log_prior"] = xr.DataTree(log_prior(pm_model, post))
     except Exception as e:  # noqa: BLE001 - e.g. an approximate posterior without free RVs
-        model.report.notes.append(f"log_prior group not computed: {type(e).__name__}: {e}")
+        notes.append(f"log_prior group not computed: {type(e).__name__}: {e}")
     timings["log_prior_s"] = time.perf_counter() - t0
-    return timings
+    return timings, notes

@@ -1,13 +1,13 @@
-"""The fitted result as a file: its layout and attrs, saving, loading and the checks on load.
+"""The fitted result as a file: its layout and attrs, saving, reading and the checks on reading.
 
-:func:`assemble` lays out the result DataTree of a fit (``posterior``, ``sample_stats``,
-``constant_data``, ``summaries``) and its attrs (versions, priors hash and YAML, data hash, model
-configuration, sampler settings); :func:`save_result` writes it (optionally thinned) and
-:func:`load_estimator` rebuilds a :class:`~bayes_latency.model.estimator.LatencyModel` from the
-file alone, refusing another model version or priors that differ from the embedded ones
-(:class:`~bayes_latency.errors.ModelMismatchError`). The public entry points are
-:meth:`LatencyModel.save <bayes_latency.model.estimator.LatencyModel.save>` and
-:meth:`LatencyModel.load <bayes_latency.model.estimator.LatencyModel.load>`.
+:func:`table_rows` and :func:`rows_hash` give a fit's rows and their data hash (and
+:func:`checked_rows` the rows of a table that must hash like a fit's); :func:`assemble` lays out
+the result DataTree of a fit (``posterior``, ``sample_stats``, ``constant_data``, ``summaries``)
+and its attrs (versions, priors hash and YAML, data hash, model configuration, sampler settings);
+:func:`save_result` writes it (optionally thinned). :func:`read_result` reads a file back,
+refusing another model version, with the priors it embeds; :func:`check_priors` refuses priors
+that differ from the fit's (:class:`~bayes_latency.errors.ModelMismatchError`), and
+:func:`configs_table` and :func:`restored_attrs` give what the file says about the fit.
 
 Importing this module is light (no PyMC, PyTensor or ArviZ).
 """
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -29,10 +30,10 @@ from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
 from bayes_latency.model.identifiability import IdentifiabilityReport
 from bayes_latency.model.likelihood import noise_kind
-from bayes_latency.model.summaries import feature_columns, fit_rows
+from bayes_latency.model.rows import feature_columns, fit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.model.state import FitState
 
 
 def _priors_yaml(priors: object) -> str:
@@ -49,7 +50,7 @@ def _hash_frame(df: pd.DataFrame) -> str:
 
 def table_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
                report: IngestReport | None = None) -> pd.DataFrame:
-    """The rows a fit is made on (:func:`~bayes_latency.model.summaries.fit_rows`, drops
+    """The rows a fit is made on (:func:`~bayes_latency.model.rows.fit_rows`, drops
     counted in ``report``), with the default serving stack where the table has no ``stack``
     column (tables written before the stack level existed)."""
     rows = fit_rows(observations, report, coefs)
@@ -63,17 +64,19 @@ def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
     return _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)])
 
 
-def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:
+def assemble(state: FitState, dt: xr.DataTree, rows: pd.DataFrame, *,
+             timings: dict[str, float], report: IngestReport,
+             settings: dict[str, Any]) -> xr.DataTree:
     """The result DataTree of a fit from the sampler's draws ``dt``, with its attrs."""
     from bayes_latency.model.groups import annotate, with_config_coords
 
     groups: dict[str, xr.Dataset] = {
-        "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), est.design))}
+        "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), state.design))}
     if "sample_stats" in dt:
         ss = dt["sample_stats"].to_dataset()
         ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
         groups["sample_stats"] = ss
-    d = est.design
+    d = state.design
     const = xr.Dataset(
         {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
          "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
@@ -81,56 +84,59 @@ def assemble(est: LatencyModel, dt: xr.DataTree) -> xr.DataTree:
          "config_stack": ("config", d.configs["stack"].to_numpy().astype(str))},
         coords={"config": list(d.configs.index)})
     groups["constant_data"] = const
-    groups["summaries"] = noise_dataset(est)
+    groups["summaries"] = noise_dataset(state, rows)
     out = xr.DataTree.from_dict(groups)
+    terms = list(state.terms)
     out.attrs.update({
         "bayes_latency_version": __version__, "model_version": MODEL_VERSION,
-        "priors_hash": est.priors.hash, "data_hash": est._data_hash,
-        "terms": json.dumps(list(est.terms)), "alpha_terms": json.dumps(list(est.alpha_terms)),
-        "method": est.method, "variant": est.variant, "sampler": est.sampler,
-        "approximate": "true" if est.sampler == "laplace" else "false",
-        "timings": json.dumps(est.timings), "fit_report": json.dumps(est.report.to_dict()),
-        "priors_yaml": _priors_yaml(est.priors), "priors_path": str(est.priors.path),
-        "model_config": json.dumps({"terms": list(est.terms), "method": est.method,
-                                    "variant": est.variant, "sampler": est.sampler}),
+        "priors_hash": state.priors.hash, "data_hash": state.data_hash,
+        "terms": json.dumps(terms), "alpha_terms": json.dumps(list(state.alpha_terms)),
+        "method": state.method, "variant": state.variant, "sampler": state.sampler,
+        "approximate": "true" if state.sampler == "laplace" else "false",
+        "timings": json.dumps(timings), "fit_report": json.dumps(report.to_dict()),
+        "priors_yaml": _priors_yaml(state.priors), "priors_path": str(state.priors.path),
+        "model_config": json.dumps({"terms": terms, "method": state.method,
+                                    "variant": state.variant, "sampler": state.sampler}),
     })
-    if est.identifiability is not None:
-        out.attrs["identifiability"] = json.dumps(est.identifiability.to_dict())
-    if est._settings:
-        out.attrs["sampler_settings"] = json.dumps(est._settings)
+    if state.identifiability is not None:
+        out.attrs["identifiability"] = json.dumps(state.identifiability.to_dict())
+    if settings:
+        out.attrs["sampler_settings"] = json.dumps(settings)
     return out
 
 
-def noise_dataset(est: LatencyModel) -> xr.Dataset:
+def noise_dataset(state: FitState, rows: pd.DataFrame) -> xr.Dataset:
     """Noise parameters per (config, kind) and, on the fast path, the stage-1 summaries."""
-    cfgs = list(est.design.configs.index)
-    kinds = sorted({k for n in est._noise.values() for k in n} | set(noise_kind(est._rows)))
+    cfgs = list(state.design.configs.index)
+    noise = state.noise
+    kinds = sorted({k for n in noise.values() for k in n} | set(noise_kind(rows)))
     arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
     for i, c in enumerate(cfgs):
         for j, k in enumerate(kinds):
-            p = est._noise.get(c, {}).get(k)
+            p = noise.get(c, {}).get(k)
             if p is not None:
                 arr["sigma"][i, j], arr["tau"][i, j], arr["nu"][i, j] = p.sigma, p.tau, p.nu
     ds = xr.Dataset({f"noise_{w}": (("config", "kind"), a) for w, a in arr.items()},
                     coords={"config": cfgs, "kind": kinds})
-    if est.summaries:
-        by = {s.config_id: s for s in est.summaries}
+    if state.summaries:
+        by = {s.config_id: s for s in state.summaries}
         ds["theta_hat"] = (("config", "coef"), np.stack([by[c].theta_hat for c in cfgs]))
         ds["grad"] = (("config", "coef"), np.stack([by[c].grad for c in cfgs]))
         ds["info"] = (("config", "coef", "coef2"), np.stack([by[c].info for c in cfgs]))
-        ds = ds.assign_coords(coef=list(est.coefs), coef2=list(est.coefs))
+        ds = ds.assign_coords(coef=list(state.coefs), coef2=list(state.coefs))
     return ds
 
 
-def save_result(est: LatencyModel, path: str | Path, thin: int = 1) -> Path:
-    """Write ``est.result`` to ``path``: :meth:`LatencyModel.save` (which documents it)."""
-    if est.result is None:
+def save_result(result: xr.DataTree | None, path: str | Path, thin: int = 1) -> Path:
+    """Write ``result`` to ``path``: :meth:`LatencyModel.save
+    <bayes_latency.model.estimator.LatencyModel.save>` (which documents it)."""
+    if result is None:
         raise BayesLatencyError("nothing to save: the model is not fitted")
     if int(thin) < 1:
         raise ConfigError(f"thin must be >= 1, got {thin}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = est.result
+    out = result
     if int(thin) > 1:
         out = out.copy()
         for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
@@ -145,11 +151,22 @@ def save_result(est: LatencyModel, path: str | Path, thin: int = 1) -> Path:
     return path
 
 
-def load_estimator(cls: type[LatencyModel], path: str | Path,
-                   priors: object = None) -> LatencyModel:
-    """A fitted ``cls`` rebuilt from ``path``: :meth:`LatencyModel.load` (which documents it)."""
-    from bayes_latency.model.hierarchy import Design
+@dataclass(frozen=True)
+class SavedFit:
+    """A result file read back: the DataTree, the model configuration its attrs record and the
+    priors it embeds (None for a file without ``priors_yaml``)."""
 
+    result: xr.DataTree
+    terms: tuple[str, ...]
+    method: str
+    sampler: str
+    variant: str
+    embedded_priors: Any
+
+
+def read_result(path: str | Path) -> SavedFit:
+    """Read a result file; refuses a file made by another model version and one whose
+    embedded priors do not hash like its recorded priors hash (altered)."""
     path = Path(path)
     if not path.exists():
         raise BayesLatencyError(f"posterior file {path} does not exist")
@@ -178,44 +195,58 @@ def load_estimator(cls: type[LatencyModel], path: str | Path,
             raise ModelMismatchError(
                 f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "
                 f"{a.get('priors_hash')}: the file was altered")
-    m = cls(priors=priors if priors is not None or embedded is None else embedded,
-            terms=terms, method=a["method"], sampler=a["sampler"], variant=a["variant"])
-    if a.get("priors_hash") != m.priors.hash:
+    return SavedFit(result=dt, terms=terms, method=a["method"], sampler=a["sampler"],
+                    variant=a["variant"], embedded_priors=embedded)
+
+
+def check_priors(path: str | Path, result: xr.DataTree, priors: Any) -> None:
+    """Refuse ``priors`` that do not hash like the priors ``result`` was fitted with."""
+    recorded = result.attrs.get("priors_hash")
+    if recorded != priors.hash:
         raise ModelMismatchError(
-            f"{path} was fitted with priors {a.get('priors_hash')}, but the priors given now hash "
-            f"to {m.priors.hash}; load without priors= (the file embeds its own) or pass the "
+            f"{Path(path)} was fitted with priors {recorded}, but the priors given now hash "
+            f"to {priors.hash}; load without priors= (the file embeds its own) or pass the "
             "priors file used for the fit (--priors).")
-    const = dt["constant_data"].to_dataset()
+
+
+def configs_table(result: xr.DataTree) -> pd.DataFrame:
+    """The fitted configurations (index ``config_id``; model, GPU, TP degree and, when the file
+    has it, stack) from ``constant_data``."""
+    const = result["constant_data"].to_dataset()
     configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
                             "gpu": const["config_gpu"].values.astype(str),
                             "tp": const["config_tp"].values.astype(int)},
                            index=pd.Index(const["config"].values.astype(str), name="config_id"))
     if "config_stack" in const:  # Design fills in vLLM otherwise
         configs["stack"] = const["config_stack"].values.astype(str)
-    m.design = Design(m.coefs, m.terms, m.alpha_terms, configs)
-    m.result = dt
-    m._data_hash = a.get("data_hash")
-    m.timings = json.loads(a.get("timings", "{}"))
-    m._settings = json.loads(a.get("sampler_settings", "{}"))
+    return configs
+
+
+def restored_attrs(result: xr.DataTree) -> dict[str, Any]:
+    """What the attrs of ``result`` give back to a loaded fit: ``data_hash``, ``timings``,
+    ``settings`` (the sampler settings) and ``identifiability`` (a report, or None)."""
+    a = result.attrs
+    ident = None
     if "identifiability" in a:  # hints after loading name the confounded groups too
-        m.identifiability = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
-    m._noise_from_result()
-    return m
+        ident = IdentifiabilityReport.from_dict(json.loads(a["identifiability"]))
+    return {"data_hash": a.get("data_hash"), "timings": json.loads(a.get("timings", "{}")),
+            "settings": json.loads(a.get("sampler_settings", "{}")), "identifiability": ident}
 
 
-def attach_rows(est: LatencyModel, observations: pd.DataFrame) -> None:
-    """Give a loaded fit the rows it was fitted on, for what reads them after a fit (e.g. the
-    row counts per configuration and kind of ``calibrate_predict.run_level_sigma``, which
-    without them falls back on the prior's scale).
+def checked_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
+                 data_hash: str | None) -> pd.DataFrame:
+    """The fit rows of ``observations`` (:func:`table_rows`), checked against a fit's data hash:
+    what gives a loaded fit its rows back (:meth:`LatencyModel.attach_rows
+    <bayes_latency.model.estimator.LatencyModel.attach_rows>`).
 
     Raises
     ------
     ModelMismatchError
-        ``observations`` do not give the fit's rows (their hash differs from its data hash).
+        ``observations`` do not give the fit's rows (their hash differs from ``data_hash``).
     """
-    rows = table_rows(observations, est.coefs)
-    h = rows_hash(rows, est.coefs)
-    if est._data_hash and h != est._data_hash:
+    rows = table_rows(observations, coefs)
+    h = rows_hash(rows, coefs)
+    if data_hash and h != data_hash:
         raise ModelMismatchError(f"these {len(observations)} observations are not the rows the fit "
-                                 f"was made on (data hash {h} != {est._data_hash})")
-    est._rows = rows
+                                 f"was made on (data hash {h} != {data_hash})")
+    return rows

@@ -1,7 +1,7 @@
 """Coefficient draws of a configuration the fit did not see, from the population.
 
-:meth:`~bayes_latency.model.estimator.LatencyModel.coefficients` uses the fitted configuration's
-draws when it has them; :func:`unseen_config_theta` draws the others: the population mean, the
+:func:`~bayes_latency.model.predict.coefficient_draws` uses the fitted configuration's draws
+when it has them; :func:`unseen_config_theta` draws the others: the population mean, the
 fitted effects of the levels (model, GPU, TP degree, serving stack) the fit saw, and for each
 unseen level an effect drawn from its population, ``N(0, sigma_level^2 (1 + 1/n))``.
 
@@ -10,35 +10,33 @@ Importing this module is light (no PyMC or PyTensor).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from bayes_latency.errors import ConfigError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from bayes_latency.model.estimator import LatencyModel
 
-
-def unseen_config_theta(est: LatencyModel, post: xr.Dataset, pa: Any, model: str, gpu: str,
-                        tp: int, stack: str, rng: np.random.Generator
+def unseen_config_theta(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int, stack: str,
+                        rng: np.random.Generator, *, design: Any, variant: str
                         ) -> tuple[np.ndarray, list[str]]:
     """``(sample, coef)`` coefficient draws of an unseen configuration and its unseen levels.
 
     ``post`` is the posterior stacked over ``sample``; ``pa`` the prior arrays of ``gpu``
-    (:func:`~bayes_latency.model.hierarchy.prior_arrays`).
+    (:func:`~bayes_latency.model.hierarchy.prior_arrays`); ``design`` the fit's
+    :class:`~bayes_latency.model.design.Design` and ``variant`` its model variant.
     """
     S = post.sizes["sample"]
-    K = len(est.coefs)
+    K = len(design.coefs)
     unseen: list[str] = []
     logt = post["mu"].values.T + pa.gpu_offset[0][None, :]
-    if est.variant != "complete_pooling":
+    if variant != "complete_pooling":
         levels = [("model", model), ("gpu", gpu), ("tp", int(tp))]
         if "eff_stack" in post:
             levels.append(("stack", stack))
-        elif stack not in est.design.stacks:
-            raise ConfigError(f"stack {stack!r}: the fit saw only {est.design.stacks}")
+        elif stack not in design.stacks:
+            raise ConfigError(f"stack {stack!r}: the fit saw only {design.stacks}")
         for level, value in levels:
             eff = post[f"eff_{level}"]
             if value in list(eff[level].values):
@@ -60,7 +58,7 @@ def unseen_config_theta(est: LatencyModel, post: xr.Dataset, pa: Any, model: str
                     logt = logt + (sc_c * rng.standard_normal(S))[:, None] * keep
     unseen.append("config")
     if "sigma_config_common" in post:  # the shift common to a configuration's beta terms
-        beta = np.asarray([c in est.terms for c in est.coefs], dtype=float)
+        beta = np.asarray([c in design.beta_terms for c in design.coefs], dtype=float)
         sc_cc = post["sigma_config_common"].values.ravel()
         logt = logt + (sc_cc * rng.standard_normal(S))[:, None] * beta[None, :]
     sc = post["sigma_config"].values.T

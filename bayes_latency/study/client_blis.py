@@ -363,14 +363,13 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if resume and post_path.is_file() and obs_path.is_file() \
             and (out / "calibration.csv").is_file():
         from bayes_latency.model.estimator import LatencyModel
-        from bayes_latency.model.persistence import attach_rows
 
         log(f"[client] resuming from {post_path}")
         model = LatencyModel.load(post_path)
         observations = pd.read_parquet(obs_path)
         # the fitted rows' counts set the run-level scales (calibrate.run_level_sigma): without
         # them a loaded fit's bands fall back on the prior's scale (3x wider in-sample)
-        attach_rows(model, observations)
+        model.attach_rows(observations)
         history = pd.read_csv(out / "calibration.csv")
         calibrate_s = float(history["fit_s"].sum() + history["replay_s"].sum())
         pred = pd.read_csv(out / "package_replay.csv") \

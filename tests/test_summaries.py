@@ -321,7 +321,6 @@ def test_constant_from_sums_of_noisy_steps_is_unbiased(monkeypatch, with_offset)
     import pandas as pd
 
     import bayes_latency.model.objective as objective
-    import bayes_latency.model.summaries as S
 
     if not with_offset:
         monkeypatch.setattr(objective, "sum_log_offset", lambda sigma, n: np.zeros(np.shape(n)))

@@ -60,7 +60,7 @@ _TRIM, _DASK_TRIM = "MALLOC_TRIM_THRESHOLD_", "65536"
 #: and 0.4-0.55 system CPU-s against 0.18-0.25 (inline, same minutes). The statistical profiler
 #: (a thread sampling the task thread every 10 ms) and the 0.5 s system monitor are for the
 #: dashboard, which these clusters do not start. 130 experiments (431 MB) on one worker,
-#: alternating, best of 2 (``results/benchmarks/ingest_scale.md``, load 8-10): 15.95 worker
+#: alternating, best of 2 (``results/benchmarks/ingest_scale.md``): 15.95 worker
 #: CPU-s with Dask's defaults, 13.36 with these (27.0 -> 32.3 MB per CPU-s; system CPU 1.98 ->
 #: 1.17 s), peak RSS 0.25 -> 0.28 GB (budget 3 GB). The event loop's tick (20 ms: a callback
 #: that only measures the loop's own delay) and the memory monitor (100 ms: psutil reads of the

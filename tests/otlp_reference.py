@@ -1,4 +1,4 @@
-"""The journey and requests tables as ingest built them before issue #17 (commit 9ab4453).
+"""The journey and requests tables as ingest built them with pandas sorts and group-bys (the reference the numpy versions reproduce).
 
 Verbatim copies of ``_Acc._journey_table`` and ``_Acc._requests_table`` (pandas sorts, group-bys
 and ``map`` calls), kept as the reference that the numpy versions in

@@ -1,7 +1,6 @@
 """Reference for ``tests/test_replay_kernel.py``: the pure-Python replay loop and journey
 segmentation the numba kernels of :mod:`bayes_latency.data.rebuild.kernel` replaced
-(frozen at de30309, unchanged: ``_replay`` from ``reconstruct_replay.py``, ``_segments`` from
-``reconstruct_segments.py``).
+(kept unchanged as the reference: ``_replay`` and ``_segments`` as plain Python loops).
 
 Formerly part of :mod:`bayes_latency.data.rebuild.reconstruct`: ``_replay`` applies the reference scheduling
 policy (decodes first, then running partial prefills in admission order, then the requests

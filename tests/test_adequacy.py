@@ -1,4 +1,4 @@
-"""The adequacy gate (issue 15): predictive checks that refuse data the model cannot explain."""
+"""The adequacy gate: predictive checks that refuse data the model cannot explain."""
 
 from __future__ import annotations
 

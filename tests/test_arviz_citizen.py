@@ -1,7 +1,7 @@
 """The fitted result is a full ArviZ citizen: every standard call works on it without glue.
 
 One small real fit (module scope, run under ``DeprecationWarning`` as an error) and a second one
-with a term subset for ``az.compare``; each ArviZ call of issue #18 runs on the saved-and-loaded
+with a term subset for ``az.compare``; each standard ArviZ call runs on the saved-and-loaded
 result. A call that fails for a reason of ArviZ's own is marked ``xfail(strict=True)`` with the
 reason, so the test notices when upstream fixes it.
 """

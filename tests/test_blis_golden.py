@@ -1,4 +1,4 @@
-"""Golden feature parity with BLIS's ``trained-physics`` step-time model (issue #13, must do 2).
+"""Golden feature parity with BLIS's ``trained-physics`` step-time model.
 
 ``tests/golden/blis_steptime.json`` was written by BLIS itself (``tools/blis_golden/``: a Go
 program built against the unpacked BLIS source calls ``NewLatencyModel(..., "trained-physics")``

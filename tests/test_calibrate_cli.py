@@ -1,4 +1,4 @@
-"""``bayes-latency calibrate``: one client result in, coefficients with bands out (issue #14)."""
+"""``bayes-latency calibrate``: one client result in, coefficients with bands out."""
 
 from __future__ import annotations
 

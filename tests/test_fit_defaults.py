@@ -1,4 +1,4 @@
-"""The fit's sampler defaults agree between the estimator and the CLI (issue 15 retune)."""
+"""The fit's sampler defaults agree between the estimator and the CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Factors that split the configurations alike are sampled through their sum (issue 15)."""
+"""Factors that split the configurations alike are sampled through their sum."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_recovery_coverage_and_zero_terms(small_fleet):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "since the default terms are BLIS's basis (session 5): median MdAPE 11.6% (target < 10%), "
+    "with BLIS's basis as the default terms: median MdAPE 11.6% (target < 10%), "
     "mean 90% coverage 95.3% (target 85-95%); per fold codellama-34b 6.0% / 99.5%, llama-2-70b "
     "28.9% / 83.0%, llama-2-7b 11.8% / 99.5%, mixtral-8x7b 11.4% / 99.3% (fit seed 4)"))
 def test_leave_one_model_out(small_fleet):
@@ -92,7 +92,7 @@ def test_leave_one_model_out(small_fleet):
     100% of its iterations. The 90% band is calibrated when it covers ~90% of held-out
     iterations averaged over the folds; the test checks that, and the median MdAPE.
 
-    With BLIS's basis functions as the default terms (session 5, fit seed 4) it misses both
+    With BLIS's basis functions as the default terms (fit seed 4) it misses both
     targets: median MdAPE 11.6%, mean coverage 95.3% (the xfail reason has the folds). Before,
     with the package's own roofline basis: mean coverage 91.8%, median MdAPE 9.5%;
     per fold codellama-34b 98.7%, llama-2-70b 69.1% (MdAPE 29%: the three training models do

@@ -334,7 +334,7 @@ class HeavyTailModel(FakeModel):
 
 
 def test_workload_point_prediction_inside_its_band_under_heavy_tails():
-    """Regression (issue 15): Mixtral's predicted mean E2E was 70,711 ms against its own band
+    """Regression: Mixtral's predicted mean E2E was 70,711 ms against its own band
     [4,806.8, 4,858.9] ms: the point was the average of draws, dominated by one far-tail draw."""
     obs, reqs = make_world(n_req=100, sigma=0.05, n_iter=0)
     res = request_ppc(HeavyTailModel(n_draws=200, sigma=0.05), obs, reqs)

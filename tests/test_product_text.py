@@ -14,8 +14,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 #: (name, pattern) pairs; each names one kind of history.
@@ -123,11 +121,6 @@ def test_patterns_catch_history_and_spare_ordinary_text():
         assert not found, (s, found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="history left in the package outside study/, in tests/, in benchmarks/ingest_scale.py "
-    "and in the reports' provenance lines; to be removed in a final pass",
-)
 def test_no_history_in_product_text():
     hits = history_hits()
     assert not hits, f"{len(hits)} hit(s) of history in the product's text:\n" + "\n".join(hits)

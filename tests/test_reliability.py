@@ -1,4 +1,4 @@
-"""Regression tests of issue 16: no traceback, no silent loss, no overwritten file, on any input.
+"""Reliability: no traceback, no silent loss, no overwritten file, on any input.
 
 One test (or a few) per numbered finding; EXP is the smallest experiment of
 ``simulate --fleet tiny --seed 5`` (fixtures in ``conftest.py``), damaged by ``tests/mutate.py``.

@@ -1,4 +1,4 @@
-"""Sampling past the requested draws until the gates pass (``fit(max_draws=...)``, issue 15)."""
+"""Sampling past the requested draws until the gates pass (``fit(max_draws=...)``)."""
 
 from __future__ import annotations
 

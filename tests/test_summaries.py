@@ -295,7 +295,7 @@ def test_small_configurations_keep_the_best_of_several_noise_starts(scale, monke
     assert objective(multi) <= objective(single) + 1e-9
 
 
-# ---------------------------------------------------------------- sums of steps (issue 15)
+# ---------------------------------------------------------------- sums of steps
 def test_sum_log_offset_is_the_median_of_a_sum_of_lognormal_steps():
     """``log`` of the sum of ``n`` steps with lognormal noise (sd 0.1) has its median
     ``sigma^2/2 (1 - 1/n)`` above ``log`` of the sum of the step medians."""

@@ -78,7 +78,7 @@ FITTED_KINDS = ("workload_ttft", "workload_e2e")
 #: step time moves it by 10-50%, so the row says little about beta that the stage's E2E does
 #: not, and its tangent holds only for steps far below the fit's own uncertainty. Measured on
 #: the real runs: Llama-2-7B general stage 1 (TTFT elasticity 35-50) made the loop's largest
-#: change go 19.8% -> 2.7% -> 4.8% -> 7.4% over four fits (session 6) and 31% at the third
+#: change go 19.8% -> 2.7% -> 4.8% -> 7.4% over four fits and 31% at the third
 #: fit of a rerun, never settling. With this limit the real study leaves out three TTFT rows
 #: (the 20 req/s stages of Llama-2-70B, Llama-2-7B and Mixtral general) and the loop settles in
 #: 5 fits (final change 0.45%).

@@ -91,7 +91,7 @@ def run_level_sigma(model: Any, cid: str, kind: str, prior_rows: float = PRIOR_R
     ``nu_p = prior_rows`` and ``nu_F = fleet_rows``. A configuration with many rows keeps its
     own scale; one with one or two (whose stage-1 scale collapses towards 0: bands of +-0.5%)
     borrows the fleet's; a fleet without client rows falls back on the prior. Measured on the
-    real runs (session 6, leave-one-run-out): each configuration's own scale, from 3-4 rows
+    real runs (leave-one-run-out): each configuration's own scale, from 3-4 rows
     after a run is left out, gave 90% bands of median width 3.6% (E2E) that held 8 of 12 real
     means; the in-sample residual RMS of the 20 stages is 2.6% (E2E) and 14% (TTFT).
 

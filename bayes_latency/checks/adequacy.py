@@ -1,7 +1,7 @@
 """Adequacy gate: does the fitted model explain the data it was fitted to?
 
 The convergence gates (R-hat, ESS, divergences) test the sampler, not the model: a fit to
-journey and step timestamps drawn at random passed all of them (issue 15), because per
+journey and step timestamps drawn at random passed all of them, because per
 (configuration, kind) noise scales stretch to cover anything. This gate looks at the posterior
 predictive checks instead, per configuration and observation kind:
 

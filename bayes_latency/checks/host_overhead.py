@@ -30,10 +30,10 @@ TP4 at 40-60 running 18.87 vs 18.90 ms, at 100-130 21.53 vs 21.62 ms; CodeLlama-
 16.74 vs 16.86 ms): the extra ``schedule()`` CPU time overlaps the forward pass, and host-bound
 steps are slower only because their batches are larger, which the basis already charges. Two
 model changes were measured and not kept (``priors/README.md``):
-- a noise class of their own (session 13): in-sample 90% coverage of host-bound iterations
+- a noise class of their own: in-sample 90% coverage of host-bound iterations
   0.80-0.87 -> 0.82-0.89, later-third split 0.776 -> 0.769, held-out Llama-2-70B run MdAPE 8.3% ->
   17.0%;
-- an additive term per host-bound step (session 14, branch ``host-shift``): fitted at 21-40 µs
+- an additive term per host-bound step: fitted at 21-40 µs
   (0.2% of an iteration), coverage within 0.009 of without (``later third`` 0.780 vs 0.778).
 What the flag marks is a busy host: the same stages' TTFT grows (the API server's work before a
 request reaches the engine), which BLIS's per-request alphas cannot follow.

@@ -38,7 +38,7 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset, names: Sequence[str]
 
     Computed for all draws at once by one vectorised PyTensor function in ``FAST_COMPILE`` mode
     (NumPy, nothing to compile), instead of by nutpie's per-draw expand function, whose Numba
-    compilation cost (demo fit, issue 15, empty caches) ~18 CPU s with the deterministics in it
+    compilation cost (demo fit, empty caches) ~18 CPU s with the deterministics in it
     (55 against 73 CPU s of compilation) and ~6 more with the free variables (44.6 against 52.4
     CPU s; 10.4 against 12.1 on warm caches); values agree with Numba's to a few ulp (the
     unconstrained draws are the same bits). The ``OpFromGraph`` nodes of the graph

@@ -1,5 +1,5 @@
 """Sampling on past the requested draws until the convergence gates pass (``fit(max_draws=...)``,
-the CLI's ``--max-draws``; issue 15).
+the CLI's ``--max-draws``).
 
 :func:`sample_extended` runs nutpie through :func:`~bayes_latency.model.sampler.sample` with an
 :class:`~bayes_latency.model.sampler.Until` whose check (:func:`gate_check`) measures the gates

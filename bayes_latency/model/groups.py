@@ -59,7 +59,7 @@ OBS_DIM = "obs"
 #: Prior draws stored in ``prior`` and ``prior_predictive``.
 PRIOR_DRAWS = 500
 #: PyTensor mode of the prior-sampling and log-prior functions (None: PyTensor's default, Numba).
-#: "FAST_COMPILE" (Python linker, no Numba compilation): measured on the demo fit (issue 15),
+#: "FAST_COMPILE" (Python linker, no Numba compilation): measured on the demo fit,
 #: prior 1.0 s with it against 0.9 s with Numba on warm caches but 8.5 s on empty ones (a first
 #: fit compiles every Op of the prior graph); the log prior is evaluated once on all posterior
 #: draws (a vectorized graph, :func:`log_prior`), 1.5 s for 2000 draws, where PyMC's per-draw

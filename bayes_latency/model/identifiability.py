@@ -90,8 +90,8 @@ class IdentifiabilityReport:
         Bloom-176B and Llama-2-70B A100 TP2 benchmark means leave each flat on its own; the
         gates' corners made the population posterior mix slowly. The client study's refit
         without Mixtral codegen at ``fit``'s defaults: R-hat 1.012, bulk ESS 109 at the
-        12,000-draw cap in 573 s with the gates (session 12, load 6-7); 1.0021 / 469 in 48 s
-        without (session 13). At 2 x 500 draws, three refits: R-hat 1.153 / 1.079 / 1.153 ->
+        12,000-draw cap in 573 s with the gates; 1.0021 / 469 in 48 s
+        without. At 2 x 500 draws, three refits: R-hat 1.153 / 1.079 / 1.153 ->
         1.052 / 1.016 / 1.061, bulk ESS 13 / 17 / 12 -> 53 / 64 / 29.
         """
         pairs: dict[tuple[str, str], bool] = {}

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 SAMPLERS = ("nutpie", "pymc", "numpyro", "laplace")
 #: NUTS step-size adaptation target (higher than the 0.8 default: the population posterior has
 #: funnel-like corners where the ARD tail meets the effect scales). 0.99 with
-#: :data:`DEFAULT_DRAWS` draws, a retune (issue 15, ``results/benchmarks/convergence_matrix.md``):
+#: :data:`DEFAULT_DRAWS` draws, a retune (``results/benchmarks/convergence_matrix.md``):
 #: at the former 0.95 and 1000 draws per chain the tiny fleet's seeds 0-9 passed the gates in 4 of
 #: 10 (5 short of ESS 400 at 305-380, 2 with one divergence); at 0.95 and 2000 draws in 8 of 10
 #: (the two misses were 2 and 1 divergences, ESS 632-1024); at 0.99 and 2000 draws those two
@@ -38,7 +38,7 @@ TARGET_ACCEPT = 0.99
 #: Posterior draws per chain of a fit by default (``LatencyModel.fit``, ``bayes-latency fit``); see
 #: :data:`TARGET_ACCEPT`.
 DEFAULT_DRAWS = 2000
-#: Tuning (warm-up) iterations per chain by default, a retune (issue 15): on the real data with
+#: Tuning (warm-up) iterations per chain by default, a retune: on the real data with
 #: the 11 default terms, 500 left one divergence in 2 x 2000 draws (R-hat 1.020, ESS 144) and
 #: 1000 none (passing at 5000 draws with :data:`DEFAULT_MAX_DRAWS`: R-hat 1.0073, ESS 440);
 #: low-rank mass-matrix adaptation needs the longer warm-up to estimate the ridge directions.
@@ -52,7 +52,7 @@ DEFAULT_TUNE = 1000
 NUTPIE_ADAPTATION = "low_rank"
 #: ``fit(max_draws=...)`` (the CLI's ``--max-draws``): the most draws per chain the CLI's ``fit``
 #: samples by default while the gates fail, six times :data:`DEFAULT_DRAWS` (see
-#: :func:`_sample_until`; issue 15).
+#: :func:`_sample_until`).
 MAX_DRAWS_FACTOR = 6
 DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
 #: Max R-hat above which sampling is not extended when it does not fall from one check to the
@@ -62,7 +62,7 @@ DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
 HOPELESS_RHAT = 1.1
 #: ``target_accept`` of the one repeat of an extended fit that stopped on divergences (a smaller
 #: step size; on the real data single divergences in 2 x 2000-5000 draws at 0.99 stopped two of
-#: the cross-validation splits, issue 15).
+#: the cross-validation splits).
 RETRY_TARGET_ACCEPT = 0.995
 ADAPTATIONS = ("low_rank", "diag")
 #: PyTensor compiles the model's Numba code with LLVM fast-math off. With PyTensor's default
@@ -73,15 +73,15 @@ ADAPTATIONS = ("low_rank", "diag")
 #: the demo fit samples as fast (22-23 s against 22-33 s for seeds 0-2).
 NUMBA_FASTMATH = False
 #: LLVM optimisation level of the Numba code nutpie compiles for the model (Numba's default is 3;
-#: a ``NUMBA_OPT`` set in the environment wins). Measured on the demo fit (issue 15, MODEL_VERSION
-#: 7, 2-core machine at load 6-7, CPU seconds): level 1 compiles on empty caches in 71-73 CPU s
+#: a ``NUMBA_OPT`` set in the environment wins). Measured on the demo fit (MODEL_VERSION
+#: 7, 2-core machine, CPU seconds): level 1 compiles on empty caches in 71-73 CPU s
 #: against 82-91 at level 3, samples the same chains (identical R-hat and ESS at 1000, 1500 and
 #: 2000 draws; fast-math is off either way) at 41.7 against 40.1 CPU s for 2 x (500 + 2000)
 #: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
 #: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
 NUMBA_OPT = 1
-# Where a fit's time goes (demo fit, 12 configurations, measured for issue 15 on a 2-core
-# machine shared with other jobs (load 5-7), so in CPU seconds). MODEL_VERSION 7, before the
+# Where a fit's time goes (demo fit, 12 configurations, measured on a 2-core
+# machine shared with other jobs, so in CPU seconds). MODEL_VERSION 7, before the
 # changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
 # compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
 # leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
@@ -91,10 +91,10 @@ NUMBA_OPT = 1
 # Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
 # the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
 # function then only returns the free variables: cold compilation 55 against 73 CPU s).
-# Cold caches, issue 15 (second round, machine at load 5-9, so CPU s and counts): a first fit
+# Cold caches (CPU s and counts, on a shared machine): a first fit
 # also ran gcc 22 times (PyTensor C thunks of the OpFromGraph inner functions of the
-# initial-point, deterministics and prior-sampling functions): 16 s of wall time at load 0
-# (28 s at load 6) outside the fit's CPU time, which is why the cold wall time exceeded the
+# initial-point, deterministics and prior-sampling functions): 16 s of wall time on an idle machine
+# (28 s on a busy one) outside the fit's CPU time, which is why the cold wall time exceeded the
 # idle estimate by ~10 s. Now none (:func:`_initial_point_without_c`, ``cxx=""`` in
 # ``groups.prior_groups``, LogSumExp inlined in ``_with_deterministics``; same chains, same
 # prior draws). The expand function also returns no free variables any more (only the
@@ -121,7 +121,7 @@ NUMBA_OPT = 1
 # compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
 # :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
 # cold), numpyro (345 s of sampling).
-# Refits of the same structure (issue 15/14, measured at load 6-7): the stage-1 summaries are
+# Refits of the same structure: the stage-1 summaries are
 # ``pm.Data`` and :func:`compiled_model` reuses the compiled model with ``with_data``: on the demo
 # fleet, a refit with changed values compiled in 0.33 CPU s against 8.6 for a fresh compilation
 # in the same process (13-15 in a new one), with bit-identical draws; in the real-data

@@ -14,12 +14,35 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 MODEL_VERSION = "11"  # what each version changed: CHANGELOG.md
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""
 
-#: Names importable from the package without importing the modules that define them up front
-#: (``from bayes_latency import LatencyModel`` imports the estimator, not PyMC or ArviZ).
+#: The public API: names importable from the package without importing the modules that define
+#: them up front (``from bayes_latency import LatencyModel`` imports the estimator, not PyMC or
+#: ArviZ). Notebooks and scripts use these; module paths below them may change between versions.
 _LAZY = {
+    # fleets and tables
+    "simulate_fleet": "bayes_latency.synth.fleet",
+    "ingest": "bayes_latency.data.experiment",
+    "load_tables": "bayes_latency.data.experiment",
+    "read_table": "bayes_latency.data.tables",
+    "load_observations": "bayes_latency.data.tables",
+    # the model
     "LatencyModel": "bayes_latency.model.estimator",
     "load_priors": "bayes_latency.priors",
+    # checks
     "diagnose": "bayes_latency.checks.diagnostics",
+    "compare_variants": "bayes_latency.checks.diagnostics",
+    "check_fit": "bayes_latency.checks.adequacy",
+    "run_checks": "bayes_latency.checks.run",
+    # exports
+    "export_document": "bayes_latency.export.document",
+    "blis_yaml": "bayes_latency.export.document",
+    "provenance": "bayes_latency.export.document",
+    # client results and calibration
+    "read_client_results": "bayes_latency.data.client.read",
+    "client_stages": "bayes_latency.calibrate.stages",
+    # physics
+    "load_architecture": "bayes_latency.physics.models",
+    "load_gpu": "bayes_latency.physics.hardware",
+    "ServingConfig": "bayes_latency.physics.serving",
     "BayesLatencyError": "bayes_latency.errors",
 }
 

@@ -94,7 +94,13 @@ def fit_command(args: argparse.Namespace) -> int:
     terms = parse_terms(getattr(args, "terms", None)) or DEFAULT_TERMS
     tables = Path(args.tables)
     f_in = table_source(tables, "observations")
-    inputs = [tables, f_in] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
+    # the tables' own file names count as inputs too: a posterior written as
+    # tables/observations.parquet would shadow the partitioned table it was fitted to
+    from bayes_latency.data.experiment import TABLES
+
+    own = ([tables / f"{n}.parquet" for n in TABLES] + [tables / n for n in TABLES]
+           + [tables / "tables.json"]) if tables.is_dir() else []
+    inputs = [tables, f_in, *own] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():

@@ -24,6 +24,12 @@ _LAZY = {
     "load_tables": "bayes_latency.data.experiment",
     "read_table": "bayes_latency.data.tables",
     "load_observations": "bayes_latency.data.tables",
+    # real measurements without request journeys: step summaries and microbenchmarks
+    "load_step_table": "bayes_latency.data.steps",
+    "iterations_from_steps": "bayes_latency.data.steps",
+    "read_splitwise": "bayes_latency.data.microbench",
+    "observations_from_iterations": "bayes_latency.data.observations.build",
+    "observations_from_microbench": "bayes_latency.data.observations.build",
     # the model
     "LatencyModel": "bayes_latency.model.estimator",
     "load_priors": "bayes_latency.priors",
@@ -32,17 +38,30 @@ _LAZY = {
     "compare_variants": "bayes_latency.checks.diagnostics",
     "check_fit": "bayes_latency.checks.adequacy",
     "run_checks": "bayes_latency.checks.run",
+    "prior_sensitivity": "bayes_latency.checks.sensitivity",
     # exports
     "export_document": "bayes_latency.export.document",
     "blis_yaml": "bayes_latency.export.document",
     "provenance": "bayes_latency.export.document",
+    "blis_block": "bayes_latency.export.document",
+    "blis_flags": "bayes_latency.export.document",
+    "blis_draws": "bayes_latency.export.document",
+    "blis_notes": "bayes_latency.export.document",
+    "summarize_coefficients": "bayes_latency.export.document",
+    "predict_reference": "bayes_latency.model.predict",
     # client results and calibration
     "read_client_results": "bayes_latency.data.client.read",
     "client_stages": "bayes_latency.calibrate.stages",
+    "stages_table": "bayes_latency.calibrate.stages",
+    "default_kv_blocks": "bayes_latency.calibrate.stages",
+    "synthetic_vllm_bench": "bayes_latency.synth.client_result",
     # physics
     "load_architecture": "bayes_latency.physics.models",
     "load_gpu": "bayes_latency.physics.hardware",
     "ServingConfig": "bayes_latency.physics.serving",
+    "basis_matrix": "bayes_latency.physics.basis",
+    "DEFAULT_TERMS": "bayes_latency.physics.basis",
+    "BLIS_BETA_ORDER": "bayes_latency.physics.basis",
     "BayesLatencyError": "bayes_latency.errors",
 }
 

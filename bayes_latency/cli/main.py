@@ -179,14 +179,15 @@ def calibrate_command(args: argparse.Namespace) -> int:
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
                          sampler=args.sampler)
         return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
-                     progress=sys.stderr.isatty(), target_accept=args.target_accept)
+                     progress=sys.stderr.isatty(), target_accept=args.target_accept,
+                     max_draws=None)
 
     def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
                          sampler=args.sampler)
         return m.fit(obs, draws=max(args.draws // 4, 100), tune=max(args.tune // 4, 100),
                      chains=args.chains, seed=args.seed, progress=sys.stderr.isatty(),
-                     target_accept=args.target_accept)
+                     target_accept=args.target_accept, max_draws=None)
 
     cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed,
                     fast_fit=fast_fit if args.fast_iter else None,

@@ -127,8 +127,8 @@ def require_row_columns(coefs: tuple[str, ...], observations: pd.DataFrame) -> N
     if missing:
         raise ConfigError(
             f"predict: the table lacks {missing}. For a batch table (columns of "
-            "physics.basis.BATCH_COLUMNS) give the configuration: "
-            "predict(batches, model=..., gpu=..., tp=...)")
+            "physics.basis.BATCH_COLUMNS) use "
+            "predict_batches(batches, model=..., gpu=..., tp=...)")
 
 
 def predict_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame,

@@ -16,11 +16,17 @@ MODEL_VERSION = "11"  # 11: no TP effect on weight_loading (prior file hierarchy
 
 #: Names importable from the package without importing the modules that define them up front
 #: (``from bayes_latency import LatencyModel`` imports the estimator, not PyMC or ArviZ).
+#: ``bayes_latency.fit`` is the gated fit of :mod:`bayes_latency.checks.gated` (what
+#: ``bayes-latency fit`` runs); ``LatencyModel.fit`` is the estimator step under it.
 _LAZY = {
     "LatencyModel": "bayes_latency.model.estimator",
+    "fit": "bayes_latency.checks.gated",
+    "GateReport": "bayes_latency.checks.gated",
     "load_priors": "bayes_latency.priors",
     "diagnose": "bayes_latency.checks.diagnostics",
     "BayesLatencyError": "bayes_latency.errors",
+    "ConvergenceError": "bayes_latency.errors",
+    "AdequacyError": "bayes_latency.errors",
 }
 
 __all__ = ["MODEL_VERSION", "__version__", *_LAZY]

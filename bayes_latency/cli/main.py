@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bayes_latency.errors import BayesLatencyError, ConvergenceError
+from bayes_latency.errors import AdequacyError, BayesLatencyError, ConvergenceError
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConvergenceError as e:
         print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except AdequacyError as e:
+        print(f"bayes-latency: {_one_line(e)}", file=sys.stderr)
         return 1
     except BayesLatencyError as e:
         print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)

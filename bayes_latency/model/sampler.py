@@ -309,7 +309,8 @@ class _Progress:
     tuning ends, at each checkpoint and at the end. ``"none"``: nothing.
     """
 
-    def __init__(self, mode: str, tune: int, draws: int, chains: int) -> None:
+    def __init__(self, mode: str, tune: int, draws: int, chains: int,
+                 max_draws: int | None = None) -> None:
         self.mode, self.tune, self.target, self.chains = mode, tune, draws, chains
         self.t0 = time.perf_counter()
         self.tuned = False
@@ -317,8 +318,18 @@ class _Progress:
         if mode == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=tune + draws, unit="it", file=sys.stderr, dynamic_ncols=True,
-                            desc=f"sampling ({chains} chains, tuning)", smoothing=0.05)
+            size: dict = {}
+            if not _in_notebook():  # a terminal that reports no size (0 x 0) gets 80 x 24
+                import shutil
+
+                cols, rows = shutil.get_terminal_size()
+                size = {"ncols": cols, "nrows": rows}
+            self.bar = tqdm(total=tune + draws, unit="it", file=sys.stderr, smoothing=0.05,
+                            desc=f"sampling ({chains} chains, tuning)", **size)
+        elif mode == "lines":
+            more = (f" (up to {max_draws} while the convergence gates fail)"
+                    if max_draws and max_draws > draws else "")
+            self.line(f"{chains} chains, {tune} tuning steps then {draws} draws each{more}")
 
     def elapsed(self) -> str:
         return f"{time.perf_counter() - self.t0:.0f} s"
@@ -341,21 +352,22 @@ class _Progress:
     def checkpoint(self, n: int, decision: str, next_n: int | None) -> None:
         """The gates' ``decision`` at ``n`` draws per chain; ``next_n``: the next checkpoint."""
         if decision == "continue" and next_n is not None:
-            text = f"convergence gates fail: sampling on to {next_n}"
+            text = f"convergence gates fail, on to {next_n}"
             self.target = next_n
             if self.bar is not None:
                 self.bar.total = self.tune + next_n
-                self.bar.set_description(f"sampling ({self.chains} chains; gates failed at "
-                                         f"{n}, on to {next_n})")
+                self.bar.set_description(f"sampling (gates failed at {n}, on to {next_n})")
                 self.bar.refresh()
         elif decision == "pass":
             text = "convergence gates pass"
+            if self.bar is not None:
+                self.bar.set_description(f"sampling (gates pass at {n})")
         elif decision == "max_draws":
             text = "the most draws per chain (max_draws)"
         else:
             text = f"stopping: {decision}"
         if self.mode == "lines":
-            self.line(f"{n}/{self.target} draws per chain, {self.elapsed()}: {text}")
+            self.line(f"{n} draws per chain, {self.elapsed()}: {text}")
 
     def done(self, n: int) -> None:
         if self.bar is not None:
@@ -363,7 +375,7 @@ class _Progress:
             self.bar.refresh()
             self.bar.close()
         elif self.mode == "lines":
-            self.line(f"done: {n} draws per chain, {self.elapsed()}")
+            self.line(f"done, {n} draws per chain in {self.elapsed()}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -499,7 +511,7 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
 
     tune = int(kw["tune"])
     cps = checkpoints(draws, until.max_draws)
-    progress = _Progress(mode, tune, draws, int(kw["chains"]))
+    progress = _Progress(mode, tune, draws, int(kw["chains"]), until.max_draws)
     s = nutpie.sample(compiled, draws=until.max_draws, blocking=False,
                       progress_callback=on_progress, progress_rate=200,
                       **{**kw, "progress_bar": False})

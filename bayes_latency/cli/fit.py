@@ -95,6 +95,8 @@ def fit_command(args: argparse.Namespace) -> int:
     tables = Path(args.tables)
     f_in = table_source(tables, "observations")
     inputs = [tables, f_in] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
+    if tables.is_dir():  # a <table>.parquet written into the folder would shadow that table
+        inputs += [tables / f"{n}.parquet" for n in table_names(tables)]
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():

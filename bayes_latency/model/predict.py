@@ -104,7 +104,9 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
 
 def theta_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame, n_draws: int,
                seed: int) -> np.ndarray:
-    """(S, n, K) coefficient draws for each row's configuration."""
+    """(S, n, K) coefficient draws for each row's configuration (S: ``n_draws``, or every
+    posterior draw when there are fewer)."""
+    n_draws = min(int(n_draws), int(post.sizes["chain"] * post.sizes["draw"]))
     out = np.empty((n_draws, len(observations), len(state.coefs)))
     cfg = observations["config_id"].to_numpy()
     for c in pd.unique(cfg):

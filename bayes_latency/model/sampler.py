@@ -314,6 +314,7 @@ class _Progress:
         self.mode, self.tune, self.target, self.chains = mode, tune, draws, chains
         self.t0 = time.perf_counter()
         self.tuned = False
+        self.n = 0  # iterations of the slowest chain so far
         self.bar = None
         if mode == "bar":
             from tqdm.auto import tqdm
@@ -338,7 +339,7 @@ class _Progress:
         """``done``: (iterations finished, still tuning) of each chain."""
         if not done:
             return
-        n = min(d for d, _ in done)
+        n = self.n = min(d for d, _ in done)
         if not self.tuned and all(not tuning for _, tuning in done):
             self.tuned = True
             if self.mode == "lines":
@@ -356,6 +357,7 @@ class _Progress:
             self.target = next_n
             if self.bar is not None:
                 self.bar.total = self.tune + next_n
+                self.bar.n = min(self.n, self.bar.total)  # chains may have run ahead
                 self.bar.set_description(f"sampling (gates failed at {n}, on to {next_n})")
                 self.bar.refresh()
         elif decision == "pass":

@@ -17,6 +17,8 @@ MODEL_VERSION = "11"  # what each version changed: CHANGELOG.md
 #: The public API: names importable from the package without importing the modules that define
 #: them up front (``from bayes_latency import LatencyModel`` imports the estimator, not PyMC or
 #: ArviZ). Notebooks and scripts use these; module paths below them may change between versions.
+#: ``bayes_latency.fit`` is the gated fit of :mod:`bayes_latency.checks.gated` (what
+#: ``bayes-latency fit`` runs); ``LatencyModel.fit`` is the estimator step under it.
 _LAZY = {
     # fleets and tables
     "simulate_fleet": "bayes_latency.synth.fleet",
@@ -32,6 +34,8 @@ _LAZY = {
     "observations_from_microbench": "bayes_latency.data.observations.build",
     # the model
     "LatencyModel": "bayes_latency.model.estimator",
+    "fit": "bayes_latency.checks.gated",
+    "GateReport": "bayes_latency.checks.gated",
     "load_priors": "bayes_latency.priors",
     # checks
     "diagnose": "bayes_latency.checks.diagnostics",
@@ -63,6 +67,8 @@ _LAZY = {
     "DEFAULT_TERMS": "bayes_latency.physics.basis",
     "BLIS_BETA_ORDER": "bayes_latency.physics.basis",
     "BayesLatencyError": "bayes_latency.errors",
+    "ConvergenceError": "bayes_latency.errors",
+    "AdequacyError": "bayes_latency.errors",
 }
 
 __all__ = ["MODEL_VERSION", "__version__", *_LAZY]

@@ -49,6 +49,16 @@ class ConvergenceError(BayesLatencyError):
     """A fit did not pass its convergence gates."""
 
 
+class AdequacyError(BayesLatencyError):
+    """A fitted model does not explain the data it was fitted to (the adequacy gate of
+    :mod:`bayes_latency.checks.adequacy`)."""
+
+
+class GateWarning(UserWarning):
+    """A gate of :func:`bayes_latency.fit` failed and the model was returned all the same
+    (``on_failure="warn"``)."""
+
+
 class ModelMismatchError(BayesLatencyError):
     """A saved posterior was made by another model version, priors or term set."""
 

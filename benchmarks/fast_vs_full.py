@@ -134,7 +134,9 @@ def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
 def timed_fit(method: str, rows: pd.DataFrame, terms: tuple[str, ...], draws: int, tune: int,
               chains: int, seed: int, target_accept: float | None) -> tuple[LatencyModel, float]:
     m = LatencyModel(method=method, terms=terms)
-    kw = {} if target_accept is None else {"target_accept": target_accept}
+    kw: dict = {"max_draws": None}  # exactly `draws`, as measured
+    if target_accept is not None:
+        kw["target_accept"] = target_accept
     t0, c0 = time.perf_counter(), time.process_time()
     m.fit(rows, draws=draws, tune=tune, chains=chains, seed=seed, **kw)
     # CPU seconds of this process (all threads): robust to other jobs sharing the cores

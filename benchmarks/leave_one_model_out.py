@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             m = LatencyModel(priors=args.priors).fit(
                 obs[obs["model"] != held], draws=args.draws, tune=args.tune, seed=args.fit_seed,
-                target_accept=args.target_accept, adaptation=args.adaptation)
+                target_accept=args.target_accept, adaptation=args.adaptation, max_draws=None)
             m.save(path)
         conv = m.convergence()
         rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]

@@ -14,6 +14,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 from obs_factory import make_observations
 
 matplotlib.use("Agg")
@@ -30,7 +31,8 @@ from bayes_latency.physics.basis import DEFAULT_TERMS  # noqa: E402
 
 CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("llama-2-70b", "H100", 4),
            ("mixtral-8x7b", "H100", 2)]
-FIT = {"draws": 200, "tune": 200, "chains": 2, "seed": 1, "prior_draws": 100}
+FIT = {"draws": 200, "tune": 200, "chains": 2, "seed": 1, "prior_draws": 100,
+       "max_draws": None}
 SUBSET = tuple(t for t in DEFAULT_TERMS if t not in ("prefill_kv", "decode_compute"))
 
 
@@ -112,14 +114,27 @@ def test_predict_batch_table_for_seen_and_unseen_configs(saved):
                             "prefill_attn_pairs": [512 * 256.5, 0], "prefill_kv_tokens": [512, 0],
                             "num_decode_reqs": [0, 32], "decode_tokens": [0, 32],
                             "decode_ctx_tokens": [0, 32_000]})
-    seen = saved.predict(batches, model="llama-2-7b", gpu="H100", tp=1)
-    unseen = saved.predict(batches, model="llama-3.1-8b", gpu="H100", tp=1)
+    seen = saved.predict_batches(batches, model="llama-2-7b", gpu="H100", tp=1)
+    unseen = saved.predict_batches(batches, model="llama-3.1-8b", gpu="H100", tp=1)
     for band in (seen, unseen):
+        assert isinstance(band, pd.DataFrame)
         assert (band["q05_us"] < band["mean_us"]).all() and (band["mean_us"] < band["q95_us"]).all()
+    assert seen.attrs["unseen_levels"] == "" and "model" in unseen.attrs["unseen_levels"]
     width = lambda b: ((b["q95_us"] - b["q05_us"]) / b["mean_us"]).to_numpy()  # noqa: E731
     assert np.all(width(unseen) > width(seen))
-    with pytest.raises(Exception, match="model=, gpu= and tp="):
-        saved.predict(batches, model="llama-2-7b")
+    with pytest.raises(TypeError):
+        saved.predict_batches(batches, model="llama-2-7b")
+    # predict takes observation rows only, and says where a batch table goes
+    with pytest.raises(Exception, match="predict_batches"):
+        saved.predict(batches)
+    with pytest.raises(TypeError):
+        saved.predict(batches, model="llama-2-7b", gpu="H100", tp=1)
+
+
+def test_predict_returns_draws_per_row(saved, data):
+    obs, _ = data
+    mu = saved.predict(obs.head(5), n_draws=20)
+    assert isinstance(mu, xr.DataArray) and mu.dims == ("sample", "obs") and mu.shape == (20, 5)
 
 
 # ----------------------------------------------------------------------- the ArviZ calls

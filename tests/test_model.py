@@ -34,7 +34,7 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     obs, _ = data
-    return LatencyModel().fit(obs, draws=1000, tune=600, chains=2, seed=1)
+    return LatencyModel().fit(obs, draws=1000, tune=600, chains=2, seed=1, max_draws=None)
 
 
 # ---------------------------------------------------------------- stage 1
@@ -375,7 +375,8 @@ def test_other_nuts_samplers_fit_the_same_model(sampler):
     posterior in the same layout, labelled with the sampler; a well-measured coefficient lands
     on its truth."""
     obs, truth = make_observations(CONFIGS[:2], n_iter=60, n_win=60, n_alpha=30, seed=5)
-    m = LatencyModel(sampler=sampler).fit(obs, draws=100, tune=100, chains=2, seed=1)
+    m = LatencyModel(sampler=sampler).fit(obs, draws=100, tune=100, chains=2, seed=1,
+                                          max_draws=None)
     post = m.result["posterior"]
     assert m.result.attrs["sampler"] == sampler and m.result.attrs["approximate"] == "false"
     assert post.sizes["chain"] == 2 and post.sizes["draw"] == 100

@@ -67,7 +67,7 @@ def test_recovery_coverage_and_zero_terms(small_fleet):
     from bayes_latency.study.demo import _truth, recovery_table
 
     tmp, obs = small_fleet
-    m = LatencyModel().fit(obs, draws=1500, tune=1000, seed=3)
+    m = LatencyModel().fit(obs, draws=1500, tune=1000, seed=3, max_draws=None)
     conv = m.convergence()
     assert conv["divergences"] <= 2 and conv["max_rhat"] < 1.02, conv
     rec = recovery_table(m, _truth(tmp / "fleet"))
@@ -107,7 +107,8 @@ def test_leave_one_model_out(small_fleet):
     _, obs = small_fleet
     folds = {}
     for held in sorted(obs["model"].unique()):
-        m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, seed=4, target_accept=0.99)
+        m = LatencyModel().fit(obs[obs["model"] != held], draws=1000, seed=4, target_accept=0.99,
+                               max_draws=None)
         rows = obs[(obs["model"] == held) & (obs["kind"] == "iteration")]
         y = m.sample_posterior_predictive(rows, n_draws=400).values
         band = band_summary(y, rows["value_us"].to_numpy(float))

@@ -14,7 +14,7 @@ import hashlib, sys
 import pandas as pd
 from bayes_latency.model.estimator import LatencyModel
 obs = pd.read_parquet(sys.argv[1])
-m = LatencyModel().fit(obs, draws=200, tune=200, seed=11)
+m = LatencyModel().fit(obs, draws=200, tune=200, seed=11, max_draws=None)
 post = m.result["posterior"]
 h = hashlib.sha256()
 for v in ("z_pop", "sigma_model", "beta", "alpha"):

@@ -14,9 +14,9 @@ from pathlib import Path
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
     _check_finite,
-    blis_notes,
     blis_yaml,
     export_document,
+    export_notes,
     provenance,
 )
 from bayes_latency.textfiles import load_yaml
@@ -28,7 +28,8 @@ MAX_EXPORT_DRAWS = 100_000
 def check_export_args(args: argparse.Namespace) -> None:
     """Validate ``export`` arguments before loading anything (same rules for every format).
 
-    ``--tp`` must be a positive integer that divides the model's attention heads and whose KV
+    ``--tp`` not given is :func:`default_tp` (1 when the weights fit one GPU, printed; an error
+    naming the option otherwise). ``--tp`` must be a positive integer that divides the model's attention heads and whose KV
     heads divide evenly (or are replicated: ``tp`` a multiple of the KV heads); ``--draws`` in
     ``[0, MAX_EXPORT_DRAWS]``.
 
@@ -46,10 +47,12 @@ def check_export_args(args: argparse.Namespace) -> None:
     if isinstance(draws, bool) or not isinstance(draws, int) or not 0 <= draws <= MAX_EXPORT_DRAWS:
         raise BayesLatencyError(f"--draws {draws!r}: must be an integer in "
                                 f"[0, {MAX_EXPORT_DRAWS:,}]")
+    arch = load_architecture(args.model)
+    if getattr(args, "tp", None) is None:
+        args.tp = default_tp(arch, args.gpu)
     tp = args.tp
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp {tp!r}: must be a positive integer")
-    arch = load_architecture(args.model)
     if arch.attention != "mla":
         if arch.n_heads % tp:
             raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads "
@@ -60,6 +63,30 @@ def check_export_args(args: argparse.Namespace) -> None:
     elif tp > arch.n_heads or arch.n_heads % tp:
         raise ConfigError(f"--tp {tp} does not divide the {arch.n_heads} attention heads of "
                           f"{arch.name!r}")
+
+
+def default_tp(arch: object, gpu: str) -> int:
+    """The TP degree of ``export`` without ``--tp``: 1 when the model's weights fit one GPU (with
+    room for a KV cache), said on stdout; otherwise the option is required.
+
+    Raises
+    ------
+    ConfigError
+        The weights of ``arch`` do not fit one ``gpu``: ``--tp`` must be given.
+    """
+    from bayes_latency.errors import ConfigError
+    from bayes_latency.physics.capacity import kv_capacity_tokens
+    from bayes_latency.physics.hardware import load_gpu
+    from bayes_latency.physics.serving import ServingConfig
+
+    g = load_gpu(gpu)
+    if kv_capacity_tokens(arch, g, ServingConfig(tp=1)) > 0:
+        print(f"--tp not given: TP 1 (the weights of {arch.name} fit one {g.name})")
+        return 1
+    gib = arch.params_total * arch.weight_bytes / 2**30
+    raise ConfigError(f"--tp is required for {arch.name} on {g.name}: its weights ({gib:.0f} GiB) "
+                      f"do not fit one GPU ({g.memory_bytes / 2**30:.0f} GiB); give the TP degree "
+                      "it is served with")
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -93,7 +120,7 @@ def export_command(args: argparse.Namespace) -> int:
             raise
         raise type(exc)(f"{args.posterior}: {exc}") from exc
     atomic_write_text(out, text)
-    for note in blis_notes(coefs, config):
+    for note in export_notes(coefs, config):
         print(f"note: {note}")
     print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
     return 0

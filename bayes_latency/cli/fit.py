@@ -1,16 +1,15 @@
 """``bayes-latency fit``: the command that reads an observation table, fits, saves and gates.
 
 :func:`fit_command` validates the sampler arguments (:func:`_check_sampler_args`), the output path
-and the observation table (:func:`load_observations`) before sampling, fits a
-:class:`~bayes_latency.model.estimator.LatencyModel`, writes the posterior atomically and applies
-the convergence and adequacy gates (exit 1 when one fails).
-"""
+and the observation table (:func:`load_observations`) before sampling, then runs
+:func:`bayes_latency.fit` (:mod:`bayes_latency.checks.gated`, the function a notebook calls too):
+the fit, the posterior written atomically, the convergence and adequacy gates (exit 1 when one
+fails)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -22,8 +21,8 @@ from bayes_latency.data.tables import (
     table_names,
     table_source,
 )
-from bayes_latency.errors import BayesLatencyError, ConvergenceError
-from bayes_latency.model.sampler import MAX_DRAWS_FACTOR, NUTPIE_ADAPTATION, TARGET_ACCEPT
+from bayes_latency.errors import BayesLatencyError
+from bayes_latency.model.sampler import NUTPIE_ADAPTATION, TARGET_ACCEPT, resolve_max_draws
 from bayes_latency.physics.basis import DEFAULT_TERMS
 
 
@@ -73,21 +72,22 @@ def parse_terms(value: str | None) -> tuple[str, ...] | None:
 
 
 def _max_draws(args: argparse.Namespace) -> int | None:
-    """``--max-draws``: 6 x ``--draws`` when not given (:data:`DEFAULT_MAX_DRAWS` at the
-    defaults), ``None`` (no extension) for 0."""
+    """``--max-draws``: the estimator's default when not given (``max_draws="auto"`` of
+    :meth:`~bayes_latency.model.estimator.LatencyModel.fit`, 6 x ``--draws``:
+    :data:`DEFAULT_MAX_DRAWS` at the defaults), ``None`` (no extension) for 0."""
     md = getattr(args, "max_draws", None)
-    if md is None:
-        return MAX_DRAWS_FACTOR * int(args.draws)
-    return int(md) or None
+    return resolve_max_draws("auto" if md is None else md, int(args.draws))
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    """``bayes-latency fit``: fit, save, and exit 1 when the convergence gates fail.
+    """``bayes-latency fit``: :func:`bayes_latency.fit` (fit, save, gates); exit 1 when a gate
+    fails.
 
-    The arguments, the output path and the observation table are validated before sampling; the
-    posterior is written atomically (never over an input).
+    The arguments, the output path and the tables are validated before sampling; the posterior
+    is written atomically (never over an input) right after sampling, before the gates.
     """
-    from bayes_latency.io import atomic_path, check_output_path
+    from bayes_latency.checks import gated
+    from bayes_latency.io import check_output_path
     from bayes_latency.model.estimator import LatencyModel
 
     _check_sampler_args(args)
@@ -109,63 +109,31 @@ def fit_command(args: argparse.Namespace) -> int:
     if tables.is_dir():  # every table of the folder agrees with its manifest, before any work
         check_tables(tables)
     obs = load_checked_observations(args.tables)
-    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
-                     scheduler=getattr(args, "scheduler", None))
-    t0 = time.perf_counter()
-    m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
-          progress=sys.stderr.isatty(),  # sampling progress on a terminal only
-          target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
-          adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION),
-          max_draws=_max_draws(args),
-          gates={"max_rhat": args.max_rhat})
-    with atomic_path(out_path) as tmp:
-        m.save(tmp)
-    out = out_path
-    conv = m.convergence({"max_rhat": args.max_rhat})
-    print(m.report.format())
-    print(f"fitted {len(m.design.configs)} configurations, {len(m._rows):,} rows in "
-          f"{time.perf_counter() - t0:.1f} s ({m.method}, {m.sampler}); saved {out}")
-    print(f"max R-hat {conv['max_rhat']:.4f}, min bulk ESS {conv['min_ess_bulk']:.0f}, "
-          f"divergences {conv['divergences']}" + (" [APPROXIMATE: no MCMC diagnostics]"
-                                                  if conv["approximate"] else ""))
-    if conv.get("extension"):
-        print("sampling extended while the gates failed: "
-              + ", ".join(f"{e['draws']} draws (target_accept {e.get('target_accept', '?')}): "
-                          f"{e['decision']}" for e in conv["extension"]))
-    # adequacy gate (posterior predictive checks of the fitted rows and workload means)
-    from bayes_latency.checks.adequacy import check_fit
-
     requests = (read_table(tables, "requests")
                 if tables.is_dir() and "requests" in table_names(tables) else None)
-    adq, _, _ = check_fit(m, obs, requests, seed=args.seed)
-    checked = gate_summary(adq.table, requests)
-    if not conv["passed"]:
-        extra = ([f"and the model does not explain the data: {'; '.join(adq.failures)}"]
-                 if not adq.passed else [])
-        raise ConvergenceError("; ".join(conv["failures"] + conv["hints"] + extra))
-    if not adq.passed:
-        print("bayes-latency: the model does not explain the data (adequacy gate):\n"
-              + "\n".join(f"- {f}" for f in adq.failures), file=sys.stderr)
-        return 1
-    print(f"adequacy gate passed ({checked})")
+    m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
+                     scheduler=getattr(args, "scheduler", None))
+    m, report = gated.fit(
+        obs, requests, model=m, out=out_path, on_failure="ignore",
+        gates={"max_rhat": args.max_rhat}, seed=args.seed,
+        draws=args.draws, tune=args.tune, chains=args.chains,
+        progress=True,  # a bar on a terminal, a line per checkpoint otherwise
+        target_accept=getattr(args, "target_accept", TARGET_ACCEPT),
+        adaptation=getattr(args, "adaptation", NUTPIE_ADAPTATION),
+        max_draws=_max_draws(args) or None)
+    print(m.report.format())
+    print(f"fitted {len(m.design.configs)} configurations, {len(m._rows):,} rows in "
+          f"{report.seconds['fit_s']:.1f} s ({m.method}, {m.sampler}); saved {out_path}")
+    print(report.format())
+    report.raise_if_failed()  # ConvergenceError / AdequacyError: exit 1
     return 0
 
 
 def gate_summary(table: pd.DataFrame, requests: pd.DataFrame | None) -> str:
-    """What the adequacy gate checked, in words: the step-level and workload checks it ran.
+    """What the adequacy gate checked, in words (:func:`bayes_latency.checks.gated.gate_summary`)."""
+    from bayes_latency.checks.gated import gate_summary as summary
 
-    ``table`` is the gate's table of checks (column ``level``: ``step`` or ``workload``);
-    ``requests`` the requests table given to it (None when the tables have none), so that a gate
-    that had requests but could check no workload mean says so.
-    """
-    n_step = int((table["level"] == "step").sum())
-    n_wl = int((table["level"] == "workload").sum())
-    text = f"{n_step} step-level checks (LOO-PIT, band coverage)"
-    if n_wl:
-        return text + f", {n_wl} workload-mean checks"
-    if requests is None:
-        return text + "; no requests table, so no workload-mean checks"
-    return text + f"; no workload mean could be checked from {len(requests):,} request rows"
+    return summary(table, requests)
 
 
 if __name__ == "__main__":  # pragma: no cover

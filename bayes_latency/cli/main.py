@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bayes_latency.errors import BayesLatencyError, ConvergenceError
+from bayes_latency.errors import AdequacyError, BayesLatencyError, ConvergenceError
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -179,14 +179,15 @@ def calibrate_command(args: argparse.Namespace) -> int:
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
                          sampler=args.sampler)
         return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
-                     progress=sys.stderr.isatty(), target_accept=args.target_accept)
+                     progress=sys.stderr.isatty(), target_accept=args.target_accept,
+                     max_draws=None)
 
     def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
                          sampler=args.sampler)
         return m.fit(obs, draws=max(args.draws // 4, 100), tune=max(args.tune // 4, 100),
                      chains=args.chains, seed=args.seed, progress=sys.stderr.isatty(),
-                     target_accept=args.target_accept)
+                     target_accept=args.target_accept, max_draws=None)
 
     cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed,
                     fast_fit=fast_fit if args.fast_iter else None,
@@ -224,8 +225,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         from bayes_latency.export.document import (
             _check_finite,
             blis_draws,
-            blis_notes,
             blis_yaml,
+            export_notes,
             provenance,
         )
 
@@ -249,7 +250,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
         _check_finite(load_yaml(text))
         atomic_write_text(export_path, text)
-        for note in blis_notes(coefs, config):
+        for note in export_notes(coefs, config):
             print(f"note: {note}")
         print(f"exported {export_path}" + (f" with {args.export_draws} run-level draws"
                                            if args.export_draws else ""))
@@ -331,6 +332,11 @@ _SCHEDULER_HELP = ("Dask scheduler for the per-experiment / per-configuration ta
                    "small inputs and a local cluster for large ones")
 
 
+_PRIORS_OF_FILE_HELP = ("prior YAML the posterior was fitted with, checked against the priors "
+                        "embedded in the file (default: the priors embedded in the posterior "
+                        "file)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``bayes-latency`` (one subparser per subcommand)."""
     p = argparse.ArgumentParser(prog="bayes-latency", description=__doc__.splitlines()[0])
@@ -353,9 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("fit", help="fit the hierarchical model to an ingested table folder")
     s.add_argument("tables", help="folder written by `ingest` (or an observations.parquet)")
     s.add_argument("--out", required=True, help="posterior file (.nc)")
-    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
+    s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"],
+                   help="laplace-hierarchy: per-configuration likelihood summaries under the "
+                        "hierarchy (fast); full: every row in the likelihood "
+                        "(default %(default)s)")
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"],
-                   help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE)")
+                   help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE) "
+                        "(default %(default)s)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
     # model.sampler.DEFAULT_DRAWS / DEFAULT_TUNE / TARGET_ACCEPT (literal here: the CLI imports no
     # model code before a command runs; tests/test_fit_defaults.py checks they agree)
@@ -369,10 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tuning steps per chain (default %(default)s)")
     s.add_argument("--adaptation", default="low_rank", choices=["low_rank", "diag"],
                    help="nutpie mass-matrix adaptation (diag: cheaper when no coefficients are "
-                        "identified only jointly)")
-    s.add_argument("--chains", type=int, default=2)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--max-rhat", type=float, default=1.01)
+                        "identified only jointly; default %(default)s)")
+    s.add_argument("--chains", type=int, default=2,
+                   help="MCMC chains, run two at a time (default %(default)s)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampler and of the predictive checks (default %(default)s)")
+    s.add_argument("--max-rhat", type=float, default=1.01,
+                   help="convergence gate: largest R-hat accepted (default %(default)s)")
     s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
     s.add_argument("--target-accept", type=float, default=0.99,
                    help="NUTS step-size target (default %(default)s)")
@@ -422,23 +435,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_calibrate)
 
     s = sub.add_parser("check", help="diagnostics report; non-zero exit when a gate fails")
-    s.add_argument("posterior")
-    s.add_argument("--tables", help="ingested tables for predictive checks")
-    s.add_argument("--out", help="folder for the report and plots")
-    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
-                                    "(default: priors/default.yaml)")
+    s.add_argument("posterior", help="posterior file written by `fit` or `calibrate` (.nc, .zarr)")
+    s.add_argument("--tables", help="ingested tables for the predictive checks and the adequacy "
+                                    "gate (default: none, diagnostics only)")
+    s.add_argument("--out", help="folder for the report and plots (default: none; with --tables, "
+                                 "<posterior folder>/check)")
+    s.add_argument("--priors", help=_PRIORS_OF_FILE_HELP)
     s.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("export", help="coefficients for a simulator configuration")
-    s.add_argument("posterior")
+    s.add_argument("posterior", help="posterior file written by `fit` or `calibrate` (.nc, .zarr)")
     s.add_argument("--model", required=True, help="known model name or config.json path")
-    s.add_argument("--gpu", required=True)
-    s.add_argument("--tp", type=int, default=1)
-    s.add_argument("--draws", type=int, default=0)
-    s.add_argument("--format", default="json", choices=["json", "blis"])
-    s.add_argument("--priors", help="prior YAML the posterior was fitted with "
-                                    "(default: priors/default.yaml)")
-    s.add_argument("--out", required=True)
+    s.add_argument("--gpu", required=True, help="GPU name (H100, H200, A100-80GB ...) or "
+                                                "datasheet file")
+    s.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel degree; required when the model's weights do not fit "
+                        "one GPU, else 1 by default (printed)")
+    s.add_argument("--draws", type=int, default=0,
+                   help="also write this many posterior draws of the coefficients, for "
+                        "ensemble simulation (default %(default)s: none)")
+    s.add_argument("--format", default="json", choices=["json", "blis"],
+                   help="json: the export document (terms, bands, reference predictions); "
+                        "blis: BLIS's trained_physics_coefficients YAML (default %(default)s)")
+    s.add_argument("--priors", help=_PRIORS_OF_FILE_HELP)
+    s.add_argument("--out", required=True, help="file to write (.json or .yaml)")
     s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("demo", help="the whole path on the built-in synthetic fleet")
@@ -485,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConvergenceError as e:
         print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except AdequacyError as e:
+        print(f"bayes-latency: {_one_line(e)}", file=sys.stderr)
         return 1
     except BayesLatencyError as e:
         print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)

@@ -179,6 +179,54 @@ def blis_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None) -> li
     return _blis_vectors(*coefficient_arrays(coefs), config)[2]
 
 
+#: How the notes of :func:`config_notes` name each level of a configuration.
+LEVEL_NAMES = {"model": "model", "gpu": "GPU", "tp": "TP", "stack": "stack"}
+
+
+def config_notes(coefs: xr.Dataset) -> list[str]:
+    """Notes on where the coefficients of ``coefs``' configuration come from.
+
+    A configuration the fit saw has its fitted draws: no note. For an unseen one
+    (``coefs.attrs["unseen_levels"]``, set by
+    :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`), one note says it is unseen
+    and how its draws were made, one names each unseen level (model, GPU, TP, stack) whose
+    effect was drawn from its population scale ``sigma_<level>`` (``N(0, sigma^2 (1 + 1/n))``
+    over the ``n`` seen levels), and one the seen levels whose fitted effects were used.
+    """
+    attrs = coefs.attrs
+    unseen = [u for u in str(attrs.get("unseen_levels", "")).split(",") if u]
+    if not unseen:
+        return []
+    values = {"model": attrs.get("model"), "gpu": attrs.get("gpu"), "tp": attrs.get("tp"),
+              "stack": attrs.get("stack")}
+    named = {k: f"{LEVEL_NAMES[k]} {v}" for k, v in values.items() if v is not None}
+    levels = [u for u in unseen if u in named]
+    seen = [k for k in named if k not in levels]
+    where = ", ".join(named.values())
+    notes = [f"unseen configuration: the fit has no data of {where}; its coefficients are "
+             "population draws (the seen levels' fitted effects, an effect drawn for each "
+             "unseen level, and a configuration residual drawn from sigma_config), so their "
+             "bands are wider than a fitted configuration's"]
+    if levels:
+        notes.append("unseen levels: " + ", ".join(named[u] for u in levels)
+                     + ": each effect drawn from its population scale ("
+                     + ", ".join(f"sigma_{u}" for u in levels)
+                     + "; N(0, sigma^2 (1 + 1/n)) over the n levels the fit saw)")
+    else:
+        notes.append("every level was seen, in other configurations: only the configuration "
+                     "residual is drawn")
+    if seen:
+        notes.append("seen levels: " + ", ".join(named[k] for k in seen)
+                     + ": their fitted effects")
+    return notes
+
+
+def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None) -> list[str]:
+    """The notes of an export: :func:`config_notes` (is the configuration unseen, and where
+    each level's effect came from), then :func:`blis_notes` (terms folded or left out)."""
+    return config_notes(coefs) + blis_notes(coefs, config)
+
+
 def blis_block(coefs: xr.Dataset, stat: str = "mean",
                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """BLIS ``trained_physics_coefficients`` of one configuration.
@@ -294,7 +342,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     """
     beta, alpha = coefficient_arrays(coefs)
     summary = summarize_coefficients(coefs, hdi_prob)
-    notes = list(blis_notes(coefs, config))
+    notes = export_notes(coefs, config)
     terms = []
     for name, row in summary.iterrows():
         info = coefficient_info(str(name))
@@ -411,7 +459,7 @@ def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, A
                            "configuration": jsonable(dict(config)),
                            "blis_hardware": blis_hardware(config),
                            "provenance": jsonable(dict(prov)),
-                           "notes": blis_notes(coefs, config)}
+                           "notes": export_notes(coefs, config)}
     if n_draws:
         doc["draws"] = blis_draws(coefs, n_draws, seed, config)
     header = (f"# bayes-latency export for model={config.get('model')} gpu={config.get('gpu')} "

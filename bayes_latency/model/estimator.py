@@ -1,6 +1,7 @@
 """``LatencyModel``: the one estimator of bayes_latency.
 
 >>> m = LatencyModel().fit(observations)          # doctest: +SKIP
+>>> m, report = bayes_latency.fit(observations)     # the same, then the gates (as the CLI)
 >>> m.coefficients("llama-2-70b", "H100", 4)       # beta(sample, term), alpha(sample, alpha_term)
 >>> m.save("posterior.nc"); LatencyModel.load("posterior.nc")
 
@@ -65,6 +66,8 @@ from bayes_latency.model.sampler import (
     NUTPIE_ADAPTATION,
     SAMPLERS,
     TARGET_ACCEPT,
+    progress_mode,
+    resolve_max_draws,
 )
 from bayes_latency.model.state import FitState
 from bayes_latency.model.summaries import ConfigSummary
@@ -97,6 +100,22 @@ def posterior_only() -> Iterator[None]:
         yield
     finally:
         _ARVIZ_GROUPS.reset(token)
+
+
+@contextlib.contextmanager
+def _quiet_pymc() -> Iterator[None]:
+    """PyMC's INFO messages (``Sampling: [sigma_config_free, ...]`` of
+    ``pm.sample_prior_predictive``) off inside the block; its warnings still show."""
+    import logging
+
+    log = logging.getLogger("pymc")
+    old = log.level
+    if log.getEffectiveLevel() < logging.WARNING:
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 class LatencyModel:
@@ -200,10 +219,15 @@ class LatencyModel:
     # ------------------------------------------------------------------ fitting
     def fit(self, observations: pd.DataFrame, draws: int = DEFAULT_DRAWS, tune: int = DEFAULT_TUNE,
             chains: int = 2,
-            seed: int = 0, progress: bool = False, target_accept: float = TARGET_ACCEPT,
+            seed: int = 0, progress: bool | str = True, target_accept: float = TARGET_ACCEPT,
             adaptation: str = NUTPIE_ADAPTATION, prior_draws: int = 500,
-            max_draws: int | None = None, gates: dict | None = None) -> LatencyModel:
+            max_draws: int | str | None = "auto", gates: dict | None = None) -> LatencyModel:
         """Fit the model; the result is in :attr:`result`. Check :meth:`convergence` after.
+
+        This is the estimator step: it samples (on until the convergence gates pass, by default)
+        but applies no gate. :func:`bayes_latency.fit` (what ``bayes-latency fit`` runs) fits
+        with this method and then applies the convergence and adequacy gates, returning the
+        model and a :class:`~bayes_latency.checks.gated.GateReport`.
 
         ``target_accept`` is NUTS's step-size target (nutpie and PyMC); raise it towards 0.99 when
         a few divergences remain. ``adaptation`` is nutpie's mass-matrix adaptation, ``"low_rank"``
@@ -211,16 +235,24 @@ class LatencyModel:
         when they are not; see :data:`NUTPIE_ADAPTATION`). ``prior_draws`` is the number of
         draws in the ``prior`` and ``prior_predictive`` groups (0: no prior groups).
 
-        ``max_draws`` (nutpie only; ``None``: exactly ``draws``) lets sampling go on past
-        ``draws``, checking the convergence gates (``gates``, default :data:`GATES`) at fixed
-        checkpoints (``draws``, then every ``draws / 2`` more) and stopping at the first that
-        passes, or when more draws cannot help (divergences, or chains in different places:
-        R-hat above 1.3 at the first check, or above 1.1 and not falling). When it stopped on
-        divergences, it samples once more at ``target_accept`` 0.995
-        (:mod:`~bayes_latency.model.extension`). The checks and where it stopped are in the
-        result's ``extension`` attribute and in :meth:`convergence`. The CLI's ``fit`` does this
-        by default (``--max-draws``).
+        ``max_draws`` (nutpie only) lets sampling go on past ``draws``, checking the convergence
+        gates (``gates``, default :data:`GATES`) at fixed checkpoints (``draws``, then every
+        ``draws / 2`` more) and stopping at the first that passes, or when more draws cannot
+        help (divergences, or chains in different places: R-hat above 1.3 at the first check,
+        or above 1.1 and not falling). ``"auto"`` (default, as ``bayes-latency fit``): up to
+        :data:`~bayes_latency.model.sampler.MAX_DRAWS_FACTOR` x ``draws``; ``None`` or 0:
+        exactly ``draws``. When it stopped on divergences, it samples once more at
+        ``target_accept`` 0.995 (:mod:`~bayes_latency.model.extension`). The checks and where
+        it stopped are in the result's ``extension`` attribute and in :meth:`convergence`.
+
+        ``progress``: ``True`` (default) shows nutpie's progress where the fit runs: a bar in a
+        notebook or on a terminal whose total is what will run (the draws up to the next
+        checkpoint), else one line on stderr at the end of tuning, at each checkpoint and at the
+        end; ``False``: nothing; ``"bar"`` / ``"lines"``: that display
+        (:func:`~bayes_latency.model.sampler.progress_mode`).
         """
+        progress = progress_mode(progress)
+        max_draws = resolve_max_draws(max_draws, draws)
         if adaptation not in ADAPTATIONS:
             raise ConfigError(f"unknown adaptation {adaptation!r}; expected one of {ADAPTATIONS}")
         t_start = time.perf_counter()
@@ -255,8 +287,9 @@ class LatencyModel:
 
         if not self._noise:  # the full path's noise: posterior means of the result
             self._noise_from_result()
-        timings, notes = groups.add_groups(self.result, self._state(), model, self._rows, seed,
-                                           prior_draws=prior_draws)
+        with _quiet_pymc():  # no "Sampling: [...]" line of pm.sample_prior_predictive
+            timings, notes = groups.add_groups(self.result, self._state(), model, self._rows,
+                                               seed, prior_draws=prior_draws)
         self.timings.update(timings)
         self.report.notes.extend(notes)
 
@@ -333,36 +366,40 @@ class LatencyModel:
         return _predict.coefficient_draws(self._state(), self._post(), model, gpu, tp,
                                           n_draws=n_draws, seed=seed, stack=stack)
 
-    def predict(self, observations: pd.DataFrame, model: str | None = None, gpu: str | None = None,
-                tp: int | None = None, n_draws: int = 200, seed: int = 0,
-                stack: str = DEFAULT_STACK, **serving: object) -> xr.DataArray | pd.DataFrame:
-        """Predicted iteration times: of observation rows, or of a batch table for a configuration.
+    def predict(self, observations: pd.DataFrame, n_draws: int = 200,
+                seed: int = 0) -> xr.DataArray:
+        """Posterior draws of the expected value (µs) of each row of an observation table.
 
-        Two forms:
-
-        * ``predict(observations)`` (rows of the observation table, with their ``x_<term>``
-          features and configuration): posterior draws of each row's expected value (µs),
-          without observation noise, as a DataArray ``(sample, obs)``.
-        * ``predict(batches, model=, gpu=, tp=, **serving)``: ``batches`` is a batch table (the
-          columns of :data:`bayes_latency.physics.basis.BATCH_COLUMNS`, one row per engine
-          step); the configuration may be seen or unseen (:meth:`coefficients` draws its
-          coefficients, an unseen one with its wider band) and ``serving`` takes the knobs of
-          :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
-          columns plus ``mean_us, median_us, q05_us, q95_us`` per row
-          (:func:`bayes_latency.model.predict.predict_reference`).
+        ``observations`` are rows of the observation table, with their ``x_<term>`` features and
+        configuration (``config_id``, ``model``, ``gpu``, ``tp``). Returns a DataArray
+        ``(sample, obs)`` of each row's expected value without observation noise
+        (:meth:`sample_posterior_predictive` adds the noise). For a batch table of a
+        configuration (seen or not), use :meth:`predict_batches`.
         """
-        if model is not None or gpu is not None or tp is not None:
-            if model is None or gpu is None or tp is None:
-                raise ConfigError("predict on a batch table needs model=, gpu= and tp=")
-            coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed,
-                                      stack=stack)
-            config = {"model": model, "gpu": gpu, "tp": int(tp), **serving}
-            out = _predict.predict_reference(coefs, config, batches=observations)
-            out.attrs["unseen_levels"] = coefs.attrs.get("unseen_levels", "")
-            return out
         _predict.require_row_columns(self.coefs, observations)
         return _predict.predict_rows(self._state(), self._post(), observations,
                                      n_draws=n_draws, seed=seed)
+
+    def predict_batches(self, batches: pd.DataFrame | None, model: str, gpu: str, tp: int,
+                        n_draws: int = 200, seed: int = 0, stack: str = DEFAULT_STACK,
+                        **serving: object) -> pd.DataFrame:
+        """Predicted iteration times of a batch table for one configuration, with 90% bands.
+
+        ``batches`` is a batch table (the columns of
+        :data:`bayes_latency.physics.basis.BATCH_COLUMNS`, one row per engine step; None: the
+        default reference batches of :func:`bayes_latency.model.predict.predict_reference`). The
+        configuration ``model`` / ``gpu`` / ``tp`` may be seen or unseen (:meth:`coefficients`
+        draws its coefficients, an unseen one with its wider band); ``serving`` takes the knobs
+        of :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
+        columns plus ``mean_us, median_us, q05_us, q95_us`` per row
+        (:func:`bayes_latency.model.predict.predict_reference`); ``attrs["unseen_levels"]``
+        names the levels the fit did not see.
+        """
+        coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed, stack=stack)
+        config = {"model": model, "gpu": gpu, "tp": int(tp), **serving}
+        out = _predict.predict_reference(coefs, config, batches=batches)
+        out.attrs["unseen_levels"] = coefs.attrs.get("unseen_levels", "")
+        return out
 
     def _row_noise(self, observations: pd.DataFrame
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

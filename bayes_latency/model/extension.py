@@ -20,7 +20,13 @@ import xarray as xr
 
 from bayes_latency.model import convergence as _convergence
 from bayes_latency.model.deterministics import _with_deterministics, config_draws_posterior
-from bayes_latency.model.sampler import HOPELESS_RHAT, RETRY_TARGET_ACCEPT, Until, sample
+from bayes_latency.model.sampler import (
+    HOPELESS_RHAT,
+    RETRY_TARGET_ACCEPT,
+    Until,
+    progress_mode,
+    sample,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
@@ -63,7 +69,7 @@ def gate_check(state: FitState, model: pm.Model, seed: int,
 
 
 def sample_extended(state: FitState, model: pm.Model, *, draws: int, tune: int, chains: int,
-                    seed: int, progress: bool, target_accept: float, adaptation: str,
+                    seed: int, progress: bool | str, target_accept: float, adaptation: str,
                     max_draws: int, gates: dict | None, timings: dict[str, float]
                     ) -> tuple[xr.DataTree, list[dict], float]:
     """nutpie's draws of ``model``, extended up to ``max_draws`` while the gates fail.
@@ -88,7 +94,7 @@ def sample_extended(state: FitState, model: pm.Model, *, draws: int, tune: int, 
         if "divergent" not in extension[-1]["decision"] or target_accept >= RETRY_TARGET_ACCEPT:
             break
         # divergences: once more with a smaller step (the compiled model is reused)
-        if progress:
+        if progress_mode(progress) != "none":
             print(f"divergent transitions at target_accept {target_accept}: sampling again at "
                   f"{RETRY_TARGET_ACCEPT}", file=sys.stderr, flush=True)
         target_accept = RETRY_TARGET_ACCEPT

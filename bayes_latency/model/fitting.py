@@ -41,7 +41,7 @@ class Drawn:
 
 
 def draw_posterior(model: pm.Model, state: FitState, *, draws: int, tune: int, chains: int,
-                   seed: int, progress: bool, target_accept: float, adaptation: str,
+                   seed: int, progress: bool | str, target_accept: float, adaptation: str,
                    prior_draws: int, max_draws: int | None, gates: dict | None,
                    timings: dict[str, float]) -> Drawn:
     """Posterior draws of ``model`` with every free variable, deterministic and (fast path)

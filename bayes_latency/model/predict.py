@@ -104,7 +104,9 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
 
 def theta_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame, n_draws: int,
                seed: int) -> np.ndarray:
-    """(S, n, K) coefficient draws for each row's configuration."""
+    """(S, n, K) coefficient draws for each row's configuration (S: ``n_draws``, or every
+    posterior draw when there are fewer)."""
+    n_draws = min(int(n_draws), int(post.sizes["chain"] * post.sizes["draw"]))
     out = np.empty((n_draws, len(observations), len(state.coefs)))
     cfg = observations["config_id"].to_numpy()
     for c in pd.unique(cfg):
@@ -127,8 +129,8 @@ def require_row_columns(coefs: tuple[str, ...], observations: pd.DataFrame) -> N
     if missing:
         raise ConfigError(
             f"predict: the table lacks {missing}. For a batch table (columns of "
-            "physics.basis.BATCH_COLUMNS) give the configuration: "
-            "predict(batches, model=..., gpu=..., tp=...)")
+            "physics.basis.BATCH_COLUMNS) use "
+            "predict_batches(batches, model=..., gpu=..., tp=...)")
 
 
 def predict_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame,

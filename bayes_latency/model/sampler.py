@@ -50,11 +50,23 @@ DEFAULT_TUNE = 1000
 #: partly as sums (strongly correlated population parameters), "diag" failed where "low_rank"
 #: converged (H100-only fit: R-hat 1.019 and ESS 166 against 1.004 and 941).
 NUTPIE_ADAPTATION = "low_rank"
-#: ``fit(max_draws=...)`` (the CLI's ``--max-draws``): the most draws per chain the CLI's ``fit``
-#: samples by default while the gates fail, six times :data:`DEFAULT_DRAWS` (see
-#: :func:`_sample_until`).
+#: ``fit(max_draws="auto")`` (the default of ``LatencyModel.fit`` and of the CLI's
+#: ``--max-draws``): the most draws per chain a fit samples while the gates fail, six times
+#: ``draws`` (:data:`DEFAULT_MAX_DRAWS` at :data:`DEFAULT_DRAWS`; see :func:`_sample_until`).
 MAX_DRAWS_FACTOR = 6
 DEFAULT_MAX_DRAWS = MAX_DRAWS_FACTOR * DEFAULT_DRAWS
+
+
+def resolve_max_draws(max_draws: int | str | None, draws: int) -> int | None:
+    """``fit(max_draws=...)`` as a number of draws per chain: ``"auto"`` is
+    :data:`MAX_DRAWS_FACTOR` x ``draws``; ``None`` or 0 is ``None`` (exactly ``draws``)."""
+    if isinstance(max_draws, str):
+        if max_draws != "auto":
+            from bayes_latency.errors import ConfigError
+
+            raise ConfigError(f"max_draws={max_draws!r}: expected 'auto', None or a number")
+        return MAX_DRAWS_FACTOR * int(draws)
+    return int(max_draws) if max_draws else None
 #: Max R-hat above which sampling is not extended when it does not fall from one check to the
 #: next (and 1 + 3 x (HOPELESS_RHAT - 1) above which it is not extended at all): the chains explore
 #: different regions (on the real data's bimodal cross-validation splits at 500 tuning steps
@@ -254,8 +266,130 @@ def compiled_model(model: pm.Model) -> object:
     return compiled
 
 
+#: What ``fit(progress=...)`` shows (:func:`progress_mode`): nutpie's or a tqdm bar, one line on
+#: stderr per checkpoint, or nothing.
+PROGRESS_MODES = ("bar", "lines", "none")
+
+
+def _in_notebook() -> bool:
+    """Whether the code runs in a Jupyter kernel (nutpie's own test)."""
+    try:
+        from nutpie.sample import in_notebook
+    except ImportError:  # pragma: no cover - nutpie is a dependency
+        return False
+    return bool(in_notebook())
+
+
+def progress_mode(progress: bool | str) -> str:
+    """The progress display of a fit: ``"bar"``, ``"lines"`` or ``"none"``.
+
+    ``True`` picks for the place the fit runs in: a bar in a notebook or when stderr is a
+    terminal, else ``"lines"`` (one line on stderr per checkpoint and at the end, so a fit piped
+    to a file or run by a job scheduler is not silent for minutes); ``False`` is ``"none"``; a
+    mode name is taken as it is.
+    """
+    if isinstance(progress, str):
+        if progress not in PROGRESS_MODES:
+            from bayes_latency.errors import ConfigError
+
+            raise ConfigError(f"progress={progress!r}: expected True, False or one of "
+                              f"{PROGRESS_MODES}")
+        return progress
+    if not progress:
+        return "none"
+    return "bar" if _in_notebook() or sys.stderr.isatty() else "lines"
+
+
+class _Progress:
+    """Progress of nutpie's chains, read from its progress callback by :func:`_sample_until`.
+
+    ``"bar"``: a tqdm bar (a widget in a notebook) whose total is the tuning steps plus the draws
+    up to the next checkpoint: it grows by a checkpoint's step only when the gates fail there, so
+    its total and remaining time are those of what will run. ``"lines"``: one line on stderr when
+    tuning ends, at each checkpoint and at the end. ``"none"``: nothing.
+    """
+
+    def __init__(self, mode: str, tune: int, draws: int, chains: int,
+                 max_draws: int | None = None) -> None:
+        self.mode, self.tune, self.target, self.chains = mode, tune, draws, chains
+        self.t0 = time.perf_counter()
+        self.tuned = False
+        self.n = 0  # iterations of the slowest chain so far
+        self.bar = None
+        if mode == "bar":
+            from tqdm.auto import tqdm
+
+            size: dict = {}
+            if not _in_notebook():  # a terminal that reports no size (0 x 0) gets 80 x 24
+                import shutil
+
+                cols, rows = shutil.get_terminal_size()
+                size = {"ncols": cols, "nrows": rows}
+            self.bar = tqdm(total=tune + draws, unit="it", file=sys.stderr, smoothing=0.05,
+                            desc=f"sampling ({chains} chains, tuning)", **size)
+        elif mode == "lines":
+            more = (f" (up to {max_draws} while the convergence gates fail)"
+                    if max_draws and max_draws > draws else "")
+            self.line(f"{chains} chains, {tune} tuning steps then {draws} draws each{more}")
+
+    def elapsed(self) -> str:
+        return f"{time.perf_counter() - self.t0:.0f} s"
+
+    def update(self, done: list[tuple[int, bool]] | None) -> None:
+        """``done``: (iterations finished, still tuning) of each chain."""
+        if not done:
+            return
+        n = self.n = min(d for d, _ in done)
+        if not self.tuned and all(not tuning for _, tuning in done):
+            self.tuned = True
+            if self.mode == "lines":
+                self.line(f"tuning done ({self.tune} steps per chain), {self.elapsed()}")
+            elif self.bar is not None:
+                self.bar.set_description(f"sampling ({self.chains} chains)")
+        if self.bar is not None:
+            self.bar.n = min(n, self.bar.total)
+            self.bar.refresh()
+
+    def checkpoint(self, n: int, decision: str, next_n: int | None) -> None:
+        """The gates' ``decision`` at ``n`` draws per chain; ``next_n``: the next checkpoint."""
+        if decision == "continue" and next_n is not None:
+            text = f"convergence gates fail, on to {next_n}"
+            self.target = next_n
+            if self.bar is not None:
+                self.bar.total = self.tune + next_n
+                self.bar.n = min(self.n, self.bar.total)  # chains may have run ahead
+                self.bar.set_description(f"sampling (gates failed at {n}, on to {next_n})")
+                self.bar.refresh()
+        elif decision == "pass":
+            text = "convergence gates pass"
+            if self.bar is not None:
+                self.bar.set_description(f"sampling (gates pass at {n})")
+        elif decision == "max_draws":
+            text = "the most draws per chain (max_draws)"
+        else:
+            text = f"stopping: {decision}"
+        if self.mode == "lines":
+            self.line(f"{n} draws per chain, {self.elapsed()}: {text}")
+
+    def done(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.n = self.bar.total = self.tune + n
+            self.bar.refresh()
+            self.bar.close()
+        elif self.mode == "lines":
+            self.line(f"done, {n} draws per chain in {self.elapsed()}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    @staticmethod
+    def line(text: str) -> None:
+        print(f"sampling: {text}", file=sys.stderr, flush=True)
+
+
 def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, seed: int,
-           progress: bool, target_accept: float, adaptation: str,
+           progress: bool | str, target_accept: float, adaptation: str,
            timings: dict[str, float], until: Until | None = None) -> xr.DataTree:
     """Draws of ``model`` by ``sampler`` (one of :data:`SAMPLERS`) as a DataTree with a
     ``posterior`` group (and ``sample_stats`` for the NUTS samplers).
@@ -263,6 +397,10 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
     With ``until`` (nutpie only), sampling goes on past ``draws`` at the checkpoints of
     :func:`checkpoints` until ``until.check`` says stop or ``until.max_draws`` is reached
     (:func:`_sample_until`); ``timings["extension"]`` then lists each check.
+
+    ``progress`` is a mode of :func:`progress_mode` or a bool. The bar of an extended run
+    (``until``) counts to the next checkpoint, not to ``until.max_draws``; ``"lines"`` prints a
+    line at the end of tuning, at each checkpoint and at the end.
 
     ``timings`` receives ``compile_s``/``compile_cpu_s`` (nutpie), ``sampling_s`` and
     ``sampling_cpu_s``. nutpie's trace holds the unconstrained draws (the model's value
@@ -272,6 +410,7 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
     """
     import pymc as pm
 
+    mode = progress_mode(progress)
     t0, c0 = time.perf_counter(), time.process_time()  # CPU time: all threads (chains)
     with model:
         if sampler == "laplace":
@@ -280,18 +419,22 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
         elif sampler == "nutpie":
             import nutpie
 
-            if progress:  # nutpie's progress table starts with sampling; say what comes first
+            if mode != "none":  # sampling progress starts after compiling: say what comes first
                 print("compiling the model (about 15 s; a minute on a machine's first fit)...",
                       file=sys.stderr, flush=True)
             compiled = compiled_model(model)
             timings["compile_s"] = time.perf_counter() - t0
             timings["compile_cpu_s"] = time.process_time() - c0
             kw = {"tune": tune, "chains": chains, "cores": min(chains, 2), "seed": seed,
-                  "progress_bar": progress, "adaptation": adaptation,
+                  "progress_bar": mode == "bar", "adaptation": adaptation,
                   "target_accept": target_accept}
             if until is not None and until.max_draws > draws:
-                dt = _sample_until(compiled, draws, until, kw, timings)
-            else:
+                dt = _sample_until(compiled, draws, until, kw, timings, mode=mode)
+            elif mode == "lines":  # the same draws, watched: a line at the end of tuning and sampling
+                dt = _sample_until(compiled, draws, Until(draws, _never_stop), kw, timings,
+                                   mode=mode)
+                timings.pop("extension", None)
+            else:  # nutpie's own progress bar (its total is these draws)
                 dt = nutpie.sample(compiled, draws=draws, **kw)
         else:
             if sampler == "numpyro":
@@ -302,7 +445,7 @@ def sample(model: pm.Model, sampler: str, draws: int, tune: int, chains: int, se
             if sampler == "pymc":
                 kw["compute_convergence_checks"] = False
             dt = pm.sample(draws=draws, tune=tune, chains=chains, cores=min(chains, 2),
-                           random_seed=seed, progressbar=progress, **kw)
+                           random_seed=seed, progressbar=mode == "bar", **kw)
     timings["sampling_s"] = time.perf_counter() - t0
     timings["sampling_cpu_s"] = time.process_time() - c0
     return dt
@@ -344,8 +487,13 @@ def _truncate(dt: xr.DataTree, n: int) -> xr.DataTree:
     return out
 
 
+def _never_stop(post: xr.Dataset, divergences: int) -> str:
+    """The check of a run watched only for its progress (no checkpoint before its end)."""
+    return "continue"
+
+
 def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
-                  timings: dict) -> xr.DataTree:
+                  timings: dict, mode: str = "none") -> xr.DataTree:
     """nutpie sampling of up to ``until.max_draws`` draws per chain, stopped at the first
     checkpoint (:func:`checkpoints`) where ``until.check`` does not say ``"continue"``.
 
@@ -353,6 +501,8 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
     (``inspect``), cut to the checkpoint's draw count in every chain and checked. The result
     holds exactly the draws up to the checkpoint that stopped it (all ``max_draws`` when none
     did). ``timings["extension"]`` records each check: draws, decision and check time.
+    Progress (``mode``, :func:`progress_mode`) comes from nutpie's progress callback
+    (:class:`_Progress`), not from nutpie's own bar, whose total would be ``max_draws``.
     """
     import nutpie
 
@@ -363,12 +513,10 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
 
     tune = int(kw["tune"])
     cps = checkpoints(draws, until.max_draws)
-    if kw.get("progress_bar"):
-        print(f"sampling {draws} draws per chain, and up to {until.max_draws} while the "
-              f"convergence gates fail (checked at {', '.join(map(str, cps[:-1]))}); the bar "
-              f"counts to the most", file=sys.stderr, flush=True)
+    progress = _Progress(mode, tune, draws, int(kw["chains"]), until.max_draws)
     s = nutpie.sample(compiled, draws=until.max_draws, blocking=False,
-                      progress_callback=on_progress, progress_rate=200, **kw)
+                      progress_callback=on_progress, progress_rate=200,
+                      **{**kw, "progress_bar": False})
     log: list[dict] = []
     keep = until.max_draws
     total = tune + until.max_draws
@@ -386,13 +534,18 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
         except TimeoutError:  # nutpie's answer while the chains still run
             return False
 
+    def wait_for(n: int) -> None:
+        while not reached(n) and not finished():
+            progress.update(state.get("done"))
+            time.sleep(0.2)
+        progress.update(state.get("done"))
+
     final = None  # the whole trace, once every chain has finished
     try:
-        for n in cps[:-1]:
+        for i, n in enumerate(cps[:-1]):
             if final is None:
                 # the progress callback's counts tell how far the chains are
-                while not reached(n) and not finished():
-                    time.sleep(0.2)
+                wait_for(n)
                 if finished():
                     final = s.wait()
             # every checkpoint is checked on the draws up to it, whether or not the chains have
@@ -404,17 +557,26 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
             decision = until.check(part["posterior"].to_dataset(), div)
             log.append({"draws": n, "decision": decision,
                         "check_s": round(time.perf_counter() - t0, 2)})
+            progress.checkpoint(n, decision, cps[i + 1])
             if decision != "continue":
                 keep = n
                 break
         if final is None:
-            final = s.abort() if keep < until.max_draws else s.wait()
+            if keep < until.max_draws:
+                final = s.abort()
+            else:
+                wait_for(until.max_draws)
+                final = s.wait()
         if keep == until.max_draws:
             log.append({"draws": keep, "decision": "max_draws", "check_s": 0.0})
+            if len(cps) > 1:
+                progress.checkpoint(keep, "max_draws", None)
     except BaseException:
+        progress.close()
         if final is None:
             s.cancel()
         raise
+    progress.done(keep)
     timings["extension"] = log
     return _truncate(final, keep)
 

@@ -121,6 +121,15 @@ NUMBA_OPT = 1
 # compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
 # :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
 # cold), numpyro (345 s of sampling).
+# Warm caches, demo model (2-core machine at load 7-9, CPU s): compilation 9-10 CPU s, of which
+# PyTensor's rewrites and function building ~4, nutpie's two C callbacks ~6 (typing and lowering
+# 2.5, LLVM 3.5; PyTensor's cached logp+gradient function is loaded, not compiled). The callbacks
+# are rebuilt in every process: nutpie names their data fields with random keys and bakes the
+# shared arrays in as constants, so Numba cannot cache them. Their ``out[...] = grad`` copies
+# compiled Numba's shape-error formatting (~30 functions, 2-3 CPU s) each time; the callbacks of
+# :func:`_c_callbacks_without_shape_errors` copy element by element (same draws). nutpie's JAX
+# backend, measured again (``gradient_backend="jax"``): 2.2 CPU s of compilation, but 1,294 CPU us
+# per leapfrog step against 77 with Numba (2 x (200 + 200) draws).
 # Refits of the same structure (issue 15/14, measured at load 6-7): the stage-1 summaries are
 # ``pm.Data`` and :func:`compiled_model` reuses the compiled model with ``with_data``: on the demo
 # fleet, a refit with changed values compiled in 0.33 CPU s against 8.6 for a fresh compilation

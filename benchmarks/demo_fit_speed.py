@@ -92,11 +92,40 @@ def run_one(tables: str, draws: int, tune: int, ta: float, seed: int, cold: bool
 SECTIONS = {"warm": "Warm caches", "cold": "Cold caches"}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def section(runs: list[dict], args: argparse.Namespace) -> dict:
     """One mode's results as stored in ``PREFIX.json`` (everything :func:`report` needs)."""
+    from benchmarks._provenance import code_provenance
+
     return {"command": " ".join(["python benchmarks/demo_fit_speed.py", *sys.argv[1:]]),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "args": vars(args),
-            "runs": runs}
+            "cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": platform.python_version(),
+            "code": code_provenance(), "args": vars(args), "runs": runs}
+
+
+def quote(sec: dict) -> str:
+    """One sentence a document can quote: median wall, CPU and idle-estimate seconds of the
+    runs, the machine (CPU model, cores) and its load during them, and the code measured."""
+    runs = sec["runs"]
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    mode = "cold" if sec["args"]["cold"] else "warm"
+    ests = [idle_estimate(r) for r in runs if "sampling_cpu_s" in r["timings"] and "cpu_s" in r]
+    loads = [x for r in runs for x in (r.get("load_before"), r.get("load_after")) if x is not None]
+    est = f", idle-machine estimate {med(ests):.1f} s" if ests else ""
+    load = f"1-minute load {min(loads):.1f}-{max(loads):.1f}" if loads else "load not recorded"
+    return (f"Demo fit, {mode} caches, median of {len(runs)} run(s): {med([r['wall_s'] for r in runs]):.1f} s "
+            f"wall, {med([r['cpu_s'] for r in runs]):.1f} CPU s{est}; "
+            f"{sec.get('cpus', '?')} cores ({sec.get('cpu_model', 'CPU not recorded')}), {load}; "
+            f"{sec.get('code', 'code not recorded')}.")
 
 
 def idle_estimate(run: dict) -> float:
@@ -119,7 +148,8 @@ def report_section(sec: dict) -> str:
              f"Command: `{sec['command']}`", "",
              f"{runs[0]['configs']} configurations, {runs[0]['rows']:,} rows; 2 chains x "
              f"({a['tune']} tune + {a['draws']} draws), target_accept {a['target_accept']}; "
-             f"{sec['cpus']} CPUs, {sec['python']}.", "",
+             f"{sec['cpus']} CPUs ({sec.get('cpu_model', 'model not recorded')}), Python "
+             f"{sec['python']}; {sec.get('code', '')}.", "",
              "| seed | wall s | CPU s | idle estimate s | load | stage 1 s | compile s (CPU s) | "
              "sampling s (CPU s) | ArviZ groups s | R-hat | ESS | ESS/s sampling | divergences | "
              "leapfrog/draw | gates |",
@@ -149,7 +179,8 @@ def report_section(sec: dict) -> str:
     lines += ["", f"Wall time: median {walls[len(walls) // 2]:.1f} s, max {walls[-1]:.1f} s "
               f"(CPU time: median {cpus[len(cpus) // 2]:.1f} s, max {cpus[-1]:.1f} s{est}); "
               f"{sum(r['passed'] for r in runs)} of {len(runs)} runs pass the gates; "
-              f"{sum(r['passed'] and r['wall_s'] <= 60 for r in runs)} pass within 60 s of wall time."]
+              f"{sum(r['passed'] and r['wall_s'] <= 60 for r in runs)} pass within 60 s of wall time.",
+              "", f"Quotable: {quote(sec)}"]
     return "\n".join(lines) + "\n"
 
 

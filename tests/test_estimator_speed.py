@@ -144,3 +144,31 @@ def test_posterior_only_fits_skip_the_arviz_groups():
     assert m.result.attrs["arviz_groups"].startswith("skipped")
     m = LatencyModel(sampler="laplace").fit(obs, draws=20, chains=2, prior_draws=10)
     assert {"log_likelihood", "posterior_predictive", "prior", "log_prior"} <= set(m.result.children)
+
+
+def test_c_callbacks_without_shape_errors_give_nutpies_draws(monkeypatch):
+    import contextlib
+
+    import nutpie.compile_pymc as ncp
+
+    orig = ncp._make_c_logp_func
+    with sampler._c_callbacks_without_shape_errors():
+        assert ncp._make_c_logp_func is sampler._c_logp_func  # this nutpie's builders are swapped
+        assert ncp._make_c_expand_func is sampler._c_expand_func
+    assert ncp._make_c_logp_func is orig
+    monkeypatch.setattr(sampler, "_COMPILED", [])
+    ours = _draws(_data_model(np.array([0.1, 0.4, -0.2])))
+    sampler._COMPILED.clear()
+    monkeypatch.setattr(sampler, "_c_callbacks_without_shape_errors", contextlib.nullcontext)
+    np.testing.assert_array_equal(ours, _draws(_data_model(np.array([0.1, 0.4, -0.2]))))
+
+
+def test_c_callbacks_left_alone_for_other_builders(monkeypatch):
+    import nutpie.compile_pymc as ncp
+
+    def other(n_dim, logp_fn, user_data):  # noqa: ANN001, ANN202 - another nutpie's signature
+        return None
+
+    monkeypatch.setattr(ncp, "_make_c_logp_func", other)
+    with sampler._c_callbacks_without_shape_errors():
+        assert ncp._make_c_logp_func is other

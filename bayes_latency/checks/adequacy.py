@@ -35,13 +35,11 @@ the demo fleet and all the real data pass; the randomised copy fails
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 from scipy import stats as sps
 
 #: Kinds whose rows the step-level adequacy checks (fitted rows measured as durations of steps).
@@ -124,7 +122,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
 
     Per configuration: draws of its coefficients from the posterior (``n_draws``), predictive
     values (Student-t on the log scale with the fitted noise) and pointwise log-likelihoods on
-    the same draws, handed to :func:`arviz_stats.loo_pit` (PSIS weights).
+    the same draws, with PSIS weights: :func:`bayes_latency.checks.psis.loo_pit`, the result of
+    :func:`arviz_stats.loo_pit` computed for all rows of a configuration at once.
 
     Returns
     -------
@@ -133,8 +132,7 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     log_draws : np.ndarray
         ``(n_draws, n)`` predictive draws of ``log(value_us)``.
     """
-    import arviz_stats as azs
-
+    from bayes_latency.checks.psis import loo_pit
     from bayes_latency.data.observations.build import DEFAULT_STACK
     from bayes_latency.model.likelihood import row_loglik
     from bayes_latency.model.summaries import feature_columns
@@ -159,16 +157,7 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
         t = rng.standard_t(np.broadcast_to(nu[m], mu.shape))
         ld = np.log(mu) + off[m][None, :] + scale[m][None, :] * t
         ll = row_loglik(log_y[m], X[m], th, scale[m], nu[m], off[m])
-        dims = ("chain", "draw", "obs")
-        tree = xr.DataTree.from_dict({
-            "posterior": xr.Dataset({"s": (("chain", "draw"), np.zeros((1, S)))}),
-            "posterior_predictive": xr.Dataset({"y": (dims, ld[None])}),
-            "log_likelihood": xr.Dataset({"y": (dims, ll[None])}),
-            "observed_data": xr.Dataset({"y": (("obs",), log_y[m])}),
-        })
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            p = azs.loo_pit(tree, var_names="y", random_state=seed)["y"].values
+        p = loo_pit(ld.T, log_y[m], ll.T, rng=seed)
         pit[m] = np.asarray(p, dtype=float)
         log_draws[:S, m] = ld
     return pit, log_draws

@@ -31,6 +31,11 @@ from bayes_latency.checks.ppc import align_draws  # noqa: E402
 DPI = 110
 MAX_PANELS = 16
 """At most this many configurations / facets per figure (the rest is named in the title)."""
+#: ``method`` of :func:`arviz_plots.plot_ppc_pit` in :func:`plot_pit`: "envelope" (PIT values
+#: counted over the draws, vectorised; the Δ-ECDF with a simultaneous envelope this plot
+#: describes) instead of ArviZ's default "pot_c", whose Pareto-smoothed PIT fits a generalized
+#: Pareto tail per row in Python (~15 CPU s on the demo's ~51,000 step rows, against ~0.7 s).
+PIT_METHOD = "envelope"
 
 
 def _prepare(path: str | Path) -> Path:
@@ -291,7 +296,7 @@ def plot_pit(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray, path: s
         })
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pc = azp.plot_ppc_pit(dt, backend="matplotlib")
+            pc = azp.plot_ppc_pit(dt, method=PIT_METHOD, backend="matplotlib")
         fig = pc.viz["figure"].item()
         fig.suptitle(f"PIT Δ-ECDF of {y.size} rows ({', '.join(kinds or ['all'])})", fontsize=9,
                      y=1.06)

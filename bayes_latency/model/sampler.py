@@ -133,6 +133,15 @@ NUMBA_OPT = 1
 # compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
 # :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
 # cold), numpyro (345 s of sampling).
+# Warm caches, demo model (2-core machine shared with other jobs, CPU s): compilation 9-10 CPU s, of which
+# PyTensor's rewrites and function building ~4, nutpie's two C callbacks ~6 (typing and lowering
+# 2.5, LLVM 3.5; PyTensor's cached logp+gradient function is loaded, not compiled). The callbacks
+# are rebuilt in every process: nutpie names their data fields with random keys and bakes the
+# shared arrays in as constants, so Numba cannot cache them. Their ``out[...] = grad`` copies
+# compiled Numba's shape-error formatting (~30 functions, 2-3 CPU s) each time; the callbacks of
+# :func:`_c_callbacks_without_shape_errors` copy element by element (same draws). nutpie's JAX
+# backend, measured again (``gradient_backend="jax"``): 2.2 CPU s of compilation, but 1,294 CPU us
+# per leapfrog step against 77 with Numba (2 x (200 + 200) draws).
 # Refits of the same structure: the stage-1 summaries are
 # ``pm.Data`` and :func:`compiled_model` reuses the compiled model with ``with_data``: on the demo
 # fleet, a refit with changed values compiled in 0.33 CPU s against 8.6 for a fresh compilation
@@ -186,6 +195,101 @@ def _initial_point_without_c() -> Iterator[None]:
         yield
     finally:
         ip.make_initial_point_fn = orig
+
+
+def _c_logp_func(n_dim, logp_fn, user_data, shared_keys, shared_data):  # noqa: ANN001, ANN202
+    """nutpie's ``_make_c_logp_func`` with the gradient copied element by element.
+
+    nutpie copies it with ``out[...] = grad``, whose Numba implementation formats a shape
+    mismatch error (array shapes to strings): ~30 Numba functions (``str`` of integers, unicode
+    concatenation) compiled again in every process, because nutpie's C callbacks are not
+    cached. Same values, same draws. Used by :func:`_c_callbacks_without_shape_errors`.
+    """
+    import numba
+    from nutpie.compile_pymc import make_extraction_fn
+
+    extract = make_extraction_fn(logp_fn, shared_data, shared_keys, user_data.dtype)
+    c_sig = numba.types.int64(numba.types.uint64, numba.types.CPointer(numba.types.double),
+                              numba.types.CPointer(numba.types.double),
+                              numba.types.CPointer(numba.types.double), numba.types.voidptr)
+
+    def logp_numba(dim, x_, out_, logp_, user_data_):  # noqa: ANN001, ANN202
+        if dim != n_dim:
+            return -1
+        try:
+            x = numba.carray(x_, (n_dim,))
+            out = numba.carray(out_, (n_dim,))
+            logp = numba.carray(logp_, ())
+            logp_val, grad = extract(x, user_data_)
+            logp[()] = logp_val
+            for i in range(n_dim):
+                out[i] = grad[i]
+            if not np.all(np.isfinite(out)):
+                return 3
+            if not np.isfinite(logp_val):
+                return 4
+        except Exception:  # noqa: BLE001
+            return 1
+        return 0
+
+    return logp_numba, c_sig
+
+
+def _c_expand_func(n_dim, n_expanded, expand_fn, user_data, shared_var_keys,  # noqa: ANN001, ANN202
+                   shared_data):  # noqa: ANN001
+    """nutpie's ``_make_c_expand_func`` with the draw copied element by element (see
+    :func:`_c_logp_func`)."""
+    import numba
+    from nutpie.compile_pymc import make_extraction_fn
+
+    extract = make_extraction_fn(expand_fn, shared_data, shared_var_keys, user_data.dtype)
+    c_sig = numba.types.int64(numba.types.uint64, numba.types.uint64,
+                              numba.types.CPointer(numba.types.double),
+                              numba.types.CPointer(numba.types.double), numba.types.voidptr)
+
+    def expand_numba(dim, expanded, x_, out_, user_data_):  # noqa: ANN001, ANN202
+        if dim != n_dim:
+            return -1
+        if expanded != n_expanded:
+            return -1
+        try:
+            x = numba.carray(x_, (n_dim,))
+            out = numba.carray(out_, (n_expanded,))
+            (values,) = extract(x, user_data_)
+            for i in range(n_expanded):
+                out[i] = values[i]
+        except Exception:  # noqa: BLE001
+            return -2
+        return 0
+
+    return expand_numba, c_sig
+
+
+@contextlib.contextmanager
+def _c_callbacks_without_shape_errors() -> Iterator[None]:
+    """nutpie's C callbacks built by :func:`_c_logp_func` and :func:`_c_expand_func` inside the
+    block: ~2-3 CPU s less compilation per fit, warm or cold caches (demo model, warm caches,
+    2-core machine at load 8-9: 9.6 against 11.3-12.1 CPU s; bit-identical draws, same time per
+    leapfrog step). Left alone when nutpie's builders do not take the arguments these were written for
+    (another nutpie version)."""
+    import inspect
+
+    import nutpie.compile_pymc as ncp
+
+    swaps = {"_make_c_logp_func": _c_logp_func, "_make_c_expand_func": _c_expand_func}
+    orig = {k: getattr(ncp, k, None) for k in swaps}
+    if (not hasattr(ncp, "make_extraction_fn")
+            or any(f is None or list(inspect.signature(f).parameters)
+                   != list(inspect.signature(swaps[k]).parameters) for k, f in orig.items())):
+        yield
+        return
+    for k, f in swaps.items():
+        setattr(ncp, k, f)
+    try:
+        yield
+    finally:
+        for k, f in orig.items():
+            setattr(ncp, k, f)
 
 
 #: How many compiled nutpie models :func:`compiled_model` keeps (most recent first) for reuse by
@@ -253,7 +357,7 @@ def compiled_model(model: pm.Model) -> object:
             _COMPILED.insert(0, _COMPILED.pop(i))
             return compiled
     with (pytensor.config.change_flags(numba__fastmath=NUMBA_FASTMATH), _numba_opt(NUMBA_OPT),
-          _initial_point_without_c()):
+          _initial_point_without_c(), _c_callbacks_without_shape_errors()):
         # the trace stores the unconstrained draws only (nutpie's expand function is then a
         # copy); the free variables and the deterministics are computed from them afterwards
         # (see _with_deterministics)

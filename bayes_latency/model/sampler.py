@@ -269,7 +269,7 @@ def _c_expand_func(n_dim, n_expanded, expand_fn, user_data, shared_var_keys,  # 
 def _c_callbacks_without_shape_errors() -> Iterator[None]:
     """nutpie's C callbacks built by :func:`_c_logp_func` and :func:`_c_expand_func` inside the
     block: ~2-3 CPU s less compilation per fit, warm or cold caches (demo model, warm caches,
-    2-core machine at load 8-9: 9.6 against 11.3-12.1 CPU s; bit-identical draws, same time per
+    2-core machine shared with other jobs: 9.6 against 11.3-12.1 CPU s; bit-identical draws, same time per
     leapfrog step). Left alone when nutpie's builders do not take the arguments these were written for
     (another nutpie version)."""
     import inspect

@@ -17,6 +17,7 @@ from bayes_latency.cli.fit import fit_command
 from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.likelihood import row_loglik
+from bayes_latency.model.population import fixed_quantities
 from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_config
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
@@ -141,8 +142,8 @@ def test_unseen_model_effect_includes_the_uncertainty_of_the_zero_sum_mean(fitte
 
     gpu = fitted._canonical("llama-2-7b", "H100")[1]
     ds = fitted.coefficients("llama-3.1-8b", "H100", 1)
-    post = fitted.result["posterior"].to_dataset().stack(sample=("chain", "draw"))
-    n_models = post.sizes["model"]
+    post = fitted._post().stack(sample=("chain", "draw"))  # with the fixed quantities
+    n_models = post.sizes["llm"]  # the LLM factor's levels
     k = "decode_kv"
     offset = prior_arrays(fitted.priors, fitted.coefs, [gpu]).gpu_offset[0][fitted.coefs.index(k)]
     base = (post["mu"].sel(coef=k) + offset + post["eff_gpu"].sel(gpu=gpu, coef=k)
@@ -242,7 +243,8 @@ def test_pooled_effect_scales_option(data, tmp_path):
     model = LatencyModel(priors=f).build(obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:5])])
     names = {v.name for v in model.free_RVs}
     assert {"tau_model", "zeta_model", "sigma_tp"} <= names and "sigma_model" not in names
-    assert {"sigma_model", "sigma_gpu"} <= {v.name for v in model.deterministics}
+    assert "sigma_model" in {v.name for v in model.deterministics}
+    assert "sigma_gpu" in fixed_quantities(model)  # constant: constant_data, not the posterior
 
 
 def test_factor_without_terms_option(data, tmp_path):
@@ -261,19 +263,22 @@ def test_factor_without_terms_option(data, tmp_path):
     m = LatencyModel(priors=f)
     model = m.build(obs)
     k = list(m.coefs).index("weight_loading")
-    eff = pm.draw(model["eff_tp"], draws=50, random_seed=0)  # (draw, tp, coef)
-    assert eff.shape[1] == 3 and np.all(eff[:, :, k] == 0)
-    assert np.all(np.abs(np.delete(eff, k, axis=2)).max(axis=(0, 1)) > 0)
+    # eff_tp is recorded on the terms that have a TP effect only (tp_coef)
+    assert model.named_vars_to_dims["eff_tp"] == ("tp", "tp_coef")
+    assert list(model.coords["tp_coef"]) == [c for c in m.coefs if c != "weight_loading"]
+    eff = pm.draw(model["eff_tp"], draws=50, random_seed=0)  # (draw, tp, tp_coef)
+    assert eff.shape[1:] == (3, len(m.coefs) - 1)
+    assert np.all(np.abs(eff).max(axis=(0, 1)) > 0)
     # an unseen TP degree: no draw on weight_loading, one on every other term
     K, S = len(m.coefs), 400  # laid out as the stacked posterior: (..., coef, sample)
     post = xr.Dataset({
         "mu": (("coef", "sample"), np.zeros((K, S))),
-        "eff_model": (("model", "coef", "sample"), np.zeros((1, K, S))),
+        "eff_model": (("llm", "coef", "sample"), np.zeros((1, K, S))),
         "eff_gpu": (("gpu", "coef", "sample"), np.zeros((1, K, S))),
         "eff_tp": (("tp", "coef", "sample"), np.zeros((1, K, S))),
         "sigma_tp": (("coef", "sample"), np.full((K, S), 0.3)),
         "sigma_config": (("coef", "sample"), np.full((K, S), 1e-9)),
-    }, coords={"coef": list(m.coefs), "model": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
+    }, coords={"coef": list(m.coefs), "llm": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
     pa = prior_arrays(m.priors, m.coefs, ["H100"])
     theta, unseen = unseen_config_theta(post, pa, "llama-2-7b", "H100", 8, "vllm",
                                         np.random.default_rng(0), design=m.design,
@@ -296,7 +301,8 @@ def test_stack_level_only_when_stacks_mix(data):
     free = {v.name for v in model.free_RVs}
     # two stacks: per-term departures and a shift common to every term, at fixed scales
     assert {"z_stack", "z_stack_common"} <= free and "sigma_stack" not in free
-    assert {"sigma_stack", "sigma_stack_common", "eff_stack"} <= {v.name for v in model.deterministics}
+    assert "eff_stack" in {v.name for v in model.deterministics}
+    assert {"sigma_stack", "sigma_stack_common"} <= set(fixed_quantities(model))
     assert m.design.stacks == ["splitwise", "vllm"] and len(m.design.configs) == 3
 
 

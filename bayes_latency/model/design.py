@@ -103,6 +103,16 @@ def _without(entry: object) -> tuple[str, ...]:
     return tuple(entry.get("without", ())) if isinstance(entry, dict) else ()
 
 
+#: Dimension of each factor's levels (``eff_<factor> (<dim>, coef)``): the factor ``model`` (the
+#: LLM; configuration column ``model``, prior file ``hierarchy.model``) has its levels on ``llm``.
+LEVEL_DIMS = {"model": "llm", "gpu": "gpu", "tp": "tp", "stack": "stack"}
+
+
+def level_dim(factor: str) -> str:
+    """The dimension of ``factor``'s levels (:data:`LEVEL_DIMS`)."""
+    return LEVEL_DIMS[factor]
+
+
 @dataclass
 class Design:
     """Coordinates of a fit: coefficients and the configurations with their group levels."""
@@ -133,12 +143,21 @@ class Design:
         return sorted(self.configs["stack"].unique())
 
     def coords(self) -> dict[str, list]:
+        """Coordinates of the model and of the result file. The LLM factor's levels are on the
+        dimension ``llm`` (:data:`LEVEL_DIMS`), not ``model``: arviz-plots names the dimension
+        that lays out several fits of a comparison ``model``."""
         return {"coef": list(self.coefs), "term": list(self.beta_terms),
                 "alpha_term": list(self.alpha_terms), "config": list(self.configs.index),
-                "model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
+                "llm": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
+
+    def levels(self, factor: str) -> list:
+        """The fitted levels of ``factor`` (``model``, ``gpu``, ``tp`` or ``stack``)."""
+        return {"model": self.models, "gpu": self.gpus, "tp": self.tps,
+                "stack": self.stacks}[factor]
 
     def index(self, level: str) -> np.ndarray:
-        levels = {"model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}[level]
+        """Each configuration's level index of the factor ``level``."""
+        levels = self.levels(level)
         col = self.configs[level].astype(int) if level == "tp" else self.configs[level]
         return np.asarray([levels.index(v) for v in col])
 

@@ -7,6 +7,7 @@ import pymc as pm
 from obs_factory import make_observations
 
 from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.model.design import on_coef
 from bayes_latency.model.hierarchy import prior_arrays
 from bayes_latency.model.population import fixed_quantities
 
@@ -84,8 +85,11 @@ def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
     with model:
         pr = pm.sample_prior_predictive(draws=200, random_seed=1,
                                         var_names=["sigma_config", "sigma_config_free"]).prior
-    sc = pr["sigma_config"]
     median = prior_arrays(m.priors, m.design.coefs, m.design.gpus).sigma_config["median"]
+    # recorded where it is sampled (pooled_coef); the fixed value is a fixed quantity
+    assert "tp_allreduce" not in list(pr["sigma_config"]["pooled_coef"].values)
+    assert float(fixed_quantities(model)["sigma_config_fixed"][1]) == median
+    sc = on_coef(pr["sigma_config"], m.design.coefs, median)
     # tp_allreduce has data only on the TP-2 Mixtral: fixed; decode_kv on all three: sampled
     np.testing.assert_allclose(sc.sel(coef="tp_allreduce").values, median)
     np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.model.likelihood import PREFILL_NOISE_KINDS
@@ -101,6 +102,17 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
 def _without(entry: object) -> tuple[str, ...]:
     """Terms of a ``hierarchy.<factor>`` entry without that factor's effect."""
     return tuple(entry.get("without", ())) if isinstance(entry, dict) else ()
+
+
+def on_coef(da: xr.DataArray, coefs: tuple[str, ...] | list[str], fill: float) -> xr.DataArray:
+    """``da`` on the coefficient axis ``coef``: a variable recorded on a subset of the
+    coefficients (an axis ``<name>_coef``: ``sigma_config (pooled_coef)`` where the residual scale
+    is sampled, ``eff_tp (tp, tp_coef)`` where the factor has an effect) with ``fill`` on the
+    others (the fixed residual scale, a zero effect); unchanged when it is on ``coef``."""
+    sub = [d for d in da.dims if str(d).endswith("_coef")]
+    if not sub:
+        return da
+    return da.rename({sub[0]: "coef"}).reindex(coef=list(coefs), fill_value=fill)
 
 
 #: Dimension of each factor's levels (``eff_<factor> (<dim>, coef)``): the factor ``model`` (the

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
+from bayes_latency.model.design import on_coef
+
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
@@ -139,9 +141,11 @@ def config_draws_posterior(state: FitState, post: xr.Dataset, seed: int) -> tupl
     if "beta" in post or "theta_pop" not in post:
         return post, 0
     tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
-    sc = post["sigma_config"].transpose("chain", "draw", "coef").values
-    Cn, Dn = tp.shape[:2]
     pa = prior_arrays(state.priors, state.coefs, state.design.gpus)
+    # recorded on pooled_coef when some coefficients have it fixed at the prior median
+    sc = on_coef(post["sigma_config"], state.coefs, float(pa.sigma_config["median"]))
+    sc = sc.transpose("chain", "draw", "coef").values
+    Cn, Dn = tp.shape[:2]
     theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
                                 state.summaries, state.design, np.random.default_rng(seed + 7),
                                 scale=np.exp(pa.mu_mean))

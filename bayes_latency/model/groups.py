@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayes_latency.model.design import on_coef
 from bayes_latency.model.likelihood import row_loglik
 from bayes_latency.model.noise import row_noise
 from bayes_latency.model.rows import feature_columns
@@ -297,7 +298,8 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     nb = len(state.terms)
     if "beta" not in prior:
         m = prior["theta_pop"].transpose("chain", "draw", "config", "coef").values
-        sc = prior["sigma_config"].transpose("chain", "draw", "coef").values[:, :, None, :]
+        sc = on_coef(prior["sigma_config"], d.coefs, _sigma_config_fixed(state))
+        sc = sc.transpose("chain", "draw", "coef").values[:, :, None, :]
         theta = truncated_normal_positive(m, np.maximum(m * sc, 1e-300), rng)
         prior = prior.assign(
             beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
@@ -320,6 +322,15 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     pp.attrs.update(_group_attrs(rows, n_fitted, subsample))
     pp.attrs["noise"] = "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)"
     return prior, annotate(pp)
+
+
+def _sigma_config_fixed(state: FitState) -> float:
+    """The residual scale of coefficients with data in fewer than two configurations (the
+    prior median; ``sigma_config_fixed`` of ``constant_data``)."""
+    from bayes_latency.model.design import prior_arrays
+
+    return float(prior_arrays(state.priors, state.coefs, state.design.gpus)
+                 .sigma_config["median"])
 
 
 def _compile_kwargs() -> dict[str, str] | None:

@@ -108,21 +108,25 @@ def constant_data(state: FitState, fixed: xr.Dataset | None = None) -> xr.Datase
 
 def posterior_with_fixed(result: xr.DataTree) -> xr.Dataset:
     """The posterior with the fixed quantities of ``constant_data`` broadcast over the draws and
-    the effects ``eff_<factor>`` on every coefficient (zero for the terms without the factor,
-    stored on ``<level>_coef``), as the model has them (what :mod:`.unseen` and :mod:`.predict`
-    read)."""
+    the variables recorded on a subset of the coefficients on ``coef`` again
+    (:func:`~.design.on_coef`: ``eff_<factor>`` zero for the terms without the factor,
+    ``sigma_config`` at ``sigma_config_fixed`` where it is not sampled), as the model has them
+    (what :mod:`.unseen` and :mod:`.predict` read)."""
+    from bayes_latency.model.design import on_coef
+
     post = result["posterior"].to_dataset()
-    for v in [v for v in post.data_vars if str(v).startswith("eff_")]:
-        sub = [d for d in post[v].dims if str(d).endswith("_coef")]
-        if sub and "coef" in post.coords:  # effects on the terms that have them: 0 elsewhere
-            full = post[v].rename({sub[0]: "coef"}).reindex(coef=post["coef"].values,
-                                                            fill_value=0.0)
+    const = (result["constant_data"].to_dataset() if "constant_data" in result.children
+             else xr.Dataset())
+    fills = {"sigma_config": float(const["sigma_config_fixed"]) if "sigma_config_fixed" in const
+             else np.nan}
+    for v in post.data_vars:  # recorded on a subset of the coefficients: on coef again
+        if "coef" in post.coords and any(str(d).endswith("_coef") for d in post[v].dims):
+            full = on_coef(post[v], list(post["coef"].values), fills.get(str(v), 0.0))
             post = post.drop_vars(v).assign({v: full})
     post = post.drop_vars([d for d in post.coords if str(d).endswith("_coef")
                            and not any(d in post[v].dims for v in post.data_vars)])
     if "constant_data" not in result.children:
         return post
-    const = result["constant_data"].to_dataset()
     fixed = [v for v in json.loads(const.attrs.get("fixed_posterior_variables", "[]"))
              if v not in post]
     if not fixed:

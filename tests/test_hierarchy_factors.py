@@ -6,8 +6,8 @@ import numpy as np
 import pymc as pm
 from obs_factory import make_observations
 
+from bayes_latency.model.design import filled
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.design import on_coef
 from bayes_latency.model.hierarchy import prior_arrays
 from bayes_latency.model.population import fixed_quantities
 
@@ -32,10 +32,8 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     with model:
         pr = pm.sample_prior_predictive(draws=3000, random_seed=1, var_names=[
             "eff_model", "eff_tp", "eff_gpu", "theta_pop", "mu"]).prior
-    # eff_tp is on the terms with a TP effect (tp_coef): zero on the others
-    em = pr["eff_model"].values[0]
-    et = pr["eff_tp"].rename(tp_coef="coef").reindex(coef=list(m.design.coefs),
-                                                      fill_value=0.0).values[0]
+    # eff_tp is NaN (fixed at zero) on the terms without a TP effect
+    em, et = pr["eff_model"].values[0], filled(pr["eff_tp"]).values[0]
     # members of a sum-only group read their group's first coefficient's effects (checked below)
     own = np.asarray([all(c not in g[0][1:] for g in m._sum_groups()) for c in m.design.coefs])
     assert not own.all()  # per_layer + per_step, alpha_post_decode + alpha_per_token
@@ -86,10 +84,10 @@ def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
         pr = pm.sample_prior_predictive(draws=200, random_seed=1,
                                         var_names=["sigma_config", "sigma_config_free"]).prior
     median = prior_arrays(m.priors, m.design.coefs, m.design.gpus).sigma_config["median"]
-    # recorded where it is sampled (pooled_coef); the fixed value is a fixed quantity
-    assert "tp_allreduce" not in list(pr["sigma_config"]["pooled_coef"].values)
+    # NaN where fixed (not a posterior quantity); the fixed value is a fixed quantity
+    assert np.all(np.isnan(pr["sigma_config"].sel(coef="tp_allreduce").values))
     assert float(fixed_quantities(model)["sigma_config_fixed"][1]) == median
-    sc = on_coef(pr["sigma_config"], m.design.coefs, median)
+    sc = filled(pr["sigma_config"], median)
     # tp_allreduce has data only on the TP-2 Mixtral: fixed; decode_kv on all three: sampled
     np.testing.assert_allclose(sc.sel(coef="tp_allreduce").values, median)
     np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,

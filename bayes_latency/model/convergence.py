@@ -90,7 +90,7 @@ def _convergence_hints(ident: IdentifiabilityReport | None, rhat: xr.Dataset, es
     for v in ("beta", "alpha", "mu", "relevance"):
         if v not in rhat:
             continue
-        dim = next(d for d in rhat[v].dims if d in ("term", "alpha_term", "coef", "ard_term"))
+        dim = next(d for d in rhat[v].dims if d in ("term", "alpha_term", "coef"))
         fail = (rhat[v] > gates["max_rhat"]) | (ess[v] < gates["min_ess_bulk"])
         other = [d for d in fail.dims if d != dim]
         fail = fail.any(other) if other else fail

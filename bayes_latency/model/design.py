@@ -104,15 +104,19 @@ def _without(entry: object) -> tuple[str, ...]:
     return tuple(entry.get("without", ())) if isinstance(entry, dict) else ()
 
 
-def on_coef(da: xr.DataArray, coefs: tuple[str, ...] | list[str], fill: float) -> xr.DataArray:
-    """``da`` on the coefficient axis ``coef``: a variable recorded on a subset of the
-    coefficients (an axis ``<name>_coef``: ``sigma_config (pooled_coef)`` where the residual scale
-    is sampled, ``eff_tp (tp, tp_coef)`` where the factor has an effect) with ``fill`` on the
-    others (the fixed residual scale, a zero effect); unchanged when it is on ``coef``."""
-    sub = [d for d in da.dims if str(d).endswith("_coef")]
-    if not sub:
-        return da
-    return da.rename({sub[0]: "coef"}).reindex(coef=list(coefs), fill_value=fill)
+#: The value of the fixed (NaN, :data:`~bayes_latency.model.population.NAN_FIXED`) elements of a
+#: posterior variable: ``relevance`` 1 (no ARD gate), ``eff_<factor>`` 0 (no effect of the
+#: factor); ``sigma_config``'s is ``sigma_config_fixed`` of ``constant_data`` (the prior median).
+FIXED_FILL = {"relevance": 1.0, "eff_": 0.0}
+
+
+def filled(da: xr.DataArray, fill: float | None = None) -> xr.DataArray:
+    """``da`` with its fixed (NaN) elements at their value: ``fill``, else that of
+    :data:`FIXED_FILL` for its name (``da`` unchanged when neither gives one)."""
+    if fill is None:
+        name = str(da.name)
+        fill = FIXED_FILL.get(name, FIXED_FILL["eff_"] if name.startswith("eff_") else None)
+    return da if fill is None else da.fillna(fill)
 
 
 #: Dimension of each factor's levels (``eff_<factor> (<dim>, coef)``): the factor ``model`` (the

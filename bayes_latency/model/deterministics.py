@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from bayes_latency.model.design import on_coef
+from bayes_latency.model.design import filled
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
@@ -142,8 +142,8 @@ def config_draws_posterior(state: FitState, post: xr.Dataset, seed: int) -> tupl
         return post, 0
     tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
     pa = prior_arrays(state.priors, state.coefs, state.design.gpus)
-    # recorded on pooled_coef when some coefficients have it fixed at the prior median
-    sc = on_coef(post["sigma_config"], state.coefs, float(pa.sigma_config["median"]))
+    # NaN where it is fixed at the prior median
+    sc = filled(post["sigma_config"], float(pa.sigma_config["median"]))
     sc = sc.transpose("chain", "draw", "coef").values
     Cn, Dn = tp.shape[:2]
     theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),

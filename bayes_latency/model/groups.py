@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency.model.design import on_coef
+from bayes_latency.model.design import filled
 from bayes_latency.model.likelihood import row_loglik
 from bayes_latency.model.noise import row_noise
 from bayes_latency.model.rows import feature_columns
@@ -298,7 +298,7 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     nb = len(state.terms)
     if "beta" not in prior:
         m = prior["theta_pop"].transpose("chain", "draw", "config", "coef").values
-        sc = on_coef(prior["sigma_config"], d.coefs, _sigma_config_fixed(state))
+        sc = filled(prior["sigma_config"], _sigma_config_fixed(state))
         sc = sc.transpose("chain", "draw", "coef").values[:, :, None, :]
         theta = truncated_normal_positive(m, np.maximum(m * sc, 1e-300), rng)
         prior = prior.assign(

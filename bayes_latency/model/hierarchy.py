@@ -200,12 +200,11 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         else:  # coefficients of fewer configurations: residual scale fixed at the prior median
             raw = pm.Truncated("sigma_config_free", sig_prior, lower=0.0, upper=SIGMA_CONFIG_MAX,
                                dims="coef")
-            pooled = np.flatnonzero(n_act >= MIN_CONFIGS_FOR_RESIDUAL)
+            pooled = n_act >= MIN_CONFIGS_FOR_RESIDUAL
             fixed = _fixed("sigma_config_fixed", float(pa.sigma_config["median"]))
-            sig_c = pt.where(n_act >= MIN_CONFIGS_FOR_RESIDUAL, raw, fixed)
-            # recorded where it is sampled (pooled_coef); design.on_coef gives it on coef
-            model.add_coord("pooled_coef", [design.coefs[i] for i in pooled])
-            pm.Deterministic("sigma_config", sig_c[pooled], dims="pooled_coef")
+            sig_c = pt.where(pooled, raw, fixed)
+            # NaN where fixed (population.NAN_FIXED; design.filled puts the value back)
+            pm.Deterministic("sigma_config", pt.where(pooled, raw, np.nan), dims="coef")
         loc = loc + _config_common(pa.common.get("config"), design)
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:

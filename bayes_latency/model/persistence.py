@@ -108,23 +108,19 @@ def constant_data(state: FitState, fixed: xr.Dataset | None = None) -> xr.Datase
 
 def posterior_with_fixed(result: xr.DataTree) -> xr.Dataset:
     """The posterior with the fixed quantities of ``constant_data`` broadcast over the draws and
-    the variables recorded on a subset of the coefficients on ``coef`` again
-    (:func:`~.design.on_coef`: ``eff_<factor>`` zero for the terms without the factor,
-    ``sigma_config`` at ``sigma_config_fixed`` where it is not sampled), as the model has them
-    (what :mod:`.unseen` and :mod:`.predict` read)."""
-    from bayes_latency.model.design import on_coef
+    the fixed (NaN) elements of its variables at their values (:func:`~.design.filled`:
+    ``eff_<factor>`` 0 on the terms without the factor, ``relevance`` 1 without ARD gate,
+    ``sigma_config`` at ``sigma_config_fixed``), as the model has them (what :mod:`.unseen`
+    and :mod:`.predict` read)."""
+    from bayes_latency.model.design import filled
 
     post = result["posterior"].to_dataset()
     const = (result["constant_data"].to_dataset() if "constant_data" in result.children
              else xr.Dataset())
-    fills = {"sigma_config": float(const["sigma_config_fixed"]) if "sigma_config_fixed" in const
-             else np.nan}
-    for v in post.data_vars:  # recorded on a subset of the coefficients: on coef again
-        if "coef" in post.coords and any(str(d).endswith("_coef") for d in post[v].dims):
-            full = on_coef(post[v], list(post["coef"].values), fills.get(str(v), 0.0))
-            post = post.drop_vars(v).assign({v: full})
-    post = post.drop_vars([d for d in post.coords if str(d).endswith("_coef")
-                           and not any(d in post[v].dims for v in post.data_vars)])
+    fills = {"sigma_config": float(const["sigma_config_fixed"])
+             if "sigma_config_fixed" in const else None}
+    post = post.assign({v: filled(post[v], fills.get(str(v))) for v in post.data_vars
+                        if v in fills or v == "relevance" or str(v).startswith("eff_")})
     if "constant_data" not in result.children:
         return post
     fixed = [v for v in json.loads(const.attrs.get("fixed_posterior_variables", "[]"))

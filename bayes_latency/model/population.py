@@ -29,21 +29,24 @@ def _fixed(name: str, value: object, dims: str | tuple[str, ...] | None = None
     return var
 
 
+#: Elements of a posterior variable that are the same at every draw (the relevance 1 of a term
+#: without ARD gate, the zero effect of a factor on the terms of ``hierarchy.<factor>.without``,
+#: the fixed residual scale ``sigma_config`` of a coefficient with data in fewer than two
+#: configurations) are NaN in the posterior: a constant element has no R-hat (ArviZ warns on
+#: it), and NaN says "not sampled" where a number would pass for a draw. The values are those of
+#: :data:`~bayes_latency.model.design.FIXED_FILL`, :func:`~bayes_latency.model.design.filled`
+#: puts them back.
+NAN_FIXED = np.nan
+
+
 def _effect_deterministic(name: str, eff: pt.TensorVariable, factor: str,
                           keep: np.ndarray | None) -> None:
-    """Record ``eff_<name> (level, coef)``; with terms without the factor's effect
-    (``keep == 0``, prior file ``hierarchy.<factor>.without``), on the coefficients that have it
-    only, the axis ``<level>_coef`` (``eff_tp (tp, tp_coef)``): the others are zero at every
-    draw, not posterior quantities. :func:`~bayes_latency.model.persistence.posterior_with_fixed`
-    gives them back on ``coef``."""
-    dim = level_dim(factor)
-    if keep is None or np.all(keep == 1.0):
-        pm.Deterministic(f"eff_{name}", eff, dims=(dim, "coef"))
-        return
-    kept = np.flatnonzero(keep)
-    model = pm.modelcontext(None)
-    model.add_coord(f"{dim}_coef", [model.coords["coef"][i] for i in kept])
-    pm.Deterministic(f"eff_{name}", eff[:, kept], dims=(dim, f"{dim}_coef"))
+    """Record ``eff_<name> (level, coef)``: NaN (:data:`NAN_FIXED`) on the terms without the
+    factor's effect (``keep == 0``, prior file ``hierarchy.<factor>.without``), zero at every
+    draw."""
+    if keep is not None and not np.all(keep == 1.0):
+        eff = pt.where(np.asarray(keep, dtype=bool)[None, :], eff, NAN_FIXED)
+    pm.Deterministic(f"eff_{name}", eff, dims=(level_dim(factor), "coef"))
 
 
 def fixed_quantities(model: pm.Model) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
@@ -136,7 +139,7 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
     relevance parameter (Beta or logistic gate) gave R-hat 1.5-1.7 on the same data.
 
     ``ard_mask[k] = 0`` switches the gate off for term ``k`` (relevance 1, the plain lognormal
-    prior; ``relevance`` is recorded for the gated terms only, on the axis ``ard_term``): the estimator does so for the terms that no configuration identifies on their own
+    prior; its ``relevance`` is NaN in the posterior, :data:`NAN_FIXED`): the estimator does so for the terms that no configuration identifies on their own
     (:attr:`~bayes_latency.model.identifiability.IdentifiabilityReport.confounded_everywhere`).
     Their data give only a sum, so whether one of them is "irrelevant" is the prior's call, and
     the gate's heavy left tail makes every corner of the sum (one term carrying it, the others
@@ -158,11 +161,10 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
     log_rel = -pt.softplus(-a["sharpness"] * (z - a["loc"]))
     if ard_mask is not None:  # terms no configuration identifies on their own: no gate
         log_rel = log_rel * np.asarray(ard_mask, dtype=float)
-    gated = np.flatnonzero(np.ones(len(pa.mu_mean)) if ard_mask is None else ard_mask)
-    if gated.size:  # relevance of the gated terms only, on their own axis ard_term
-        model = pm.modelcontext(None)
-        model.add_coord("ard_term", [model.coords["coef"][i] for i in gated])
-        pm.Deterministic("relevance", pt.exp(log_rel[gated]), dims="ard_term")
+    rel = pt.exp(log_rel)
+    if ard_mask is not None:  # not gated: relevance 1 at every draw, NaN_FIXED in the posterior
+        rel = pt.where(np.asarray(ard_mask, dtype=bool), rel, np.nan)
+    pm.Deterministic("relevance", rel, dims="coef")
     pm.Deterministic("mu", base + log_rel, dims="coef")
     return base + log_rel
 

@@ -74,9 +74,9 @@ PRIOR_MODE: str | None = "FAST_COMPILE"
 #: Largest ``rows x samples`` of one observation-level group in a saved file (the samples a saved
 #: file keeps, :data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES`; float32, 4 bytes each
 #: before compression). Above it the groups hold a labelled random subsample of rows: the tiny
-#: fleet (2,199 rows x 1,000 samples) is covered row by row, the demo fit (80,400 rows) keeps
+#: fleet (2,199 rows x 800 samples) is covered row by row, the demo fit (80,400 rows) keeps
 #: 2,500 rows.
-MAX_PREDICTIVE_VALUES = 2_500_000
+MAX_PREDICTIVE_VALUES = 2_000_000
 #: Prior draws replicated in ``prior_predictive`` (the first of the ``prior`` group's draws).
 PRIOR_PREDICTIVE_DRAWS = 100
 #: Variables of the ``prior`` group besides the sampled effect scales ``sigma_<factor>``: the

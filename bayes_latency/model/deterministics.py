@@ -133,8 +133,9 @@ def _inlined(outs: list, replace: dict) -> list:
 
 
 def config_draws_posterior(state: FitState, post: xr.Dataset, seed: int) -> tuple[xr.Dataset, int]:
-    """``post`` with the fast path's configuration coefficients drawn (``beta``, ``alpha``), per
-    posterior draw, and how many (draw, configuration) vectors came from the truncated
+    """``post`` with the fast path's configuration coefficients drawn (``beta (config, term)``,
+    ``alpha (config, alpha_term)``: two variables on their own axes, not one on ``coef``, because
+    BLIS takes the iteration coefficients and the request overheads apart), per posterior draw, and how many (draw, configuration) vectors came from the truncated
     conditional; ``post`` unchanged when it has them already or is not the fast path's."""
     from bayes_latency.model.hierarchy import config_draws, prior_arrays
 

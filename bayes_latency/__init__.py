@@ -11,7 +11,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+local"
 
-MODEL_VERSION = "11"  # what each version changed: CHANGELOG.md
+MODEL_VERSION = "12"  # what each version changed: CHANGELOG.md
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""
 
 #: The public API: names importable from the package without importing the modules that define
@@ -36,6 +36,7 @@ _LAZY = {
     "LatencyModel": "bayes_latency.model.estimator",
     "fit": "bayes_latency.checks.gated",
     "GateReport": "bayes_latency.checks.gated",
+    "select": "bayes_latency.model.selection",
     "load_priors": "bayes_latency.priors",
     # checks
     "diagnose": "bayes_latency.checks.diagnostics",

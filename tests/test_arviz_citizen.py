@@ -8,6 +8,7 @@ reason, so the test notices when upstream fixes it.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import matplotlib
@@ -24,7 +25,7 @@ import arviz_plots as azp  # noqa: E402
 import arviz_stats as azs  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bayes_latency import LatencyModel  # noqa: E402
+from bayes_latency import LatencyModel, select  # noqa: E402
 from bayes_latency.checks.diagnostics import diagnose, prior_sensitivity  # noqa: E402
 from bayes_latency.model.groups import OBS_VAR  # noqa: E402
 from bayes_latency.physics.basis import DEFAULT_TERMS  # noqa: E402
@@ -43,12 +44,13 @@ def data():
 
 @pytest.fixture(scope="module")
 def saved(data, tmp_path_factory):
-    """A fit under ``-W error::DeprecationWarning``, saved, loaded back from the file alone."""
+    """A fit under ``-W error::DeprecationWarning``, saved (every draw: ``thin=1``), loaded back
+    from the file alone."""
     obs, _ = data
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         m = LatencyModel().fit(obs, **FIT)
-    path = m.save(tmp_path_factory.mktemp("arviz") / "post.nc")
+    path = m.save(tmp_path_factory.mktemp("arviz") / "post.nc", thin=1)
     return LatencyModel.load(path)
 
 
@@ -74,17 +76,34 @@ def test_groups_layout(saved, data):
         ds = dt[g]
         assert OBS_VAR in ds.data_vars and ds.sizes["obs"] == n, g
         assert ds.attrs["subsample"] == "false" and int(ds.attrs["n_rows_fitted"]) == n
-        for c in ("config", "kind", "experiment"):
-            assert c in ds.coords and ds[c].dims == ("obs",)
+    for c in ("config", "kind", "experiment"):  # per-row coordinates: observed_data only
+        assert dt["observed_data"][c].dims == ("obs",)
+        assert c not in dt["log_likelihood"].coords
     post = dt["posterior"]
     assert dt["log_likelihood"].sizes["draw"] == post.sizes["draw"]
     assert dt["posterior_predictive"].sizes["draw"] == post.sizes["draw"]
     assert dt["prior"].sizes["draw"] == FIT["prior_draws"]
+    assert {"mu", "sigma_config"} <= set(dt["prior"].data_vars)
+    assert not {"z_pop", "beta", "theta_pop"} & set(dt["prior"].data_vars)
     for v in ("beta", "alpha", "mu"):
-        assert v in dt["prior"].data_vars
         assert post[v].attrs.get("units") and post[v].attrs.get("long_name"), v
     assert dt["observed_data"][OBS_VAR].attrs["units"] == "log(µs)"
-    assert list(post["term_unit"].values)[:1] == ["1"]
+    # no non-index coordinates on the draws; no dimension named model (arviz-plots' own)
+    for g in ("posterior", "prior", "log_prior", "log_likelihood", "posterior_predictive"):
+        ds = dt[g].to_dataset()
+        assert set(ds.coords) == set(ds.dims), g
+        assert "model" not in ds.dims, g
+    assert post["eff_model"].dims[2:] == ("llm", "coef") and post["z_tp"].dims[2:] == ("coef", "tp")
+    const = dt["constant_data"]
+    assert list(const["term_unit"].values)[:1] == ["1"]
+    assert set(const["coef_kind"].values) == {"beta", "alpha"}
+    fixed = json.loads(const.attrs["fixed_posterior_variables"])
+    assert "sigma_gpu" in fixed  # a two-level factor: fixed scales, stored once
+    for v in fixed:
+        assert v in const.data_vars and v not in post.data_vars
+    # terms without a TP effect (weight_loading, prior file): NaN in the posterior, 0 for use
+    assert np.isnan(post["eff_tp"].sel(coef="weight_loading")).all()
+    assert (saved._post()["eff_tp"].sel(coef="weight_loading") == 0).all()
 
 
 def saved_rows(data) -> pd.DataFrame:
@@ -93,12 +112,20 @@ def saved_rows(data) -> pd.DataFrame:
     return fit_rows(data[0])
 
 
-def test_config_coordinates_and_aliases(saved):
-    post = saved.result["posterior"].to_dataset()
-    assert post["config_gpu"].dims == ("config",)
+def test_select_configurations_on_the_file(saved, tmp_path):
+    # on the file alone, after a netCDF round trip: the configuration table is constant_data
+    dt = xr.open_datatree(saved.save(tmp_path / "sel.nc"), engine="h5netcdf")
     gpu = saved._canonical("llama-2-7b", "H100")[1]  # the level name the fit stored
-    h100 = post.set_xindex("config_gpu").sel(config_gpu=gpu)
-    assert set(h100["config_model"].values) == {"llama-2-7b", "llama-2-70b", "mixtral-8x7b"}
+    h100 = select(dt, gpu="H100")  # alias H100 -> H100-SXM
+    assert set(dt["constant_data"]["config_llm"].sel(config=h100).values) == {
+        "llama-2-7b", "llama-2-70b", "mixtral-8x7b"}
+    one = select(dt, llm="llama-2-70b", gpu="H100", tp=4)
+    assert one == [f"llama-2-70b|{gpu}|tp4"]
+    beta = dt["posterior"]["beta"].sel(config=one)
+    assert beta.sizes["config"] == 1
+    assert az.summary(dt, var_names=["beta"], coords={"config": one}).shape[0] == \
+        len(dt["posterior"]["term"])
+    assert select(dt, llm="llama-2-70b", tp=1) == []
     ds = saved.sel(model="llama-2-70b", gpu="H100", tp=4)  # alias H100 -> H100-SXM
     assert list(ds["config"].values) == [f"llama-2-70b|{gpu}|tp4"]
     assert len(saved.config_ids(gpu="H100")) == 3
@@ -164,12 +191,82 @@ def test_plot_forest_coefficients_by_configuration(saved):
                     backend="matplotlib")
 
 
+@pytest.fixture(scope="module")
+def thinned(saved, tmp_path_factory):
+    """The file as ``save`` writes it by default (thinned, float32 draws, compressed)."""
+    return LatencyModel.load(saved.save(tmp_path_factory.mktemp("arviz") / "default.nc")).result
+
+
+def _no_runtime_warning(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        return call()
+
+
+DEFAULT_CALLS = {
+    "summary": lambda dt: _no_runtime_warning(lambda: az.summary(dt)),
+    "rhat": lambda dt: _no_runtime_warning(lambda: az.rhat(dt)),
+    "ess": lambda dt: _no_runtime_warning(lambda: az.ess(dt)),
+    "loo": lambda dt: az.loo(dt),
+    "loo_pit": lambda dt: az.loo_pit(dt),
+    "psense_summary": lambda dt: azs.psense_summary(dt),
+    "plot_forest": lambda dt: azp.plot_forest(dt, backend="matplotlib"),
+    "plot_trace_dist": lambda dt: azp.plot_trace_dist(dt, backend="matplotlib"),
+    "plot_rank_dist": lambda dt: azp.plot_rank_dist(dt, backend="matplotlib"),
+    "plot_ppc_dist": lambda dt: azp.plot_ppc_dist(dt, backend="matplotlib"),
+    "plot_loo_pit": lambda dt: azp.plot_loo_pit(dt, backend="matplotlib"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEFAULT_CALLS))
+def test_defaults_on_the_whole_saved_file(thinned, name):
+    """Each call with its defaults (no var_names) on the file ``save`` writes."""
+    DEFAULT_CALLS[name](thinned)
+
+
+def test_compare_two_saved_files(thinned, subset, tmp_path):
+    other = LatencyModel.load(subset.save(tmp_path / "subset.nc")).result
+    cmp = az.compare({"all_terms": thinned, "subset": other})
+    assert set(cmp.index) == {"all_terms", "subset"}
+
+
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "arviz-plots 1.3.2: plot_forest of two variables that share a labelled dimension with "
-    "different dimensionality (sigma_model (coef) next to z_model (coef, model); reproduced on a "
-    "two-variable synthetic DataTree) raises matplotlib's 'x and y must be the same size'; "
-    "upstream would need to lay out the label rows per variable"))
+    "arviz-plots 1.3: plot_prior_posterior without var_names concatenates the prior and the "
+    "posterior with an outer join, so every element of every posterior variable gets a panel "
+    "(beyond rcParams plot.max_subplots = 40 for any fit of this model: beta alone has "
+    "configurations x terms elements), whatever the prior group holds"))
+def test_plot_prior_posterior_defaults(thinned):
+    azp.plot_prior_posterior(thinned, backend="matplotlib")
+
+
+def test_plot_prior_posterior_of_the_prior_group(thinned):
+    """The prior group's variables, each against its posterior."""
+    azp.plot_prior_posterior(thinned, var_names=["mu", "sigma_config"], backend="matplotlib")
+
+
+def test_saved_file_is_thinned_float32_and_keeps_free_variables_exact(saved, thinned):
+    from bayes_latency.model.persistence import FILE_MAX_SAMPLES
+
+    n = saved.result["posterior"].sizes["chain"] * saved.result["posterior"].sizes["draw"]
+    k = thinned.attrs["thinned_by"]
+    assert k == -(-n // FILE_MAX_SAMPLES) and thinned.attrs["n_samples"] <= FILE_MAX_SAMPLES
+    for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive", "log_prior"):
+        assert thinned[g].sizes["draw"] == len(range(0, saved.result["posterior"].sizes["draw"], k))
+    assert thinned["posterior"]["beta"].dtype == np.float32
+    assert thinned["posterior"]["z_pop"].dtype == np.float64  # a free variable
+
+
+def test_pointwise_loglik_has_the_log_likelihood_layout(saved, data):
+    rows = saved_rows(data)
+    ll = saved.pointwise_loglik(rows)
+    ref = saved.result["log_likelihood"][OBS_VAR]
+    assert ll.name == OBS_VAR and ll.dims == ref.dims == ("chain", "draw", "obs")
+    np.testing.assert_allclose(ll.sel(obs=ref["obs"].values).values, ref.values, atol=1e-5)
+
+
 def test_plot_forest_all_variables(saved):
+    """Worked only once the LLM dimension was not named ``model``: arviz-plots lays out the y
+    offsets of a multi-fit plot by that name."""
     azp.plot_forest(saved.result, backend="matplotlib")
 
 

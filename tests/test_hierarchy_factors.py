@@ -6,8 +6,10 @@ import numpy as np
 import pymc as pm
 from obs_factory import make_observations
 
+from bayes_latency.model.design import filled
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.hierarchy import prior_arrays
+from bayes_latency.model.population import fixed_quantities
 
 # model and TP split these configurations identically (every Mixtral at TP 2), GPU does not
 CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("mixtral-8x7b", "H100", 2)]
@@ -19,14 +21,19 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     model = m.build(obs)
     free = {v.name for v in model.free_RVs}
     assert {"z_model", "z_tp", "z_gpu"} <= free
-    # two levels per factor: scales fixed at the prior's (hierarchy.MIN_LEVELS_FOR_SCALE)
-    assert {"sigma_model", "sigma_tp", "sigma_gpu"} <= {v.name for v in model.deterministics}
-    # z_model is the joint direction, indexed by the model's levels; z_tp is prior only
-    assert model.named_vars_to_dims["z_tp"] == ("coef", "model")
+    # two levels per factor: scales fixed at the prior's (hierarchy.MIN_LEVELS_FOR_SCALE), fixed
+    # quantities of the model (constant_data), not posterior variables
+    fixed = fixed_quantities(model)
+    assert {"sigma_model", "sigma_tp", "sigma_gpu"} <= set(fixed)
+    # z_model is the joint direction, indexed by the LLM levels (llm); z_tp is prior only, on
+    # the TP degrees (tp)
+    assert model.named_vars_to_dims["z_model"] == ("coef", "llm")
+    assert model.named_vars_to_dims["z_tp"] == ("coef", "tp")
     with model:
         pr = pm.sample_prior_predictive(draws=3000, random_seed=1, var_names=[
-            "eff_model", "eff_tp", "eff_gpu", "sigma_model", "sigma_tp", "theta_pop", "mu"]).prior
-    em, et = pr["eff_model"].values[0], pr["eff_tp"].values[0]
+            "eff_model", "eff_tp", "eff_gpu", "theta_pop", "mu"]).prior
+    # eff_tp is NaN (fixed at zero) on the terms without a TP effect
+    em, et = pr["eff_model"].values[0], filled(pr["eff_tp"]).values[0]
     # members of a sum-only group read their group's first coefficient's effects (checked below)
     own = np.asarray([all(c not in g[0][1:] for g in m._sum_groups()) for c in m.design.coefs])
     assert not own.all()  # per_layer + per_step, alpha_post_decode + alpha_per_token
@@ -38,8 +45,8 @@ def test_confounded_factors_share_one_identified_direction_with_the_same_prior()
     # effect alone carries the confounded pair's direction for it
     no_tp = np.asarray([c in m.priors.hierarchy_without("tp") for c in m.design.coefs])
     assert no_tp.any() and np.all(et[:, :, no_tp] == 0)
-    zm = (em[:, 0, :] / pr["sigma_model"].values[0])[:, own]
-    zt = (et[:, 0, :] / pr["sigma_tp"].values[0])[:, own & ~no_tp]
+    zm = (em[:, 0, :] / fixed["sigma_model"][1])[:, own]
+    zt = (et[:, 0, :] / fixed["sigma_tp"][1])[:, own & ~no_tp]
     # each effect keeps its own prior: zero-sum over 2 levels -> sd sqrt(1/2), independent
     np.testing.assert_allclose(zm.std(axis=0), np.sqrt(0.5), rtol=0.08)
     np.testing.assert_allclose(zt.std(axis=0), np.sqrt(0.5), rtol=0.08)
@@ -65,7 +72,7 @@ def test_factors_that_split_differently_stay_separate():
                                 ("mixtral-8x7b", "H100", 2)], n_iter=60, n_win=60, n_alpha=40)
     model = LatencyModel().build(obs)
     assert model.named_vars_to_dims["z_tp"] == ("coef", "tp")
-    assert model.named_vars_to_dims["z_model"] == ("coef", "model")
+    assert model.named_vars_to_dims["z_model"] == ("coef", "llm")
 
 
 def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
@@ -76,8 +83,11 @@ def test_residual_scale_of_one_configuration_terms_is_the_prior_median():
     with model:
         pr = pm.sample_prior_predictive(draws=200, random_seed=1,
                                         var_names=["sigma_config", "sigma_config_free"]).prior
-    sc = pr["sigma_config"]
     median = prior_arrays(m.priors, m.design.coefs, m.design.gpus).sigma_config["median"]
+    # NaN where fixed (not a posterior quantity); the fixed value is a fixed quantity
+    assert np.all(np.isnan(pr["sigma_config"].sel(coef="tp_allreduce").values))
+    assert float(fixed_quantities(model)["sigma_config_fixed"][1]) == median
+    sc = filled(pr["sigma_config"], median)
     # tp_allreduce has data only on the TP-2 Mixtral: fixed; decode_kv on all three: sampled
     np.testing.assert_allclose(sc.sel(coef="tp_allreduce").values, median)
     np.testing.assert_array_equal(sc.sel(coef="decode_kv").values,

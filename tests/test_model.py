@@ -17,6 +17,7 @@ from bayes_latency.cli.fit import fit_command
 from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
 from bayes_latency.model.estimator import LatencyModel
 from bayes_latency.model.likelihood import row_loglik
+from bayes_latency.model.population import fixed_quantities
 from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_config
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
@@ -94,8 +95,11 @@ def test_result_structure_and_attrs(fitted):
     assert r.attrs["approximate"] == "false"
     ll = r["log_likelihood"]  # every fitted row, or a labelled subsample above the budget
     from bayes_latency.model.groups import MAX_PREDICTIVE_VALUES
+    from bayes_latency.model.persistence import FILE_MAX_SAMPLES
 
-    n, S = len(fitted._rows), post.sizes["chain"] * post.sizes["draw"]
+    # the budget counts the samples a saved file keeps
+    n = len(fitted._rows)
+    S = min(post.sizes["chain"] * post.sizes["draw"], FILE_MAX_SAMPLES)
     assert int(ll.attrs["n_rows_fitted"]) == n
     assert ll["log_duration"].sizes["obs"] == min(n, MAX_PREDICTIVE_VALUES // S)
     assert ll.attrs["subsample"] == ("true" if n * S > MAX_PREDICTIVE_VALUES else "false")
@@ -141,8 +145,8 @@ def test_unseen_model_effect_includes_the_uncertainty_of_the_zero_sum_mean(fitte
 
     gpu = fitted._canonical("llama-2-7b", "H100")[1]
     ds = fitted.coefficients("llama-3.1-8b", "H100", 1)
-    post = fitted.result["posterior"].to_dataset().stack(sample=("chain", "draw"))
-    n_models = post.sizes["model"]
+    post = fitted._post().stack(sample=("chain", "draw"))  # with the fixed quantities
+    n_models = post.sizes["llm"]  # the LLM factor's levels
     k = "decode_kv"
     offset = prior_arrays(fitted.priors, fitted.coefs, [gpu]).gpu_offset[0][fitted.coefs.index(k)]
     base = (post["mu"].sel(coef=k) + offset + post["eff_gpu"].sel(gpu=gpu, coef=k)
@@ -178,7 +182,7 @@ def test_predict_and_posterior_predictive(fitted, data):
 
 
 def test_save_load_roundtrip_and_mismatch(fitted, tmp_path):
-    p = fitted.save(tmp_path / "post.nc")
+    p = fitted.save(tmp_path / "post.nc", thin=1)  # every draw (float32 on the file)
     m2 = LatencyModel.load(p)
     a = fitted.coefficients("llama-2-7b", "H100", 1)["beta"].mean("sample")
     b = m2.coefficients("llama-2-7b", "H100", 1)["beta"].mean("sample")
@@ -242,7 +246,8 @@ def test_pooled_effect_scales_option(data, tmp_path):
     model = LatencyModel(priors=f).build(obs[obs["config_id"].isin(pd.unique(obs["config_id"])[:5])])
     names = {v.name for v in model.free_RVs}
     assert {"tau_model", "zeta_model", "sigma_tp"} <= names and "sigma_model" not in names
-    assert {"sigma_model", "sigma_gpu"} <= {v.name for v in model.deterministics}
+    assert "sigma_model" in {v.name for v in model.deterministics}
+    assert "sigma_gpu" in fixed_quantities(model)  # constant: constant_data, not the posterior
 
 
 def test_factor_without_terms_option(data, tmp_path):
@@ -261,19 +266,20 @@ def test_factor_without_terms_option(data, tmp_path):
     m = LatencyModel(priors=f)
     model = m.build(obs)
     k = list(m.coefs).index("weight_loading")
+    # no TP effect on weight_loading: fixed (NaN in the posterior, population.NAN_FIXED)
     eff = pm.draw(model["eff_tp"], draws=50, random_seed=0)  # (draw, tp, coef)
-    assert eff.shape[1] == 3 and np.all(eff[:, :, k] == 0)
+    assert eff.shape[1] == 3 and np.all(np.isnan(eff[:, :, k]))
     assert np.all(np.abs(np.delete(eff, k, axis=2)).max(axis=(0, 1)) > 0)
     # an unseen TP degree: no draw on weight_loading, one on every other term
     K, S = len(m.coefs), 400  # laid out as the stacked posterior: (..., coef, sample)
     post = xr.Dataset({
         "mu": (("coef", "sample"), np.zeros((K, S))),
-        "eff_model": (("model", "coef", "sample"), np.zeros((1, K, S))),
+        "eff_model": (("llm", "coef", "sample"), np.zeros((1, K, S))),
         "eff_gpu": (("gpu", "coef", "sample"), np.zeros((1, K, S))),
         "eff_tp": (("tp", "coef", "sample"), np.zeros((1, K, S))),
         "sigma_tp": (("coef", "sample"), np.full((K, S), 0.3)),
         "sigma_config": (("coef", "sample"), np.full((K, S), 1e-9)),
-    }, coords={"coef": list(m.coefs), "model": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
+    }, coords={"coef": list(m.coefs), "llm": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]})
     pa = prior_arrays(m.priors, m.coefs, ["H100"])
     theta, unseen = unseen_config_theta(post, pa, "llama-2-7b", "H100", 8, "vllm",
                                         np.random.default_rng(0), design=m.design,
@@ -296,7 +302,8 @@ def test_stack_level_only_when_stacks_mix(data):
     free = {v.name for v in model.free_RVs}
     # two stacks: per-term departures and a shift common to every term, at fixed scales
     assert {"z_stack", "z_stack_common"} <= free and "sigma_stack" not in free
-    assert {"sigma_stack", "sigma_stack_common", "eff_stack"} <= {v.name for v in model.deterministics}
+    assert "eff_stack" in {v.name for v in model.deterministics}
+    assert {"sigma_stack", "sigma_stack_common"} <= set(fixed_quantities(model))
     assert m.design.stacks == ["splitwise", "vllm"] and len(m.design.configs) == 3
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from bayes_latency.model.estimator import LatencyModel
 obs = pd.read_parquet(sys.argv[1])
 m = LatencyModel().fit(obs, draws=200, tune=200, seed=11, max_draws=None)
-post = m.result["posterior"]
+post = m._post()  # with the fixed quantities (sigma_model may be fixed: constant_data)
 h = hashlib.sha256()
 for v in ("z_pop", "sigma_model", "beta", "alpha"):
     h.update(post[v].values.tobytes())

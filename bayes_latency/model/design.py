@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.model.likelihood import PREFILL_NOISE_KINDS
@@ -103,6 +104,31 @@ def _without(entry: object) -> tuple[str, ...]:
     return tuple(entry.get("without", ())) if isinstance(entry, dict) else ()
 
 
+#: The value of the fixed (NaN, :data:`~bayes_latency.model.population.NAN_FIXED`) elements of a
+#: posterior variable: ``relevance`` 1 (no ARD gate), ``eff_<factor>`` 0 (no effect of the
+#: factor); ``sigma_config``'s is ``sigma_config_fixed`` of ``constant_data`` (the prior median).
+FIXED_FILL = {"relevance": 1.0, "eff_": 0.0}
+
+
+def filled(da: xr.DataArray, fill: float | None = None) -> xr.DataArray:
+    """``da`` with its fixed (NaN) elements at their value: ``fill``, else that of
+    :data:`FIXED_FILL` for its name (``da`` unchanged when neither gives one)."""
+    if fill is None:
+        name = str(da.name)
+        fill = FIXED_FILL.get(name, FIXED_FILL["eff_"] if name.startswith("eff_") else None)
+    return da if fill is None else da.fillna(fill)
+
+
+#: Dimension of each factor's levels (``eff_<factor> (<dim>, coef)``): the factor ``model`` (the
+#: LLM; configuration column ``model``, prior file ``hierarchy.model``) has its levels on ``llm``.
+LEVEL_DIMS = {"model": "llm", "gpu": "gpu", "tp": "tp", "stack": "stack"}
+
+
+def level_dim(factor: str) -> str:
+    """The dimension of ``factor``'s levels (:data:`LEVEL_DIMS`)."""
+    return LEVEL_DIMS[factor]
+
+
 @dataclass
 class Design:
     """Coordinates of a fit: coefficients and the configurations with their group levels."""
@@ -133,12 +159,21 @@ class Design:
         return sorted(self.configs["stack"].unique())
 
     def coords(self) -> dict[str, list]:
+        """Coordinates of the model and of the result file. The LLM factor's levels are on the
+        dimension ``llm`` (:data:`LEVEL_DIMS`), not ``model``: arviz-plots names the dimension
+        that lays out several fits of a comparison ``model``."""
         return {"coef": list(self.coefs), "term": list(self.beta_terms),
                 "alpha_term": list(self.alpha_terms), "config": list(self.configs.index),
-                "model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
+                "llm": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}
+
+    def levels(self, factor: str) -> list:
+        """The fitted levels of ``factor`` (``model``, ``gpu``, ``tp`` or ``stack``)."""
+        return {"model": self.models, "gpu": self.gpus, "tp": self.tps,
+                "stack": self.stacks}[factor]
 
     def index(self, level: str) -> np.ndarray:
-        levels = {"model": self.models, "gpu": self.gpus, "tp": self.tps, "stack": self.stacks}[level]
+        """Each configuration's level index of the factor ``level``."""
+        levels = self.levels(level)
         col = self.configs[level].astype(int) if level == "tp" else self.configs[level]
         return np.asarray([levels.index(v) for v in col])
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
+from bayes_latency.model.design import filled
+
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
@@ -131,17 +133,20 @@ def _inlined(outs: list, replace: dict) -> list:
 
 
 def config_draws_posterior(state: FitState, post: xr.Dataset, seed: int) -> tuple[xr.Dataset, int]:
-    """``post`` with the fast path's configuration coefficients drawn (``beta``, ``alpha``), per
-    posterior draw, and how many (draw, configuration) vectors came from the truncated
+    """``post`` with the fast path's configuration coefficients drawn (``beta (config, term)``,
+    ``alpha (config, alpha_term)``: two variables on their own axes, not one on ``coef``, because
+    BLIS takes the iteration coefficients and the request overheads apart), per posterior draw, and how many (draw, configuration) vectors came from the truncated
     conditional; ``post`` unchanged when it has them already or is not the fast path's."""
     from bayes_latency.model.hierarchy import config_draws, prior_arrays
 
     if "beta" in post or "theta_pop" not in post:
         return post, 0
     tp = post["theta_pop"].transpose("chain", "draw", "config", "coef").values
-    sc = post["sigma_config"].transpose("chain", "draw", "coef").values
-    Cn, Dn = tp.shape[:2]
     pa = prior_arrays(state.priors, state.coefs, state.design.gpus)
+    # NaN where it is fixed at the prior median
+    sc = filled(post["sigma_config"], float(pa.sigma_config["median"]))
+    sc = sc.transpose("chain", "draw", "coef").values
+    Cn, Dn = tp.shape[:2]
     theta, n_neg = config_draws(tp.reshape(Cn * Dn, *tp.shape[2:]), sc.reshape(Cn * Dn, -1),
                                 state.summaries, state.design, np.random.default_rng(seed + 7),
                                 scale=np.exp(pa.mu_mean))

@@ -295,9 +295,11 @@ class LatencyModel:
 
     # ------------------------------------------------------------------ posterior access
     def _post(self) -> xr.Dataset:
+        """The posterior with the fixed quantities (kept once in ``constant_data``) over the
+        draws, as the model has them (:func:`~.persistence.posterior_with_fixed`)."""
         if self.result is None:
             raise BayesLatencyError("the model is not fitted; call fit() or load()")
-        return self.result["posterior"].to_dataset()
+        return _persistence.posterior_with_fixed(self.result)
 
     def noise(self, cfg: str, kind: str) -> NoiseParams:
         """Noise parameters of (configuration, kind); the fleet median for unseen ones."""
@@ -331,8 +333,13 @@ class LatencyModel:
 
         >>> m.sel(model="llama-2-70b", gpu="H100", tp=4)["beta"]   # doctest: +SKIP
 
-        Aliases resolve (see :meth:`config_ids`); the ``config`` dimension is kept, with its
-        non-index coordinates ``config_model``, ``config_gpu``, ``config_tp``, ``config_stack``.
+        Aliases resolve (see :meth:`config_ids`); the ``config`` dimension is kept. This is the
+        way to select a configuration: ``llm``, ``gpu`` and ``tp`` are the level dimensions of
+        the factor effects (``eff_model (llm, coef)``), not of ``beta``, so
+        ``post.sel(llm=..., gpu=..., tp=...)["beta"]`` would leave every configuration in. On a
+        file without the estimator, :func:`bayes_latency.select` gives the ids from its
+        ``constant_data`` (``config_llm``, ``config_gpu``, ``config_tp``, ``config_stack``):
+        ``dt["posterior"]["beta"].sel(config=select(dt, llm=..., gpu="H100", tp=4))``.
         Raises :class:`~bayes_latency.errors.ConfigError` when no fitted configuration matches
         (use :meth:`coefficients` for an unseen one).
         """
@@ -430,13 +437,17 @@ class LatencyModel:
         return _convergence.convergence(self.result, self.identifiability, gates)
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path, thin: int = 1) -> Path:
+    def save(self, path: str | Path, thin: int | None = None) -> Path:
         """Write the result DataTree to netCDF (``.nc``) or zarr (``.zarr``).
 
-        ``thin`` > 1 keeps every ``thin``-th draw of every group indexed by the posterior's draws
+        ``thin`` keeps every ``thin``-th draw of every group indexed by the posterior's draws
         (``posterior``, ``sample_stats``, ``log_likelihood``, ``posterior_predictive``,
-        ``log_prior``), so they stay aligned as ArviZ needs and the file is ``thin`` times
-        smaller; attrs ``thinned_by`` records it. The in-memory result is not changed.
+        ``log_prior``), so they stay aligned as ArviZ needs. Default (``None``): the thinning
+        that keeps at most :data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES` (800)
+        posterior samples; ``thin=1`` keeps every draw. Attrs ``thinned_by`` and ``n_samples``
+        record the factor and the samples kept. Draws are float32 except the free variables of
+        the model (float64), every numeric array gzip-compressed with shuffle. The in-memory
+        result is not changed.
         """
         return _persistence.save_result(self.result, path, thin)
 

@@ -3,7 +3,8 @@
 :func:`draw_posterior` samples the PyMC model (:func:`~.sampler.sample`, or
 :func:`~.extension.sample_extended` when sampling may go on past the requested draws), computes
 the deterministics of nutpie's draws (:func:`~.deterministics._with_deterministics`) and, on the
-fast path, draws the configuration coefficients (:func:`~.deterministics.add_config_draws`). It
+fast path, draws the configuration coefficients (:func:`~.deterministics.add_config_draws`); the
+model's fixed quantities (:func:`~.population.fixed_quantities`) go to ``constant_data``. It
 returns the trace with the sampler settings that made it; :mod:`.persistence` lays it out as the
 result and :mod:`.groups` adds the ArviZ groups.
 
@@ -48,6 +49,8 @@ def draw_posterior(model: pm.Model, state: FitState, *, draws: int, tune: int, c
     configuration coefficient; ``timings`` gets the sampling, deterministics and config-draw
     times. Arguments as :meth:`LatencyModel.fit
     <bayes_latency.model.estimator.LatencyModel.fit>` (which documents them)."""
+    from bayes_latency.model.population import fixed_quantities
+
     extension = None
     if max_draws is not None and max_draws > draws and state.sampler == "nutpie":
         dt, extension, target_accept = sample_extended(
@@ -70,6 +73,11 @@ def draw_posterior(model: pm.Model, state: FitState, *, draws: int, tune: int, c
                                 "prior_draws": prior_draws}
     if extension is not None:
         settings["max_draws"] = max_draws
+    fixed = fixed_quantities(model)
+    if fixed:  # the same at every draw: the result's constant_data, not posterior variables
+        dt["constant_data"] = xr.DataTree(xr.Dataset(
+            {k: (dims, v) for k, (dims, v) in fixed.items()},
+            coords={d: list(model.coords[d]) for dims, _ in fixed.values() for d in dims}))
     seconds, notes = add_config_draws(state, dt, seed)
     if seconds is not None:
         timings["config_draws_s"] = seconds

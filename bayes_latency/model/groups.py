@@ -7,7 +7,9 @@ itself. They are computed here, after sampling, from the conditional configurati
 
 ``observed_data``
     ``log_duration (obs)``: log of every fitted row's measured duration (log µs), with the
-    non-index coordinates ``config``, ``kind``, ``experiment`` and ``n_steps`` on ``obs``.
+    non-index coordinates ``config``, ``kind``, ``experiment`` and ``n_steps`` on ``obs`` (in
+    this group only: the draw groups carry the ``obs`` index alone, so ArviZ's functions that
+    combine variables or groups find the same coordinates everywhere).
 ``log_likelihood``
     ``log_duration (chain, draw, obs)``: ``log p(log y_i | theta_c, noise)`` for every fitted row
     and every posterior draw (the same rows as ``observed_data``).
@@ -17,9 +19,12 @@ itself. They are computed here, after sampling, from the conditional configurati
     PSIS weights of the log-likelihood, so the two groups hold the same draws (ArviZ aligns them
     exactly).
 ``prior``, ``prior_predictive``
-    Draws of the population prior (``pm.sample_prior_predictive`` on the model's free variables
-    and deterministics, the likelihood term is not sampled), with ``beta`` and ``alpha`` drawn
-    from the configuration residual given those draws, and replicated log durations from them.
+    ``prior``: the prior draws of what a user compares with the posterior (:data:`PRIOR_VARS`:
+    the population means ``mu``, the residual scale ``sigma_config`` and the sampled effect
+    scales ``sigma_<factor>``), from ``pm.sample_prior_predictive`` (the likelihood term is not
+    sampled). ``prior_predictive``: replicated log durations of the first
+    :data:`PRIOR_PREDICTIVE_DRAWS` prior draws, through ``beta`` / ``alpha`` drawn from the
+    configuration residual given them.
 ``log_prior``
     ``log p`` of every free variable of the PyMC model at each posterior draw
     (``pm.compute_log_prior``): the *top-level* priors, which is what prior power-scaling
@@ -29,9 +34,9 @@ All groups keep one variable name (``log_duration``) across ``observed_data``,
 ``posterior_predictive``, ``log_likelihood`` and ``prior_predictive``, so ``az.loo``,
 ``az.loo_pit``, ``azp.plot_ppc_dist`` and ``azp.plot_loo_pit`` work on the result without glue.
 
-When ``rows x posterior samples`` would exceed :data:`MAX_PREDICTIVE_VALUES`, the three
-observation groups hold a random subsample of the rows instead, and their attributes say so
-(``subsample = "true"``, ``n_rows_fitted``).
+When ``rows x samples a saved file keeps`` (:data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES`)
+would exceed :data:`MAX_PREDICTIVE_VALUES`, the observation groups hold a random subsample of the
+rows instead, and their attributes say so (``subsample = "true"``, ``n_rows_fitted``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from bayes_latency.model.design import filled
 from bayes_latency.model.likelihood import row_loglik
 from bayes_latency.model.noise import row_noise
 from bayes_latency.model.rows import feature_columns
@@ -65,43 +71,51 @@ PRIOR_DRAWS = 500
 #: draws (a vectorized graph, :func:`log_prior`), 1.5 s for 2000 draws, where PyMC's per-draw
 #: loop with Numba took 1.8 s warm and 4.5 s cold.
 PRIOR_MODE: str | None = "FAST_COMPILE"
-#: Largest ``rows x posterior samples`` of one observation-level group (float32: 4 bytes each,
-#: so 40 MB for each of ``log_likelihood`` and ``posterior_predictive``). Above it the groups hold
-#: a labelled random subsample of rows. The tiny fleet at the CLI's defaults (2,284 rows x 2 x 1000
-#: draws) is covered row by row; the demo fit (80,400 rows x 2 x 4000 draws) keeps 1,250 rows.
-#: ``LatencyModel.save(path, thin=k)`` shrinks a file further.
-MAX_PREDICTIVE_VALUES = 10_000_000
+#: Largest ``rows x samples`` of one observation-level group in a saved file (the samples a saved
+#: file keeps, :data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES`; float32, 4 bytes each
+#: before compression). Above it the groups hold a labelled random subsample of rows: the tiny
+#: fleet (2,199 rows x 800 samples) is covered row by row, the demo fit (80,400 rows) keeps
+#: 2,500 rows.
+MAX_PREDICTIVE_VALUES = 2_000_000
+#: Prior draws replicated in ``prior_predictive`` (the first of the ``prior`` group's draws).
+PRIOR_PREDICTIVE_DRAWS = 100
+#: Variables of the ``prior`` group besides the sampled effect scales ``sigma_<factor>``: the
+#: population quantities whose priors the prior file sets. The standardised ``z_*``, the derived
+#: ``theta_pop`` / ``eff_*`` and the configuration draws ``beta`` / ``alpha`` (whose prior reaches
+#: the data through ``prior_predictive``) are not in it.
+PRIOR_VARS = ("mu", "sigma_config")
 
 #: Units and meaning of the variables, written into their attrs.
 VARIABLE_ATTRS: dict[str, dict[str, str]] = {
     "beta": {"long_name": "iteration-time coefficients of one configuration",
-             "units": "per term, see coordinate term_unit (1 for roofline terms: multiplier of "
-                      "a roofline time in µs; µs per unit for overhead terms)"},
+             "units": "per term, see constant_data term_unit (1 for roofline terms: multiplier "
+                      "of a roofline time in µs; µs per unit for overhead terms)"},
     "alpha": {"long_name": "request overhead coefficients of one configuration",
-              "units": "per term, see coordinate alpha_term_unit (µs or µs/token)"},
+              "units": "per term, see constant_data alpha_term_unit (µs or µs/token)"},
     "theta_pop": {"long_name": "population-implied coefficient of a configuration "
                   "(median of its configuration residual)", "units": "as beta / alpha (coef)"},
     "mu": {"long_name": "population log-coefficient (ARD relevance folded in)",
            "units": "log of the coefficient unit"},
-    "relevance": {"long_name": "ARD relevance of a coefficient (1: in use, ~0: switched off)",
-                  "units": "1"},
+    "relevance": {"long_name": "ARD relevance of a gated term (1: in use, ~0: switched off); "
+                  "terms without a gate (not on ard_term) have relevance 1", "units": "1"},
     "z_pop": {"long_name": "standardised population log-coefficient", "units": "1"},
     "sigma_config": {"long_name": "relative sd of a configuration's coefficients around the "
                      "population prediction", "units": "1 (fraction)"},
     "sigma_config_free": {"long_name": "sampled residual scale (used where the coefficient has "
                           "data in 2+ configurations; else sigma_config is the prior median)",
                           "units": "1 (fraction)"},
-    "sigma_model": {"long_name": "sd of the model effect on log-coefficients", "units": "log"},
+    "sigma_model": {"long_name": "sd of the LLM effect on log-coefficients", "units": "log"},
     "sigma_gpu": {"long_name": "sd of the GPU effect on log-coefficients", "units": "log"},
     "sigma_tp": {"long_name": "sd of the TP-degree effect on log-coefficients", "units": "log"},
     "sigma_stack": {"long_name": "sd of the serving-stack effect on log-coefficients",
                     "units": "log"},
-    "eff_model": {"long_name": "model effect on log-coefficients (zero-sum)", "units": "log"},
+    "eff_model": {"long_name": "LLM effect on log-coefficients (zero-sum, over llm)",
+                  "units": "log"},
     "eff_gpu": {"long_name": "GPU effect on log-coefficients (zero-sum)", "units": "log"},
     "eff_tp": {"long_name": "TP-degree effect on log-coefficients (zero-sum)", "units": "log"},
     "eff_stack": {"long_name": "serving-stack effect on log-coefficients (zero-sum)",
                   "units": "log"},
-    "z_model": {"long_name": "standardised model effect", "units": "1"},
+    "z_model": {"long_name": "standardised LLM effect (over llm)", "units": "1"},
     "z_gpu": {"long_name": "standardised GPU effect", "units": "1"},
     "z_tp": {"long_name": "standardised TP-degree effect", "units": "1"},
     "z_stack": {"long_name": "standardised serving-stack effect", "units": "1"},
@@ -139,40 +153,13 @@ def annotate(ds: xr.Dataset, kind: str = "") -> xr.Dataset:
     return ds
 
 
-def config_coords(design: Any) -> dict[str, tuple[str, np.ndarray]]:
-    """Non-index coordinates of the ``config`` dimension: its model, GPU, TP degree and stack.
-
-    Named ``config_model`` ... because ``model``, ``gpu`` and ``tp`` are already the dimensions
-    of the effects (``eff_model (model, coef)``). ``ds.set_xindex("config_gpu")`` then
-    ``ds.sel(config_gpu="H100-SXM")``, or :meth:`LatencyModel.sel`, selects by them.
-    """
-    c = design.configs
-    return {"config_model": ("config", c["model"].to_numpy().astype(str)),
-            "config_gpu": ("config", c["gpu"].to_numpy().astype(str)),
-            "config_tp": ("config", c["tp"].to_numpy().astype(int)),
-            "config_stack": ("config", c["stack"].to_numpy().astype(str))}
-
-
-def term_coords(ds: xr.Dataset) -> xr.Dataset:
-    """Units of the coefficients as non-index coordinates of ``term`` / ``alpha_term`` / ``coef``."""
+def coef_units(names: Any) -> list[str]:
+    """Unit of each coefficient (``constant_data`` ``coef_unit`` / ``term_unit`` /
+    ``alpha_term_unit``)."""
     from bayes_latency.physics.basis import ALPHA_TERM_INFO, get_term
 
-    def unit(name: str) -> str:
-        if name in ALPHA_TERM_INFO:
-            return ALPHA_TERM_INFO[name].unit
-        return get_term(name).unit
-
-    for dim in ("term", "alpha_term", "coef"):
-        if dim in ds.dims and dim in ds.coords:
-            ds = ds.assign_coords({f"{dim}_unit": (dim, [unit(str(t)) for t in ds[dim].values])})
-    return ds
-
-
-def with_config_coords(ds: xr.Dataset, design: Any) -> xr.Dataset:
-    """``ds`` with :func:`config_coords` (when it has a ``config`` dim) and term units."""
-    if "config" in ds.dims:
-        ds = ds.assign_coords(config_coords(design))
-    return term_coords(ds)
+    return [ALPHA_TERM_INFO[n].unit if n in ALPHA_TERM_INFO else get_term(n).unit
+            for n in map(str, names)]
 
 
 # ------------------------------------------------------------------------------ row selection
@@ -185,14 +172,18 @@ def predictive_rows(rows: pd.DataFrame, n_samples: int, seed: int,
     return rows.sample(n=n, random_state=seed).sort_index(), True
 
 
-def _obs_coords(rows: pd.DataFrame) -> dict[str, Any]:
-    exp = rows["experiment_id"].astype(str).to_numpy() if "experiment_id" in rows else \
-        np.full(len(rows), "", dtype=object).astype(str)
-    return {OBS_DIM: rows["obs_id"].astype(str).to_numpy(),
-            "config": (OBS_DIM, rows["config_id"].astype(str).to_numpy()),
-            "kind": (OBS_DIM, rows["kind"].astype(str).to_numpy()),
-            "experiment": (OBS_DIM, exp),
-            "n_steps": (OBS_DIM, rows["n_steps"].to_numpy(dtype=float))}
+def _obs_coords(rows: pd.DataFrame, per_row: bool = False) -> dict[str, Any]:
+    """The ``obs`` index (the rows' ``obs_id``); with ``per_row`` (``observed_data``), the rows'
+    ``config``, ``kind``, ``experiment`` and ``n_steps`` as non-index coordinates too."""
+    coords: dict[str, Any] = {OBS_DIM: rows["obs_id"].astype(str).to_numpy()}
+    if per_row:
+        exp = rows["experiment_id"].astype(str).to_numpy() if "experiment_id" in rows else \
+            np.full(len(rows), "", dtype=object).astype(str)
+        coords.update({"config": (OBS_DIM, rows["config_id"].astype(str).to_numpy()),
+                       "kind": (OBS_DIM, rows["kind"].astype(str).to_numpy()),
+                       "experiment": (OBS_DIM, exp),
+                       "n_steps": (OBS_DIM, rows["n_steps"].to_numpy(dtype=float))})
+    return coords
 
 
 def _group_attrs(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> dict[str, Any]:
@@ -205,7 +196,7 @@ def _group_attrs(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> dict[str
 def observed_data(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> xr.Dataset:
     """``observed_data``: log of each row's measured duration (log µs)."""
     ds = xr.Dataset({OBS_VAR: (OBS_DIM, np.log(rows["value_us"].to_numpy(dtype=float)))},
-                    coords=_obs_coords(rows))
+                    coords=_obs_coords(rows, per_row=True))
     ds.attrs.update(_group_attrs(rows, n_fitted, subsample))
     return annotate(ds)
 
@@ -278,7 +269,8 @@ def posterior_predictive(state: FitState, rows: pd.DataFrame, post: xr.Dataset, 
 def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: int,
                  n_fitted: int, subsample: bool, draws: int = PRIOR_DRAWS,
                  ) -> tuple[xr.Dataset, xr.Dataset]:
-    """``prior`` (population variables, beta, alpha) and ``prior_predictive`` (log durations).
+    """``prior`` (:data:`PRIOR_VARS` and the sampled scales) and ``prior_predictive`` (log
+    durations).
 
     The PyMC model's likelihood is a ``pm.Potential`` (fast path), which prior sampling ignores;
     the population variables come from ``pm.sample_prior_predictive`` and the configuration
@@ -306,25 +298,39 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     nb = len(state.terms)
     if "beta" not in prior:
         m = prior["theta_pop"].transpose("chain", "draw", "config", "coef").values
-        sc = prior["sigma_config"].transpose("chain", "draw", "coef").values[:, :, None, :]
+        sc = filled(prior["sigma_config"], _sigma_config_fixed(state))
+        sc = sc.transpose("chain", "draw", "coef").values[:, :, None, :]
         theta = truncated_normal_positive(m, np.maximum(m * sc, 1e-300), rng)
         prior = prior.assign(
             beta=(("chain", "draw", "config", "term"), theta[..., :nb]),
             alpha=(("chain", "draw", "config", "alpha_term"), theta[..., nb:]),
         ).assign_coords(term=list(state.terms), alpha_term=list(state.alpha_terms))
-    prior = annotate(with_config_coords(prior, d))
-    prior.attrs["draws"] = (f"{prior.sizes['draw']} draws of the prior: population variables by "
-                            "pm.sample_prior_predictive, beta/alpha from the configuration "
-                            "residual given them")
-    C, D = prior.sizes["chain"], prior.sizes["draw"]
-    cfg_of = {c: _theta(prior, c, nb) for c in d.configs.index}
+    full = prior.isel(draw=slice(0, PRIOR_PREDICTIVE_DRAWS))
+    keep = [v for v in prior.data_vars
+            if v in PRIOR_VARS or (str(v).startswith("sigma_") and v != "sigma_config_free")]
+    prior = annotate(prior[keep])
+    prior.attrs["draws"] = (f"{prior.sizes['draw']} draws of the prior of the population "
+                            "variables, by pm.sample_prior_predictive")
+    C, D = full.sizes["chain"], full.sizes["draw"]
+    cfg_of = {c: _theta(full, c, nb) for c in d.configs.index}
     vals = _replicate(state, rows, lambda c: cfg_of[c], C * D, rng)
     pp = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
-                    coords={"chain": prior["chain"].values, "draw": prior["draw"].values,
+                    coords={"chain": full["chain"].values, "draw": full["draw"].values,
                             **_obs_coords(rows)})
+    pp.attrs["draws"] = (f"the first {D} draws of the prior, beta/alpha from the configuration "
+                         "residual given them")
     pp.attrs.update(_group_attrs(rows, n_fitted, subsample))
     pp.attrs["noise"] = "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)"
     return prior, annotate(pp)
+
+
+def _sigma_config_fixed(state: FitState) -> float:
+    """The residual scale of coefficients with data in fewer than two configurations (the
+    prior median; ``sigma_config_fixed`` of ``constant_data``)."""
+    from bayes_latency.model.design import prior_arrays
+
+    return float(prior_arrays(state.priors, state.coefs, state.design.gpus)
+                 .sigma_config["median"])
 
 
 def _compile_kwargs() -> dict[str, str] | None:
@@ -381,7 +387,10 @@ def add_groups(result: xr.DataTree, state: FitState, pm_model: pm.Model | None,
     notes: list[str] = []
     res = result
     post = res["posterior"].to_dataset()
-    S = post.sizes["chain"] * post.sizes["draw"]
+    from bayes_latency.model.persistence import FILE_MAX_SAMPLES
+
+    # rows x the samples a saved file keeps (save thins every draw-indexed group together)
+    S = min(post.sizes["chain"] * post.sizes["draw"], FILE_MAX_SAMPLES)
     sub_rows, subsample = predictive_rows(rows, S, seed)
     n_fitted = len(rows)
     t0 = time.perf_counter()

@@ -113,6 +113,7 @@ from bayes_latency.model.population import (  # noqa: F401  (re-exported)
     _config_common,
     _crossed_effects,
     _effect,
+    _fixed,
     _population,
     _sum_shift,
 )
@@ -157,7 +158,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
     C = len(design.configs)
     g_idx = design.index("gpu")
     with pm.Model(coords=design.coords()) as model:
-        pm.Data("config_model", design.index("model"), dims="config")
+        pm.Data("config_llm", design.index("model"), dims="config")
         pm.Data("config_gpu", g_idx, dims="config")
         pm.Data("config_tp", design.index("tp"), dims="config")
         offset = pa.gpu_offset[g_idx]  # (C, K)
@@ -199,9 +200,11 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         else:  # coefficients of fewer configurations: residual scale fixed at the prior median
             raw = pm.Truncated("sigma_config_free", sig_prior, lower=0.0, upper=SIGMA_CONFIG_MAX,
                                dims="coef")
-            sig_c = pm.Deterministic(
-                "sigma_config", pt.where(n_act >= MIN_CONFIGS_FOR_RESIDUAL, raw,
-                                         pa.sigma_config["median"]), dims="coef")
+            pooled = n_act >= MIN_CONFIGS_FOR_RESIDUAL
+            fixed = _fixed("sigma_config_fixed", float(pa.sigma_config["median"]))
+            sig_c = pt.where(pooled, raw, fixed)
+            # NaN where fixed (population.NAN_FIXED; design.filled puts the value back)
+            pm.Deterministic("sigma_config", pt.where(pooled, raw, np.nan), dims="coef")
         loc = loc + _config_common(pa.common.get("config"), design)
         m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
         if rows is None:

@@ -4,7 +4,8 @@
 :func:`checked_rows` the rows of a table that must hash like a fit's); :func:`assemble` lays out
 the result DataTree of a fit (``posterior``, ``sample_stats``, ``constant_data``, ``summaries``)
 and its attrs (versions, priors hash and YAML, data hash, model configuration, sampler settings);
-:func:`save_result` writes it (optionally thinned). :func:`read_result` reads a file back,
+:func:`save_result` writes it (thinned, float32 draws, compressed) and
+:func:`posterior_with_fixed` gives the posterior with the model's fixed quantities. :func:`read_result` reads a file back,
 refusing another model version, with the priors it embeds; :func:`check_priors` refuses priors
 that differ from the fit's (:class:`~bayes_latency.errors.ModelMismatchError`), and
 :func:`configs_table` and :func:`restored_attrs` give what the file says about the fit.
@@ -64,26 +65,92 @@ def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
     return _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)])
 
 
+#: At most this many posterior samples (chain x draw) in a saved file: :func:`save_result` thins
+#: every draw-indexed group together by the factor that keeps at most this many (``psense`` needs
+#: ``log_likelihood`` and ``log_prior`` on the posterior's draws, ``loo_pit`` the predictive on the
+#: log-likelihood's). 800 samples keep the bulk ESS of a fit that passes the gates above 400
+#: (NUTS draws are autocorrelated, so thinning loses less than its factor: the tiny fleet's
+#: 2 x 2000 draws, min bulk ESS 1207, thinned by 5); ``thin=1`` keeps every draw.
+FILE_MAX_SAMPLES = 800
+#: HDF5 filters of every numeric variable of a saved netCDF file (h5netcdf encoding).
+COMPRESSION = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+
+
+def constant_data(state: FitState, fixed: xr.Dataset | None = None) -> xr.Dataset:
+    """``constant_data``: the configuration table (``config_llm``, ``config_gpu``, ``config_tp``,
+    ``config_stack`` on ``config``), the unit and kind (beta / alpha) of each coefficient
+    (``coef_unit``, ``coef_kind``, ``term_unit``, ``alpha_term_unit``) and the fixed quantities of
+    the model (``fixed``: the same at every draw, e.g. the scales ``sigma_<factor>`` of a
+    two-level factor), listed in attrs ``fixed_posterior_variables``."""
+    from bayes_latency.model.groups import annotate, coef_units
+
+    d = state.design
+    const = xr.Dataset(
+        {"config_llm": ("config", d.configs["model"].to_numpy().astype(str)),
+         "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
+         "config_tp": ("config", d.configs["tp"].to_numpy().astype(int)),
+         "config_stack": ("config", d.configs["stack"].to_numpy().astype(str)),
+         "coef_unit": ("coef", coef_units(state.coefs)),
+         "coef_kind": ("coef", ["beta" if c in state.terms else "alpha" for c in state.coefs]),
+         "term_unit": ("term", coef_units(state.terms)),
+         "alpha_term_unit": ("alpha_term", coef_units(state.alpha_terms))},
+        coords={"config": list(d.configs.index), "coef": list(state.coefs),
+                "term": list(state.terms), "alpha_term": list(state.alpha_terms)})
+    names: list[str] = []
+    if fixed is not None:
+        for v in fixed.data_vars:
+            const[v] = fixed[v]
+            const[v].attrs["fixed"] = "the same value at every posterior draw (not sampled)"
+            names.append(str(v))
+    const.attrs["fixed_posterior_variables"] = json.dumps(names)
+    return annotate(const)
+
+
+def posterior_with_fixed(result: xr.DataTree) -> xr.Dataset:
+    """The posterior with the fixed quantities of ``constant_data`` broadcast over the draws and
+    the fixed (NaN) elements of its variables at their values (:func:`~.design.filled`:
+    ``eff_<factor>`` 0 on the terms without the factor, ``relevance`` 1 without ARD gate,
+    ``sigma_config`` at ``sigma_config_fixed``), as the model has them (what :mod:`.unseen`
+    and :mod:`.predict` read)."""
+    from bayes_latency.model.design import filled
+
+    post = result["posterior"].to_dataset()
+    const = (result["constant_data"].to_dataset() if "constant_data" in result.children
+             else xr.Dataset())
+    fills = {"sigma_config": float(const["sigma_config_fixed"])
+             if "sigma_config_fixed" in const else None}
+    post = post.assign({v: filled(post[v], fills.get(str(v))) for v in post.data_vars
+                        if v in fills or v == "relevance" or str(v).startswith("eff_")})
+    if "constant_data" not in result.children:
+        return post
+    fixed = [v for v in json.loads(const.attrs.get("fixed_posterior_variables", "[]"))
+             if v not in post]
+    if not fixed:
+        return post
+    sample = xr.Dataset(coords={"chain": post["chain"], "draw": post["draw"]})
+    return post.assign({v: const[v].reset_coords(drop=True).broadcast_like(sample)
+                        .transpose("chain", "draw", ...) for v in fixed})
+
+
 def assemble(state: FitState, dt: xr.DataTree, rows: pd.DataFrame, *,
              timings: dict[str, float], report: IngestReport,
              settings: dict[str, Any]) -> xr.DataTree:
-    """The result DataTree of a fit from the sampler's draws ``dt``, with its attrs."""
-    from bayes_latency.model.groups import annotate, with_config_coords
+    """The result DataTree of a fit from the sampler's draws ``dt``, with its attrs.
 
-    groups: dict[str, xr.Dataset] = {
-        "posterior": annotate(with_config_coords(dt["posterior"].to_dataset(), state.design))}
+    No group of draws has a non-index coordinate (ArviZ's ``summary`` and ``psense_summary``
+    concatenate per-variable results and refuse a coordinate only some variables carry): the
+    configuration table, the units and the model's fixed quantities are ``constant_data``
+    (:func:`constant_data`).
+    """
+    from bayes_latency.model.groups import annotate
+
+    groups: dict[str, xr.Dataset] = {"posterior": annotate(dt["posterior"].to_dataset())}
     if "sample_stats" in dt:
         ss = dt["sample_stats"].to_dataset()
         ss = ss.drop_vars([v for v in ss.data_vars if ss[v].dtype == object])
         groups["sample_stats"] = ss
-    d = state.design
-    const = xr.Dataset(
-        {"config_model": ("config", d.configs["model"].to_numpy().astype(str)),
-         "config_gpu": ("config", d.configs["gpu"].to_numpy().astype(str)),
-         "config_tp": ("config", d.configs["tp"].to_numpy().astype(int)),
-         "config_stack": ("config", d.configs["stack"].to_numpy().astype(str))},
-        coords={"config": list(d.configs.index)})
-    groups["constant_data"] = const
+    fixed = dt["constant_data"].to_dataset() if "constant_data" in dt.children else None
+    groups["constant_data"] = constant_data(state, fixed)
     groups["summaries"] = noise_dataset(state, rows)
     out = xr.DataTree.from_dict(groups)
     terms = list(state.terms)
@@ -127,27 +194,67 @@ def noise_dataset(state: FitState, rows: pd.DataFrame) -> xr.Dataset:
     return ds
 
 
-def save_result(result: xr.DataTree | None, path: str | Path, thin: int = 1) -> Path:
+#: Groups indexed by the posterior's draws: thinned together.
+DRAW_GROUPS = ("posterior", "sample_stats", "log_likelihood", "posterior_predictive", "log_prior")
+
+
+def auto_thin(result: xr.DataTree) -> int:
+    """The thinning that keeps at most :data:`FILE_MAX_SAMPLES` posterior samples."""
+    if "posterior" not in result.children or "draw" not in result["posterior"].dims:
+        return 1
+    post = result["posterior"]
+    S = post.sizes["draw"] * post.sizes.get("chain", 1)
+    return max(1, -(-S // FILE_MAX_SAMPLES))
+
+
+def encoding(dt: xr.DataTree) -> dict[str, dict]:
+    """h5netcdf encoding of every group: numeric arrays compressed (:data:`COMPRESSION`), draws
+    written as float32 except the model's free variables (those of ``log_prior``), kept float64:
+    PyMC re-evaluating the model on the file's draws (``pm.compute_log_prior``) refuses
+    zero-sum-normal values that float32 rounding moved off their constraint."""
+    free = set(dt["log_prior"].data_vars) if "log_prior" in dt.children else set()
+    enc: dict[str, dict] = {}
+    for node in dt.subtree:
+        if node is dt:
+            continue
+        ds = node.to_dataset(inherit=False)
+        e = {}
+        for v in ds.variables:
+            x = ds[v]
+            if x.dtype.kind not in "fiub" or x.size < 64:
+                continue
+            e[v] = dict(COMPRESSION)
+            if (x.dtype == np.float64 and {"chain", "draw"} <= set(x.dims)
+                    and not (node.name in ("posterior", "prior") and v in free)):
+                e[v]["dtype"] = "float32"
+        enc[node.path] = e
+    return enc
+
+
+def save_result(result: xr.DataTree | None, path: str | Path, thin: int | None = None) -> Path:
     """Write ``result`` to ``path``: :meth:`LatencyModel.save
     <bayes_latency.model.estimator.LatencyModel.save>` (which documents it)."""
     if result is None:
         raise BayesLatencyError("nothing to save: the model is not fitted")
+    if thin is None:
+        thin = auto_thin(result)
     if int(thin) < 1:
         raise ConfigError(f"thin must be >= 1, got {thin}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = result
+    out = result.copy()
     if int(thin) > 1:
-        out = out.copy()
-        for g in ("posterior", "sample_stats", "log_likelihood", "posterior_predictive",
-                  "log_prior"):
+        for g in DRAW_GROUPS:
             if g in out.children and "draw" in out[g].dims:
                 out[g] = xr.DataTree(out[g].to_dataset().isel(draw=slice(None, None, int(thin))))
-        out.attrs["thinned_by"] = int(thin)
+    out.attrs["thinned_by"] = int(thin)
+    if "posterior" in out.children and "draw" in out["posterior"].dims:
+        p = out["posterior"]
+        out.attrs["n_samples"] = int(p.sizes["draw"] * p.sizes.get("chain", 1))
     if path.suffix == ".zarr":
         out.to_zarr(path, mode="w")
     else:
-        out.to_netcdf(path, engine="h5netcdf")
+        out.to_netcdf(path, engine="h5netcdf", encoding=encoding(out))
     return path
 
 
@@ -210,10 +317,10 @@ def check_priors(path: str | Path, result: xr.DataTree, priors: Any) -> None:
 
 
 def configs_table(result: xr.DataTree) -> pd.DataFrame:
-    """The fitted configurations (index ``config_id``; model, GPU, TP degree and, when the file
-    has it, stack) from ``constant_data``."""
+    """The fitted configurations (index ``config_id``; columns model (the file's
+    ``config_llm``), GPU, TP degree and, when the file has it, stack) from ``constant_data``."""
     const = result["constant_data"].to_dataset()
-    configs = pd.DataFrame({"model": const["config_model"].values.astype(str),
+    configs = pd.DataFrame({"model": const["config_llm"].values.astype(str),
                             "gpu": const["config_gpu"].values.astype(str),
                             "tp": const["config_tp"].values.astype(int)},
                            index=pd.Index(const["config"].values.astype(str), name="config_id"))

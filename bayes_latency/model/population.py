@@ -15,7 +15,48 @@ import pytensor.tensor as pt
 from pymc.logprob.transforms import Transform
 from scipy import special
 
-from bayes_latency.model.design import MIN_CONFIGS_FOR_RESIDUAL, Design, PriorArrays
+from bayes_latency.model.design import MIN_CONFIGS_FOR_RESIDUAL, Design, PriorArrays, level_dim
+
+
+def _fixed(name: str, value: object, dims: str | tuple[str, ...] | None = None
+           ) -> pt.TensorVariable:
+    """A quantity of the model that is the same at every draw (a fixed scale, the zero effects of
+    a one-level factor), as ``pm.Data`` tagged ``fixed_quantity``: not a posterior variable
+    (constant draws give NaN R-hat), but the fit's ``constant_data``
+    (:func:`fixed_quantities`)."""
+    var = pm.Data(name, np.asarray(value, dtype=float), dims=dims)
+    var.tag.fixed_quantity = True
+    return var
+
+
+#: Elements of a posterior variable that are the same at every draw (the relevance 1 of a term
+#: without ARD gate, the zero effect of a factor on the terms of ``hierarchy.<factor>.without``,
+#: the fixed residual scale ``sigma_config`` of a coefficient with data in fewer than two
+#: configurations) are NaN in the posterior: a constant element has no R-hat (ArviZ warns on
+#: it), and NaN says "not sampled" where a number would pass for a draw. The values are those of
+#: :data:`~bayes_latency.model.design.FIXED_FILL`, :func:`~bayes_latency.model.design.filled`
+#: puts them back.
+NAN_FIXED = np.nan
+
+
+def _effect_deterministic(name: str, eff: pt.TensorVariable, factor: str,
+                          keep: np.ndarray | None) -> None:
+    """Record ``eff_<name> (level, coef)``: NaN (:data:`NAN_FIXED`) on the terms without the
+    factor's effect (``keep == 0``, prior file ``hierarchy.<factor>.without``), zero at every
+    draw."""
+    if keep is not None and not np.all(keep == 1.0):
+        eff = pt.where(np.asarray(keep, dtype=bool)[None, :], eff, NAN_FIXED)
+    pm.Deterministic(f"eff_{name}", eff, dims=(level_dim(factor), "coef"))
+
+
+def fixed_quantities(model: pm.Model) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """``{name: (dims, value)}`` of the fixed quantities of ``model`` (:func:`_fixed`)."""
+    out = {}
+    for v in model.data_vars:
+        if getattr(v.tag, "fixed_quantity", False):
+            out[v.name] = (tuple(model.named_vars_to_dims.get(v.name) or ()),
+                           np.asarray(v.get_value()))
+    return out
 
 
 class SumGroupTransform(Transform):
@@ -98,7 +139,7 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
     relevance parameter (Beta or logistic gate) gave R-hat 1.5-1.7 on the same data.
 
     ``ard_mask[k] = 0`` switches the gate off for term ``k`` (relevance 1, the plain lognormal
-    prior): the estimator does so for the terms that no configuration identifies on their own
+    prior; its ``relevance`` is NaN in the posterior, :data:`NAN_FIXED`): the estimator does so for the terms that no configuration identifies on their own
     (:attr:`~bayes_latency.model.identifiability.IdentifiabilityReport.confounded_everywhere`).
     Their data give only a sum, so whether one of them is "irrelevant" is the prior's call, and
     the gate's heavy left tail makes every corner of the sum (one term carrying it, the others
@@ -120,7 +161,10 @@ def _population(pa: PriorArrays, variant: str, ard_mask: np.ndarray | None = Non
     log_rel = -pt.softplus(-a["sharpness"] * (z - a["loc"]))
     if ard_mask is not None:  # terms no configuration identifies on their own: no gate
         log_rel = log_rel * np.asarray(ard_mask, dtype=float)
-    pm.Deterministic("relevance", pt.exp(log_rel), dims="coef")
+    rel = pt.exp(log_rel)
+    if ard_mask is not None:  # not gated: relevance 1 at every draw, NaN_FIXED in the posterior
+        rel = pt.where(np.asarray(ard_mask, dtype=bool), rel, np.nan)
+    pm.Deterministic("relevance", rel, dims="coef")
     pm.Deterministic("mu", base + log_rel, dims="coef")
     return base + log_rel
 
@@ -148,13 +192,16 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
     ``H`` the Householder reflection that maps the first axis to ``-a``; this is an orthogonal
     transform of independent standard normals, so ``z_f`` have their usual prior, and
     ``sum_f sigma_f z_f = S z_joint``: the data see only ``S z_joint``. The variable ``z_<lead>``
-    (first factor of the group) holds ``z_joint``, ``z_<other>`` the prior-only ``w``;
-    ``eff_<factor>`` are the effects as usual.
+    (first factor of the group) holds ``z_joint`` on the lead's level dimension (its levels
+    stand for the group's common partition of the configurations), ``z_<other>`` the prior-only
+    ``w`` on that factor's own level dimension (``z_tp (coef, tp)``; taken into the lead's level
+    order inside the model, which leaves a zero-sum normal's prior unchanged); ``eff_<factor>``
+    are the effects as usual, each on its factor's level dimension.
     """
     groups: dict[tuple[int, ...], list[str]] = {}
     total = 0.0
     for f in factors:
-        if len(design.coords()[f]) <= 1:
+        if len(design.levels(f)) <= 1:
             _effect(f, factors[f], f, design, pa.spread[f],  # zero effects, scale from its prior
                     pa.common.get(f), rep, pa.factor_keep(f))
             continue
@@ -175,9 +222,14 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
         a = pt.set_subtensor(sig[0], pt.switch(S > 0, sig[0], 1.0)) / S_div[None, :]
         v = pt.set_subtensor(a[0], a[0] + 1.0)  # a + e1, never 0 (a[0] > 0)
         vv = pt.sum(v**2, axis=0)
-        z_joint = _shared(pm.ZeroSumNormal(f"z_{lead}", dims=("coef", lead)), rep)  # (K, L)
-        ws = [_shared(pm.ZeroSumNormal(f"z_{f}", dims=("coef", lead)), rep) for f in names[1:]]
         lead_idx = design.index(lead)
+        # per factor, the lead's level of each of its own levels (they coincide)
+        perms = {f: np.asarray([lead_idx[np.flatnonzero(design.index(f) == lv)[0]]
+                                for lv in range(len(design.levels(f)))]) for f in names}
+        z_joint = _shared(pm.ZeroSumNormal(f"z_{lead}", dims=("coef", level_dim(lead))),
+                          rep)  # (K, L)
+        ws = [_shared(pm.ZeroSumNormal(f"z_{f}", dims=("coef", level_dim(f))),
+                      rep)[:, np.argsort(perms[f])] for f in names[1:]]  # in the lead's order
         for i, f in enumerate(names):
             z_f = a[i][:, None] * z_joint
             for j, w in enumerate(ws, start=1):
@@ -185,14 +237,13 @@ def _crossed_effects(factors: dict[str, float], design: Design, pa: PriorArrays,
                 z_f = z_f + h[:, None] * w
             # levels of f in the order of the lead's levels it coincides with
             own = design.index(f)
-            perm = np.asarray([lead_idx[np.flatnonzero(own == lv)[0]]
-                               for lv in range(len(design.coords()[f]))])
+            perm = perms[f]
             eff_f = (sig[i][:, None] * z_f).T[perm]
             com = _common(f, pa.common.get(f), design)
             if com is not None:  # on the data only through the sum too, but few parameters
                 eff_f = eff_f + com[:, None] * keeps[i][None, :]
                 total = total + com[own][:, None] * keeps[i][None, :]
-            pm.Deterministic(f"eff_{f}", eff_f, dims=(f, "coef"))
+            _effect_deterministic(f, eff_f, f, keeps[i])
         total = total + (S[:, None] * z_joint).T[lead_idx]
     return total
 
@@ -216,17 +267,16 @@ FIXED_SCALE_FACTORS = ("stack", "model", "gpu", "tp")
 
 
 def _n_levels(name: str) -> int:
-    return len(pm.modelcontext(None).coords[name])
+    return len(pm.modelcontext(None).coords[level_dim(name)])
 
 
 def _scale(name: str, scale_prior: float, spread: float | None) -> pt.TensorVariable:
     """Per-term effect scales ``sigma_<name>`` (independent, or pooled with ``spread``; fixed at
     ``scale_prior`` for a factor with fewer than :data:`MIN_LEVELS_FOR_SCALE` levels, recorded
-    as a constant ``sigma_<name>``)."""
+    as the fixed quantity ``sigma_<name>``, :func:`_fixed`)."""
     if name in FIXED_SCALE_FACTORS and 1 < _n_levels(name) < MIN_LEVELS_FOR_SCALE:
         K = len(pm.modelcontext(None).coords["coef"])
-        return pm.Deterministic(f"sigma_{name}", pt.as_tensor_variable(np.full(K, scale_prior)),
-                                dims="coef")
+        return _fixed(f"sigma_{name}", np.full(K, scale_prior), dims="coef")
     if spread is None:
         return pm.HalfNormal(f"sigma_{name}", sigma=scale_prior, dims="coef")
     tau = pm.HalfNormal(f"tau_{name}", sigma=scale_prior)
@@ -247,13 +297,13 @@ def _common(name: str, scale_prior: float | None, design: Design) -> pt.TensorVa
     difference on ``decode_compute`` (x3), the other on ``per_request`` (x12): two modes, R-hat
     1.85.
     """
-    if scale_prior is None or len(design.coords()[name]) <= 1:
+    if scale_prior is None or len(design.levels(name)) <= 1:
         return None
-    if name in FIXED_SCALE_FACTORS and len(design.coords()[name]) < MIN_LEVELS_FOR_SCALE:
-        sc = pm.Deterministic(f"sigma_{name}_common", pt.as_tensor_variable(float(scale_prior)))
+    if name in FIXED_SCALE_FACTORS and len(design.levels(name)) < MIN_LEVELS_FOR_SCALE:
+        sc = _fixed(f"sigma_{name}_common", float(scale_prior))
     else:
         sc = pm.HalfNormal(f"sigma_{name}_common", sigma=scale_prior)
-    return sc * pm.ZeroSumNormal(f"z_{name}_common", dims=name)
+    return sc * pm.ZeroSumNormal(f"z_{name}_common", dims=level_dim(name))
 
 
 def _sum_shift(mu: pt.TensorVariable, design: Design, sum_groups: list) -> pt.TensorVariable:
@@ -305,7 +355,7 @@ def _config_common(scale: float | None, design: Design) -> pt.TensorVariable | f
     """
     if scale is None or len(design.configs) < MIN_CONFIGS_FOR_RESIDUAL:
         return 0.0
-    sc = pm.Deterministic("sigma_config_common", pt.as_tensor_variable(float(scale)))
+    sc = _fixed("sigma_config_common", float(scale))
     z = pm.Normal("z_config_common", 0.0, 1.0, dims="config")
     beta = np.asarray([c in design.beta_terms for c in design.coefs], dtype=float)
     return (sc * z)[:, None] * beta[None, :]
@@ -342,14 +392,16 @@ def _effect(name: str, scale_prior: float, level: str, design: Design,
     form a funnel in ``sigma``).
     """
     sigma = _shared(_scale(name, scale_prior, spread), rep)
-    n_levels = len(design.coords()[level])
+    n_levels = len(design.levels(level))
+    dim = level_dim(level)
     if n_levels <= 1:
-        return pm.Deterministic(f"eff_{name}", pt.zeros((1, len(design.coefs))), dims=(level, "coef"))
-    z = _shared(pm.ZeroSumNormal(f"z_{name}", dims=("coef", level)), rep)
+        return _fixed(f"eff_{name}", np.zeros((1, len(design.coefs))), dims=(dim, "coef"))
+    z = _shared(pm.ZeroSumNormal(f"z_{name}", dims=("coef", dim)), rep)
     eff = (sigma[:, None] * z).T
     com = _common(name, common, design)
     if com is not None:
         eff = eff + com[:, None]
     if keep is not None and not np.all(keep == 1.0):  # hierarchy.<factor>.without
         eff = eff * keep[None, :]
-    return pm.Deterministic(f"eff_{name}", eff, dims=(level, "coef"))
+    _effect_deterministic(name, eff, level, keep)
+    return eff

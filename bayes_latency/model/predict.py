@@ -160,7 +160,8 @@ def replicate_rows(mu: xr.DataArray, noise: NoiseTable, observations: pd.DataFra
 
 def pointwise_loglik(post: xr.Dataset, coefs: tuple[str, ...], noise: NoiseTable,
                      observations: pd.DataFrame) -> xr.DataArray:
-    """``log p(y_i | theta)`` for every posterior draw (chain, draw, obs)."""
+    """``log p(log y_i | theta)`` for every posterior draw: ``log_duration (chain, draw, obs)``,
+    the layout of the result's ``log_likelihood`` group."""
     C, D = post.sizes["chain"], post.sizes["draw"]
     X = observations[feature_columns(coefs)].to_numpy(dtype=float)
     log_y = np.log(observations["value_us"].to_numpy(dtype=float))
@@ -172,9 +173,11 @@ def pointwise_loglik(post: xr.Dataset, coefs: tuple[str, ...], noise: NoiseTable
         th = np.concatenate([post["beta"].sel(config=c).values.reshape(C * D, -1),
                              post["alpha"].sel(config=c).values.reshape(C * D, -1)], axis=1)
         ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m], off[m])
-    return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs_row"),
-                        coords={"obs_row": observations["obs_id"].astype(str).to_numpy()},
-                        name="obs")
+    # the layout of the result's log_likelihood group: same variable and dimension names
+    return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs"),
+                        coords={"chain": post["chain"].values, "draw": post["draw"].values,
+                                "obs": observations["obs_id"].astype(str).to_numpy()},
+                        name="log_duration")
 
 
 # ------------------------------------------------------------------------------ batch tables

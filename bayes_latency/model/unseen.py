@@ -16,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from bayes_latency.errors import ConfigError
+from bayes_latency.model.design import level_dim
 
 
 def unseen_config_theta(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int, stack: str,
@@ -23,7 +24,8 @@ def unseen_config_theta(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
                         ) -> tuple[np.ndarray, list[str]]:
     """``(sample, coef)`` coefficient draws of an unseen configuration and its unseen levels.
 
-    ``post`` is the posterior stacked over ``sample``; ``pa`` the prior arrays of ``gpu``
+    ``post`` is the posterior with the fixed quantities
+    (:func:`~bayes_latency.model.persistence.posterior_with_fixed`) stacked over ``sample``; ``pa`` the prior arrays of ``gpu``
     (:func:`~bayes_latency.model.hierarchy.prior_arrays`); ``design`` the fit's
     :class:`~bayes_latency.model.design.Design` and ``variant`` its model variant.
     """
@@ -39,16 +41,17 @@ def unseen_config_theta(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
             raise ConfigError(f"stack {stack!r}: the fit saw only {design.stacks}")
         for level, value in levels:
             eff = post[f"eff_{level}"]
-            if value in list(eff[level].values):
-                logt = logt + eff.sel({level: value}).values.T
+            dim = level_dim(level)  # the LLM's levels are on llm
+            if value in list(eff[dim].values):
+                logt = logt + eff.sel({dim: value}).values.T
             else:
                 unseen.append(level)
                 # the fitted effects sum to zero over the n seen levels, so the
                 # population mean carries their average: a new level lies
                 # N(0, sigma^2 (1 + 1/n)) from it, not N(0, sigma^2)
-                inflate = np.sqrt(1.0 + 1.0 / eff.sizes[level])
+                inflate = np.sqrt(1.0 + 1.0 / eff.sizes[dim])
                 # members of a sum-only group share their group's effect (hierarchy)
-                rep = _shared_effects(eff.transpose(level, "coef", "sample").values)
+                rep = _shared_effects(eff.transpose(dim, "coef", "sample").values)
                 sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
                 # terms without this factor's effect (hierarchy.<level>.without): none drawn
                 keep = pa.factor_keep(level)[None, :]

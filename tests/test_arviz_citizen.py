@@ -245,7 +245,7 @@ def test_plot_prior_posterior_of_the_prior_group(thinned):
 
 
 def test_saved_file_is_thinned_float32_and_keeps_free_variables_exact(saved, thinned):
-    from bayes_latency.model.persistence import FILE_MAX_SAMPLES
+    from bayes_latency.model.groups import FILE_MAX_SAMPLES
 
     n = saved.result["posterior"].sizes["chain"] * saved.result["posterior"].sizes["draw"]
     k = thinned.attrs["thinned_by"]

@@ -443,7 +443,7 @@ class LatencyModel:
         ``thin`` keeps every ``thin``-th draw of every group indexed by the posterior's draws
         (``posterior``, ``sample_stats``, ``log_likelihood``, ``posterior_predictive``,
         ``log_prior``), so they stay aligned as ArviZ needs. Default (``None``): the thinning
-        that keeps at most :data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES` (800)
+        that keeps at most :data:`~bayes_latency.model.groups.FILE_MAX_SAMPLES` (800)
         posterior samples; ``thin=1`` keeps every draw. Attrs ``thinned_by`` and ``n_samples``
         record the factor and the samples kept. Draws are float32 except the free variables of
         the model (float64), every numeric array gzip-compressed with shuffle. The in-memory

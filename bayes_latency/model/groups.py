@@ -34,7 +34,7 @@ All groups keep one variable name (``log_duration``) across ``observed_data``,
 ``posterior_predictive``, ``log_likelihood`` and ``prior_predictive``, so ``az.loo``,
 ``az.loo_pit``, ``azp.plot_ppc_dist`` and ``azp.plot_loo_pit`` work on the result without glue.
 
-When ``rows x samples a saved file keeps`` (:data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES`)
+When ``rows x samples a saved file keeps`` (:data:`FILE_MAX_SAMPLES`)
 would exceed :data:`MAX_PREDICTIVE_VALUES`, the observation groups hold a random subsample of the
 rows instead, and their attributes say so (``subsample = "true"``, ``n_rows_fitted``).
 """
@@ -71,8 +71,15 @@ PRIOR_DRAWS = 500
 #: draws (a vectorized graph, :func:`log_prior`), 1.5 s for 2000 draws, where PyMC's per-draw
 #: loop with Numba took 1.8 s warm and 4.5 s cold.
 PRIOR_MODE: str | None = "FAST_COMPILE"
+#: At most this many posterior samples (chain x draw) in a saved file: :func:`save_result` thins
+#: every draw-indexed group together by the factor that keeps at most this many (``psense`` needs
+#: ``log_likelihood`` and ``log_prior`` on the posterior's draws, ``loo_pit`` the predictive on the
+#: log-likelihood's). 800 samples keep the bulk ESS of a fit that passes the gates above 400
+#: (NUTS draws are autocorrelated, so thinning loses less than its factor: the tiny fleet's
+#: 2 x 2000 draws, min bulk ESS 1207, thinned by 5); ``thin=1`` keeps every draw.
+FILE_MAX_SAMPLES = 800
 #: Largest ``rows x samples`` of one observation-level group in a saved file (the samples a saved
-#: file keeps, :data:`~bayes_latency.model.persistence.FILE_MAX_SAMPLES`; float32, 4 bytes each
+#: file keeps, :data:`FILE_MAX_SAMPLES`; float32, 4 bytes each
 #: before compression). Above it the groups hold a labelled random subsample of rows: the tiny
 #: fleet (2,199 rows x 800 samples) is covered row by row, the demo fit (80,400 rows) keeps
 #: 2,500 rows.
@@ -387,7 +394,6 @@ def add_groups(result: xr.DataTree, state: FitState, pm_model: pm.Model | None,
     notes: list[str] = []
     res = result
     post = res["posterior"].to_dataset()
-    from bayes_latency.model.persistence import FILE_MAX_SAMPLES
 
     # rows x the samples a saved file keeps (save thins every draw-indexed group together)
     S = min(post.sizes["chain"] * post.sizes["draw"], FILE_MAX_SAMPLES)

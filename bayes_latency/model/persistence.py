@@ -65,13 +65,6 @@ def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
     return _hash_frame(rows[["config_id", "kind", "value_us", "n_steps"] + feature_columns(coefs)])
 
 
-#: At most this many posterior samples (chain x draw) in a saved file: :func:`save_result` thins
-#: every draw-indexed group together by the factor that keeps at most this many (``psense`` needs
-#: ``log_likelihood`` and ``log_prior`` on the posterior's draws, ``loo_pit`` the predictive on the
-#: log-likelihood's). 800 samples keep the bulk ESS of a fit that passes the gates above 400
-#: (NUTS draws are autocorrelated, so thinning loses less than its factor: the tiny fleet's
-#: 2 x 2000 draws, min bulk ESS 1207, thinned by 5); ``thin=1`` keeps every draw.
-FILE_MAX_SAMPLES = 800
 #: HDF5 filters of every numeric variable of a saved netCDF file (h5netcdf encoding).
 COMPRESSION = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
 
@@ -199,7 +192,10 @@ DRAW_GROUPS = ("posterior", "sample_stats", "log_likelihood", "posterior_predict
 
 
 def auto_thin(result: xr.DataTree) -> int:
-    """The thinning that keeps at most :data:`FILE_MAX_SAMPLES` posterior samples."""
+    """The thinning that keeps at most
+    :data:`~bayes_latency.model.groups.FILE_MAX_SAMPLES` posterior samples."""
+    from bayes_latency.model.groups import FILE_MAX_SAMPLES
+
     if "posterior" not in result.children or "draw" not in result["posterior"].dims:
         return 1
     post = result["posterior"]

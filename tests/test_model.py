@@ -94,8 +94,7 @@ def test_result_structure_and_attrs(fitted):
         assert r.attrs[key]
     assert r.attrs["approximate"] == "false"
     ll = r["log_likelihood"]  # every fitted row, or a labelled subsample above the budget
-    from bayes_latency.model.groups import MAX_PREDICTIVE_VALUES
-    from bayes_latency.model.groups import FILE_MAX_SAMPLES
+    from bayes_latency.model.groups import FILE_MAX_SAMPLES, MAX_PREDICTIVE_VALUES
 
     # the budget counts the samples a saved file keeps
     n = len(fitted._rows)

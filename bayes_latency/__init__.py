@@ -52,6 +52,7 @@ _LAZY = {
     "blis_flags": "bayes_latency.export.document",
     "blis_draws": "bayes_latency.export.document",
     "blis_notes": "bayes_latency.export.document",
+    "export_notes": "bayes_latency.export.document",
     "summarize_coefficients": "bayes_latency.export.document",
     "predict_reference": "bayes_latency.model.predict",
     # client results and calibration

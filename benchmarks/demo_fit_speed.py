@@ -122,8 +122,10 @@ def quote(sec: dict) -> str:
     loads = [x for r in runs for x in (r.get("load_before"), r.get("load_after")) if x is not None]
     est = f", idle-machine estimate {med(ests):.1f} s" if ests else ""
     load = f"1-minute load {min(loads):.1f}-{max(loads):.1f}" if loads else "load not recorded"
-    return (f"Demo fit, {mode} caches, median of {len(runs)} run(s): {med([r['wall_s'] for r in runs]):.1f} s "
-            f"wall, {med([r['cpu_s'] for r in runs]):.1f} CPU s{est}; "
+    cpus = [r["cpu_s"] for r in runs if "cpu_s" in r]
+    cpu = f"{med(cpus):.1f} CPU s" if cpus else "CPU time not recorded"
+    return (f"Demo fit, {mode} caches, median of {len(runs)} run(s): "
+            f"{med([r['wall_s'] for r in runs]):.1f} s wall, {cpu}{est}; "
             f"{sec.get('cpus', '?')} cores ({sec.get('cpu_model', 'CPU not recorded')}), {load}; "
             f"{sec.get('code', 'code not recorded')}.")
 

@@ -43,7 +43,7 @@ from pathlib import Path
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bayes_latency.study.demo import DEMO_DRAWS, DEMO_FIT
+from bayes_latency.study.demo import DEMO_DRAWS, DEMO_FIT, cpu_model
 
 CHILD = r"""
 import json, os, sys, time
@@ -90,17 +90,6 @@ def run_one(tables: str, draws: int, tune: int, ta: float, seed: int, cold: bool
 
 
 SECTIONS = {"warm": "Warm caches", "cold": "Cold caches"}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def section(runs: list[dict], args: argparse.Namespace) -> dict:

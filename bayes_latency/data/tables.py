@@ -293,7 +293,6 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
     """
     import pyarrow as pa
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
 
     d = Path(tables_dir)
     if d.is_file():
@@ -312,13 +311,7 @@ def read_table(tables_dir: str | Path, name: str, columns: Sequence[str] | None 
                 and "experiment_id" in df.columns:
             df = df[df["experiment_id"].astype(str).isin({str(e) for e in experiments})]
         return df.reset_index(drop=True)
-    schemas = []
-    for f in files:
-        try:
-            schemas.append(pq.read_schema(f))
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
-            raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
-                                   file=str(f)) from None
+    schemas = _schemas(files)
     _check_same_columns(d, name, files, schemas)
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     # keep the pandas metadata of a partition whose columns are typed (not all-null) if possible
@@ -368,7 +361,6 @@ def check_tables(tables_dir: str | Path) -> list[str]:
         Naming the folder, table, experiment or file (:class:`TableLayoutError`,
         :class:`TraceFormatError`).
     """
-    import pyarrow.parquet as pq
 
     d = Path(tables_dir)
     if d.is_file():
@@ -380,13 +372,7 @@ def check_tables(tables_dir: str | Path) -> list[str]:
         raise BayesLatencyError(f"{d}: no Parquet table (run `bayes-latency ingest` first)")
     for name in names:
         files = table_files(d, name)
-        schemas = []
-        for f in files:
-            try:
-                schemas.append(pq.read_schema(f))
-            except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
-                raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
-                                       file=str(f)) from None
+        schemas = _schemas(files)
         if len(files) > 1:
             _check_same_columns(d, name, files, schemas)
     return names
@@ -448,3 +434,18 @@ def table_source(path: str | Path, name: str) -> Path:
     if p.is_file() or (p / f"{name}.parquet").is_file():
         return p if p.is_file() else p / f"{name}.parquet"
     return p / name
+
+
+def _schemas(files: Sequence[Path]) -> list[Any]:
+    """The Parquet schema of each file; an unreadable file is a :class:`TraceFormatError`
+    naming it."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for f in files:
+        try:
+            out.append(pq.read_schema(f))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for corrupt files
+            raise TraceFormatError(f"cannot read Parquet table: {str(exc).strip()[:200]}",
+                                   file=str(f)) from None
+    return out

@@ -70,7 +70,8 @@ def run_case(model: str = "llama-2-7b", gpu: str = "H100", tp: int = 1,
 
 
 def journeys_of(res: eng.EngineResult, prompt: np.ndarray, maxt: np.ndarray):
-    """The engine's journeys and sampled step summaries as ingest tables."""
+    """The engine's journeys and sampled step summaries as ingest tables (also the input of the
+    rebuild tests in ``tests/test_reconstruct.py``)."""
     e = res.events
     code = e["code"]
     journeys = pd.DataFrame({

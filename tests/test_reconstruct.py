@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from benchmark_module import load_benchmark
 
 from bayes_latency.data.rebuild.reconstruct import (
     BATCH_COLUMNS,
@@ -224,24 +225,7 @@ def engine_case(seed: int = 0, n: int = 150, cap: int = 300, prefix_caching: boo
                          eng.EngineConfig(max_num_batched_tokens=budget, kv_capacity_blocks=cap,
                                           prefix_caching=prefix_caching), rng,
                          prompt_key=rng.integers(0, 40, n) if prefix_caching else None)
-    e = res.events
-    code = e["code"]
-    journeys = pd.DataFrame({
-        "experiment_id": "x", "request_id": [f"r{i}" for i in e["req"]],
-        "event": [eng.EVENT_NAMES[c] for c in code], "step": e["step"],
-        "ts_monotonic_ns": e["ts_ns"], "phase": "", "prefill_done": e["prefill_done"],
-        "prefill_total": prompt[e["req"]], "decode_done": e["decode_done"],
-        "decode_max": maxt[e["req"]], "num_preemptions": e["num_preemptions"],
-        "schedule_kind": np.where(code == eng.EV_SCHED_RESUME, "RESUME", "FIRST"),
-        "finish_status": "length"})
-    st = res.steps[res.steps["sampled"]]
-    steps = pd.DataFrame({
-        "experiment_id": "x", "step.id": st["step_id"], "step.ts_start_ns": st["ts_start_ns"],
-        "step.duration_us": st["cpu_ns"] // 1000,
-        "batch.num_prefill_reqs": st["sum_num_prefill_reqs"],
-        "batch.num_decode_reqs": st["sum_num_decode_reqs"],
-        "batch.prefill_tokens": st["sum_prefill_tokens"],
-        "batch.decode_tokens": st["sum_decode_tokens"]})
+    journeys, steps = load_benchmark("scheduler_share").journeys_of(res, prompt, maxt)
     return res, journeys, steps, serving
 
 

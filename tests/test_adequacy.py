@@ -133,7 +133,7 @@ def test_fit_gate_reads_the_partitioned_requests_table(tiny_posterior, tmp_path,
 
 
 def test_gate_summary_says_when_no_workload_mean_was_checked():
-    from bayes_latency.cli.fit import gate_summary
+    from bayes_latency.checks.gated import gate_summary
 
     table = pd.DataFrame({"level": ["step"] * 3 + ["workload"] * 2})
     assert gate_summary(table, pd.DataFrame({"a": [1]})) == (

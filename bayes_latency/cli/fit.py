@@ -12,8 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from bayes_latency.data.tables import (
     check_tables,
     load_checked_observations,
@@ -127,13 +125,6 @@ def fit_command(args: argparse.Namespace) -> int:
     print(report.format())
     report.raise_if_failed()  # ConvergenceError / AdequacyError: exit 1
     return 0
-
-
-def gate_summary(table: pd.DataFrame, requests: pd.DataFrame | None) -> str:
-    """What the adequacy gate checked, in words (:func:`bayes_latency.checks.gated.gate_summary`)."""
-    from bayes_latency.checks.gated import gate_summary as summary
-
-    return summary(table, requests)
 
 
 if __name__ == "__main__":  # pragma: no cover

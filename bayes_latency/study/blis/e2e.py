@@ -605,24 +605,15 @@ def render_markdown(res: StudyResult) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_outputs(res: StudyResult, out: str | Path) -> tuple[Path, Path]:
     """Write ``blis_e2e.md`` and ``blis_e2e.csv`` to ``out`` (temp file + ``os.replace``)."""
     out = Path(out)
+    from bayes_latency.io import atomic_write_text
+
     md, csv = out / "blis_e2e.md", out / "blis_e2e.csv"
-    _atomic_write(csv, res.table.to_csv(index=False, float_format="%.6g"))
-    _atomic_write(md, render_markdown(res))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(csv, res.table.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(md, render_markdown(res))
     return md, csv
 
 

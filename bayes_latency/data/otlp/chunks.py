@@ -123,7 +123,7 @@ def _scanned_values(kv: np.ndarray, b: np.ndarray) -> Any:
 
 def _large_strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
     """The byte ranges ``b[starts:ends]`` (UTF-8 text) as an Arrow ``large_string`` array."""
-    from bayes_latency.data.otlp.scan import gather
+    from bayes_latency.data.otlp.gather import gather
 
     data, off = gather(b, np.ascontiguousarray(starts), np.ascontiguousarray(ends))
     return pa.Array.from_buffers(pa.large_string(), len(starts),
@@ -162,7 +162,7 @@ class _Attrs:
                parent: np.ndarray, group: np.ndarray, specs: tuple[dict[str, int], ...],
                take: Any) -> None:
         """``raw``: each attribute's key code, ``remap[raw]`` its index in ``keys`` (-1 none)."""
-        from bayes_latency.data.otlp.scan import group_by_key
+        from bayes_latency.data.otlp.gather import group_by_key
 
         kinds: dict[str, int] = {}
         for spec in specs:
@@ -340,7 +340,7 @@ def _workspace(n: int) -> tuple[np.ndarray, ...]:
 def _scan_tables() -> tuple:
     """Name tables of the scanner: attribute keys, event names, scope names."""
     if not _TABLES:
-        from bayes_latency.data.otlp.scan import names_table
+        from bayes_latency.data.otlp.jsonbytes import names_table
 
         _TABLES.append((names_table(_ALL_KEYS), names_table(_EVENT_NAMES),
                         names_table(_SCOPES)))

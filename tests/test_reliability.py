@@ -7,6 +7,7 @@ One test (or a few) per numbered finding; EXP is the smallest experiment of
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -82,6 +83,22 @@ def test_01_lone_surrogate_in_id_is_replaced(exp, tmp_path, capsys):
     rep, tabs = ingest(exp, tmp_path / "out", capsys)
     assert rep["kept"]["lone_surrogate_repaired"] >= 1
     assert tabs["requests"]["request_id"].str.contains("\ufffd").sum() == 1
+    check_books(rep)
+
+
+def test_01_surrogate_as_raw_bytes_in_id_is_replaced(exp, tmp_path, capsys):
+    """A surrogate encoded as raw bytes (invalid UTF-8 that ``json.loads`` lets through as a
+    lone surrogate) in a span's ``traceId`` and ``parentSpanId``: repaired and counted like a
+    ``\\ud800`` escape, never a traceback from the table writer."""
+    raw = (exp / "traces.jsonl").read_bytes()
+    lines = raw.split(b"\n")
+    k = next(i for i, ln in enumerate(lines) if b'"parentSpanId":"' in ln)
+    ln = re.sub(rb'"traceId":"[0-9a-f]+"', b'"traceId":"\xed\xa0\x80"', lines[k], count=1)
+    lines[k] = re.sub(rb'"parentSpanId":"[0-9a-f]+"', b'"parentSpanId":"\xed\xa0\x80"', ln,
+                      count=1)
+    (exp / "traces.jsonl").write_bytes(b"\n".join(lines))
+    rep, _ = ingest(exp, tmp_path / "out", capsys)
+    assert rep["kept"]["lone_surrogate_repaired"] >= 2
     check_books(rep)
 
 

@@ -149,6 +149,7 @@ def decode_line(raw: bytes, lineno: int, path: Path, report: IngestReport,
             value = _REFUSED
         if value is not _REFUSED:
             return value
+    lenient = False
     try:
         doc = _decode(raw)
     except Exception:  # noqa: BLE001 - json.loads decides (same values, same errors)
@@ -157,7 +158,10 @@ def decode_line(raw: bytes, lineno: int, path: Path, report: IngestReport,
         except (ValueError, RecursionError):
             report.drop_at("malformed_json", f"{path}:{lineno}")
             return SKIP
-    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+        # json.loads decodes bytes with "surrogatepass": a surrogate encoded as raw bytes
+        # (b"\xed\xa0\x80", invalid UTF-8) reaches its strings as a lone surrogate too
+        lenient = True
+    if lenient or (b"\\u" in raw and _SURROGATE_ESCAPE.search(raw)):
         try:
             doc, n = _replace_lone_surrogates(doc)
         except RecursionError:

@@ -115,7 +115,7 @@ def test_fit_under_the_population_speaks_for_its_configurations(pop_file, tiny_p
     tables, _ = tiny_posterior
     obs = read_table(tables, "observations")
     cid = sorted(obs["config_id"].unique())[0]
-    one = obs[obs["config_id"] == cid].head(80).reset_index(drop=True)
+    one = obs[obs["config_id"] == cid].head(40).reset_index(drop=True)
     m = LatencyModel(population=pop, sampler="laplace").fit(one, draws=100, chains=2)
     assert m.variant == "population" and m.terms == pop.terms
     info = json.loads(m.result.attrs["population"])

@@ -28,7 +28,9 @@ def pop_file(tiny_posterior, tmp_path_factory) -> tuple[Population, object]:
     from bayes_latency.model.persistence import read_result
 
     _, post = tiny_posterior
-    pop = population_from_result(read_result(post).result, n_samples=100, source="tiny fleet")
+    noise = {"workload_e2e": {"sigma": 0.02, "rows": 12}}
+    pop = population_from_result(read_result(post).result, n_samples=100, source="tiny fleet",
+                                 noise=noise)
     path = tmp_path_factory.mktemp("pop") / "population.nc"
     pop.save(path)
     return load_population(path), path
@@ -43,6 +45,7 @@ def test_round_trip_keeps_draws_levels_and_provenance(pop_file):
     pop, path = pop_file
     d = pop.describe()
     assert d["n_samples"] == 100 and d["source"] == "tiny fleet" and d["configs"]
+    assert d["client_noise"]["workload_e2e"] == {"sigma": 0.02, "rows": 12}
     assert path.stat().st_size < 400_000
     assert set(pop.draws["mu"].dims) == {"coef", "sample"}
     assert all(str(v.dtype) == "float32" for v in pop.draws.data_vars.values())
@@ -56,6 +59,8 @@ def test_seen_levels_give_a_tighter_prior_than_an_unseen_model(pop_file):
     prior = pop.config_prior(_configs(pop, [(m0, g0, int(t0)), ("bloom-176b", g0, t1),
                                             ("bloom-176b", g0, t2)]), n_draws=1000)
     assert prior.unseen["c0"] == [] and "model" in prior.unseen["c1"]
+    # the client kinds' noise prior: a half-normal whose mean is the fleet's scale
+    assert prior.noise_sigma["workload_e2e"] == pytest.approx(0.02 / np.sqrt(2 / np.pi))
     sd = prior.sd
     assert np.median(sd[0]) < 0.5 * np.median(sd[1]), sd
     # the two configurations of the unseen model share its drawn effect: correlated priors
@@ -169,3 +174,20 @@ def test_fewshot_study_without_blis_does_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv("BLIS_BIN", raising=False)
     assert fewshot(tmp_path, blis=None, quick=True, log=lambda _m: None) == 0
     assert not (tmp_path / "client" / "fewshot.md").exists()
+
+
+def test_run_level_scale_borrows_the_fleet_scatter_of_client_means():
+    from types import SimpleNamespace
+
+    from bayes_latency.calibrate.predict import run_level_sigma
+    from bayes_latency.priors import load_priors
+
+    rows = pd.DataFrame({"kind": ["workload_e2e"] * 2, "config_id": ["c", "c"]})
+    noise = SimpleNamespace(sigma=0.06)
+    pop = {"client_noise": {"workload_e2e": {"sigma": 0.013, "rows": 20}}}
+    models = [SimpleNamespace(priors=load_priors(), _rows=rows, noise=lambda c, k: noise,
+                              result=SimpleNamespace(attrs=attrs))
+              for attrs in ({}, {"population": json.dumps(pop)})]
+    alone, src_alone = run_level_sigma(models[0], "c", "workload_e2e")
+    borrowed, src = run_level_sigma(models[1], "c", "workload_e2e")
+    assert borrowed < 0.8 * alone and "population 20 rows" in src and "population" not in src_alone

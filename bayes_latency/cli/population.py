@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "config=ID (tables only)")
     s.add_argument("--samples", type=int, default=500,
                    help="joint posterior draws kept in the file (default %(default)s)")
+    s.add_argument("--rows", default=None,
+                   help="(with a posterior) the observation table it was fitted on, checked "
+                        "against its data hash: the fleet's scatter of client means is kept")
     s.add_argument("--label", default=None,
                    help="what the data are, recorded in the file (default: the source path)")
     s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
@@ -50,7 +53,12 @@ def population_command(args: argparse.Namespace) -> int:
     gate of the fit fails."""
     from bayes_latency.cli.fit import _check_sampler_args, _max_draws, parse_terms
     from bayes_latency.io import check_output_path
-    from bayes_latency.model.fleet import leave_out, parse_leave_out, population_from_result
+    from bayes_latency.model.fleet import (
+        client_noise,
+        leave_out,
+        parse_leave_out,
+        population_from_result,
+    )
 
     _check_sampler_args(args)
     if not 10 <= args.samples <= 100_000:
@@ -60,7 +68,7 @@ def population_command(args: argparse.Namespace) -> int:
     src = Path(args.source)
     if not src.exists():
         raise BayesLatencyError(f"SOURCE {src}: no such file or folder")
-    out = check_output_path(args.out, [src] + ([Path(args.priors)] if args.priors else []),
+    out = check_output_path(args.out, [src] + [Path(p) for p in (args.priors, args.rows) if p],
                             kind="file")
     label = args.label or str(src)
     if src.is_file() and src.suffix in (".nc", ".zarr"):
@@ -70,6 +78,10 @@ def population_command(args: argparse.Namespace) -> int:
             raise BayesLatencyError("--leave-out needs a tables folder: a saved fit cannot leave "
                                     "out what it was fitted on")
         m = LatencyModel.load(src)
+        if args.rows:
+            from bayes_latency.data.tables import load_checked_observations
+
+            m.attach_rows(load_checked_observations(args.rows))
         conv = m.convergence({"max_rhat": args.max_rhat})
         print(f"{src}: max R-hat {conv['max_rhat']:.4f}, min bulk ESS "
               f"{conv['min_ess_bulk']:.0f}, divergences {conv['divergences']}")
@@ -103,7 +115,8 @@ def population_command(args: argparse.Namespace) -> int:
             print(f"no population written to {out}")
             report.raise_if_failed()  # ConvergenceError / AdequacyError: exit 1
         result = m.result
-    pop = population_from_result(result, n_samples=args.samples, left_out=left, source=label)
+    pop = population_from_result(result, n_samples=args.samples, left_out=left, source=label,
+                                 noise=client_noise(m))
     pop.save(out)
     d = pop.describe()
     print(f"population of {len(d['configs'])} configurations (models {d['models']}, GPUs "

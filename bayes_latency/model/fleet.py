@@ -50,7 +50,8 @@ from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchEr
 from bayes_latency.model.design import Design, level_dim, prior_arrays
 
 __all__ = ["DEFAULT_PRIOR_DRAWS", "DEFAULT_SAMPLES", "LEAVE_OUT_KEYS", "POPULATION_FORMAT",
-           "SHIPPED_POPULATION", "ConfigPrior", "Population", "leave_out", "load_population",
+           "SHIPPED_POPULATION", "ConfigPrior", "Population", "client_noise", "leave_out",
+           "load_population",
            "parse_leave_out", "population_from_result", "resolve_population"]
 
 #: Version of the population file's layout (attrs ``population_format``).
@@ -90,6 +91,10 @@ class ConfigPrior:
         Per configuration id, the levels the population did not see.
     configs
         The configuration ids in the order of ``mean``'s rows.
+    noise_sigma
+        Per client kind, the half-normal scale of its noise prior from the fleet's scatter of
+        client means (:func:`client_noise`; its mean is the fleet's scale), replacing the prior
+        file's for those kinds.
     """
 
     mean: np.ndarray
@@ -97,6 +102,7 @@ class ConfigPrior:
     log_sigma_config: tuple[np.ndarray, np.ndarray]
     unseen: dict[str, list[str]]
     configs: tuple[str, ...]
+    noise_sigma: dict[str, float] = field(default_factory=dict)
 
     @property
     def sd(self) -> np.ndarray:
@@ -147,6 +153,13 @@ class Population:
         return Design(self.coefs, tuple(self.terms), tuple(self.alpha_terms), self.configs)
 
     @property
+    def client_noise(self) -> dict[str, dict[str, float]]:
+        """Per client kind, the fleet's scale of the scatter of client means and its row count
+        (:func:`client_noise`; empty when the population was made without the fit's rows)."""
+        v = self.attrs.get("client_noise") or {}
+        return json.loads(v) if isinstance(v, str) else dict(v)
+
+    @property
     def name(self) -> str:
         """A short name: the source and what was left out."""
         lo = self.attrs.get("left_out") or ""
@@ -161,6 +174,7 @@ class Population:
                 "models": d.models, "gpus": d.gpus, "tps": d.tps, "stacks": d.stacks,
                 "configs": list(self.configs.index), "terms": list(self.terms),
                 "n_samples": int(self.draws.sizes["sample"]),
+                "client_noise": self.client_noise,
                 "model_version": self.attrs.get("model_version"),
                 "priors_hash": self.attrs.get("priors_hash"),
                 "data_hash": self.attrs.get("data_hash")}
@@ -215,10 +229,13 @@ class Population:
         chol = np.linalg.cholesky(cov)
         sc = self.draws["sigma_config"].transpose("coef", "sample").values.astype(float)
         ls = np.log(np.maximum(sc, 1e-6))
+        noise = {k: float(v["sigma"]) / np.sqrt(2.0 / np.pi)
+                 for k, v in self.client_noise.items()}
         return ConfigPrior(mean=mean.reshape(C, K), chol=chol,
                            log_sigma_config=(ls.mean(axis=1),
                                              np.maximum(ls.std(axis=1), MIN_LOG_SIGMA_SD)),
-                           unseen=unseen, configs=tuple(str(c) for c in configs.index))
+                           unseen=unseen, configs=tuple(str(c) for c in configs.index),
+                           noise_sigma=noise)
 
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:
@@ -265,13 +282,39 @@ _KEEP = ("mu", "sigma_config", "sigma_config_common",
          *(f"sigma_{f}" for f in _FACTORS))
 
 
+def client_noise(model: Any) -> dict[str, dict[str, float]]:
+    """Per client kind (``workload_ttft``, ``workload_e2e``), the fleet's scale of the scatter of
+    a run's client means around the model: the row-weighted RMS of the fitted configurations'
+    noise scales of the kind, ``sqrt(sum_c n_c s_c^2 / sum_c n_c)``, with the row count
+    ``sum_c n_c``. ``model`` is a fitted
+    :class:`~bayes_latency.model.estimator.LatencyModel` with its rows (after ``fit``, or
+    ``attach_rows`` after ``load``); empty without them."""
+    from bayes_latency.schedule.replay import WORKLOAD_KINDS
+
+    rows = getattr(model, "_rows", None)
+    out: dict[str, dict[str, float]] = {}
+    if rows is None or not len(rows):
+        return out
+    for kind in WORKLOAD_KINDS[:2]:
+        r = rows[(rows["kind"] == kind) & (rows["role"] != "ppc")]
+        counts = r.groupby("config_id").size()
+        if counts.empty:
+            continue
+        var = sum(int(n) * float(model.noise(str(c), kind).sigma) ** 2
+                  for c, n in counts.items())
+        out[kind] = {"sigma": float(np.sqrt(var / counts.sum())), "rows": int(counts.sum())}
+    return out
+
+
 def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMPLES,
-                           left_out: str = "", source: str = "") -> Population:
+                           left_out: str = "", source: str = "",
+                           noise: dict[str, dict[str, float]] | None = None) -> Population:
     """The population of a fitted result (a :class:`~bayes_latency.model.estimator.LatencyModel`'s
     ``result`` or a file read with :func:`~bayes_latency.model.persistence.read_result`).
 
     ``n_samples``: joint posterior draws kept, evenly thinned; ``left_out``: what the fit's
-    data left out (recorded, e.g. ``model=llama-2-7b``); ``source``: what the fit was made on.
+    data left out (recorded, e.g. ``model=llama-2-7b``); ``source``: what the fit was made on;
+    ``noise``: the fleet's scatter of client means (:func:`client_noise` of the fitted model).
 
     Raises
     ------
@@ -310,7 +353,8 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
         attrs={"model_version": str(a.get("model_version")),
                "bayes_latency_version": __version__, "data_hash": str(a.get("data_hash", "")),
                "variant": variant, "left_out": left_out, "source": source,
-               "n_samples": int(draws.sizes["sample"])})
+               "n_samples": int(draws.sizes["sample"]),
+               "client_noise": json.dumps(noise or {})})
     return pop
 
 

@@ -92,6 +92,8 @@ its lognormal one, and the configuration residual and likelihood are those above
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pymc as pm
@@ -271,7 +273,8 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
         theta[c, k] ~ N(m[c, k], (m[c, k] sigma_config[k])^2)
 
     ``theta`` integrated out on the fast path (:func:`marginal_loglik`), sampled on the full
-    path, as in the hierarchy.
+    path, as in the hierarchy; on the full path the client kinds' noise scales take the fleet's
+    (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_sigma`).
     """
     if tuple(prior.configs) != tuple(str(c) for c in design.configs.index):
         raise ValueError(f"population prior of configurations {prior.configs}, the design has "
@@ -287,7 +290,8 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
     if rows is None:
         pm.Potential("loglik_marginal",
                      marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
-    else:
+    else:  # the client kinds' noise prior from the fleet's scatter of client means
+        pa = dataclasses.replace(pa, noise_sigma={**pa.noise_sigma, **prior.noise_sigma})
         eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
         theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
         _theta_deterministics(theta, design)

@@ -189,9 +189,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
     def fit(obs: pd.DataFrame) -> object:
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
                          sampler=args.sampler, population=pop)
+        # under a population, sampling goes on while the gates fail (the sum-only terms' ridge:
+        # bulk ESS 283 at 2000 draws on a real Mixtral result)
         return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
                      progress=sys.stderr.isatty(), target_accept=args.target_accept,
-                     max_draws=None)
+                     max_draws="auto" if pop is not None else None)
 
     def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,

@@ -132,9 +132,13 @@ def render(res: dict[str, Any]) -> str:
     detail = t[["held_out_model", "setting", "shot_run", "run", "workload", "err_e2e_mean",
                 "err_ttft_mean", "err_decode_interval", "e2e_mean_in_band", "band_e2e_mean_width",
                 "ttft_mean_in_band", "band_ttft_mean_width"]].copy()
-    for c in ("err_e2e_mean", "err_ttft_mean", "err_decode_interval", "band_e2e_mean_width",
-              "band_ttft_mean_width"):
+    for c in ("err_e2e_mean", "err_ttft_mean", "err_decode_interval"):
         detail[c] = detail[c].map(lambda v: "n/a" if not math.isfinite(v) else f"{100 * v:+.1f}%")
+    for c in ("band_e2e_mean_width", "band_ttft_mean_width"):
+        detail[c] = detail[c].map(_pct)
+    for c in ("e2e_mean_in_band", "ttft_mean_in_band"):
+        detail[c] = detail[c].map(lambda v: "n/a" if not math.isfinite(v) else
+                                  ("yes" if v else "no"))
     lines += ["## Every held-out run", "", _md(detail), "", "## Fits", "",
               _md(res["fits"].map(lambda v: f"{v:.4g}" if isinstance(v, float) else v)), ""]
     return "\n".join(lines) + "\n"

@@ -55,7 +55,7 @@ from bayes_latency.schedule.replay import (
 
 __all__ = ["DEFAULT_MAX_ITER", "DEFAULT_TOL", "DEFAULT_TOL_NOISE", "FITTED_KINDS",
            "MAX_FIT_ELASTICITY", "Calibration", "calibrate",
-           "client_predictions", "config_means", "draw_matrices", "replay_all",
+           "client_predictions", "config_means", "draw_matrices", "population_start", "replay_all",
            "run_level_coefficients", "run_level_sigma", "scale_start", "ttft_alpha_share"]
 
 #: Largest relative change of any predicted client mean between two replays at the same
@@ -226,6 +226,26 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
         beta = np.array([float(pri.term(t, gpu=gpu)["median"]) for t in term_names(terms)])
         alpha = {a: float(pri.term(a, gpu=gpu)["median"]) for a in ALPHA_TERMS}
         out[s.config_id] = (beta, alpha)
+    return out
+
+
+def population_start(population: Any, stages: Sequence[ClientStage], terms: Sequence[str]
+                     ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+    """Start coefficients from a fleet population: per stage configuration, the prior median
+    ``exp(mean log m)`` of :meth:`~bayes_latency.model.fleet.Population.config_prior` (terms
+    the population does not fit get 0)."""
+    names = list(term_names(terms))
+    cfgs = {s.config_id: (s.model, load_gpu(s.gpu).name, int(s.tp)) for s in stages}
+    table = pd.DataFrame([{"config_id": k, "model": load_architecture(m).name, "gpu": g, "tp": t}
+                          for k, (m, g, t) in cfgs.items()]).set_index("config_id")
+    prior = population.config_prior(table)
+    coefs = list(population.coefs)
+    out = {}
+    for i, cid in enumerate(table.index):
+        med = np.exp(prior.mean[i])
+        beta = np.array([med[coefs.index(t)] if t in coefs else 0.0 for t in names])
+        alpha = {a: float(med[coefs.index(a)]) for a in ALPHA_TERMS if a in coefs}
+        out[str(cid)] = (beta, alpha)
     return out
 
 

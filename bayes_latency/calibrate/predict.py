@@ -83,7 +83,9 @@ def run_level_sigma(model: Any, cid: str, kind: str, prior_rows: float = PRIOR_R
     Two levels of the conjugate update of a normal scale (scaled inverse chi-square, the prior
     scale counted as pseudo-rows):
 
-    * fleet: ``s_F^2 = (nu_p s_prior^2 + sum_c n_c s_c^2) / (nu_p + sum_c n_c)``,
+    * fleet: ``s_F^2 = (nu_p s_prior^2 + sum_c n_c s_c^2 + N s_pop^2) / (nu_p + sum_c n_c + N)``
+      (``s_pop``, ``N``: the scatter and rows of the fleet population the fit was made under,
+      :func:`bayes_latency.model.fleet.client_noise`; none otherwise),
     * configuration: ``s^2 = (nu_F s_F^2 + n_c s_c^2) / (nu_F + n_c)``,
 
     ``s_c`` the configuration's fitted noise scale of the kind, ``n_c`` its rows of the kind,
@@ -113,12 +115,28 @@ def run_level_sigma(model: Any, cid: str, kind: str, prior_rows: float = PRIOR_R
         return s_prior, "prior"
     own = {c: float(model.noise(c, kind).sigma) ** 2 for c in counts}
     n_all = sum(counts.values())
-    fleet = (prior_rows * s_prior**2 + sum(counts[c] * own[c] for c in counts)) \
-        / (prior_rows + n_all)
+    pop = _population_noise(model, kind)   # a fit under a fleet's population: its scatter too
+    fleet = (prior_rows * s_prior**2 + sum(counts[c] * own[c] for c in counts)
+             + pop[1] * pop[0] ** 2) / (prior_rows + n_all + pop[1])
     n_c = counts.get(cid, 0)
     var = (fleet_rows * fleet + n_c * own.get(cid, 0.0)) / (fleet_rows + n_c)
     return math.sqrt(var), (f"pooled (own {n_c} rows, fleet {n_all} rows in "
-                            f"{len(counts)} configurations)")
+                            f"{len(counts)} configurations"
+                            + (f", population {pop[1]} rows" if pop[1] else "") + ")")
+
+
+def _population_noise(model: Any, kind: str) -> tuple[float, int]:
+    """``(scale, rows)`` of the fleet's scatter of client means of ``kind`` recorded by the
+    population a fit was made under (result attrs ``population``, ``client_noise``), else
+    ``(0, 0)``."""
+    import json
+
+    result = getattr(model, "result", None)
+    attrs = getattr(result, "attrs", {}) or {}
+    if "population" not in attrs:
+        return 0.0, 0
+    v = (json.loads(attrs["population"]).get("client_noise") or {}).get(kind)
+    return (float(v["sigma"]), int(v["rows"])) if v else (0.0, 0)
 
 
 #: Smallest multiplier of alpha in a run-level draw (a draw that would need a negative alpha to

@@ -98,7 +98,9 @@ def fit_command(args: argparse.Namespace) -> int:
 
     own = ([tables / f"{n}.parquet" for n in TABLES] + [tables / n for n in TABLES]
            + [tables / "tables.json"]) if tables.is_dir() else []
-    inputs = [tables, f_in, *own] + ([Path(args.priors)] if getattr(args, "priors", None) else [])
+    pop = getattr(args, "population", None)
+    inputs = [tables, f_in, *own] + ([Path(args.priors)] if getattr(args, "priors", None) else []) \
+        + ([Path(pop)] if pop else [])
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():
@@ -109,8 +111,13 @@ def fit_command(args: argparse.Namespace) -> int:
     obs = load_checked_observations(args.tables)
     requests = (read_table(tables, "requests")
                 if tables.is_dir() and "requests" in table_names(tables) else None)
+    if pop:
+        from bayes_latency.model.fleet import load_population
+
+        pop = load_population(pop)
+        print(f"prior of the configurations: the population {pop.name!r} ({pop.describe()['configs']})")
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
-                     scheduler=getattr(args, "scheduler", None))
+                     scheduler=getattr(args, "scheduler", None), population=pop or None)
     m, report = gated.fit(
         obs, requests, model=m, out=out_path, on_failure="ignore",
         gates={"max_rhat": args.max_rhat}, seed=args.seed,

@@ -8,6 +8,7 @@ failed quality gates (convergence, diagnostics) exit code 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
                           n_draws=args.draws, runs=args.runs, data=args.data,
                           blis_src=args.blis_src, parallel=args.parallel)
+    if args.name == "fewshot":
+        from bayes_latency.study.fewshot import main as study_fewshot
+
+        return study_fewshot(Path(args.out), blis=args.blis or os.environ.get("BLIS_BIN"),
+                             quick=args.quick, n_draws=args.draws,
+                             models=[m_ for m_ in (args.models or "").split(",") if m_] or None,
+                             shots=args.shots)
     if args.name == "client":
         from bayes_latency.study.client_blis import main as study_client
 
@@ -100,6 +108,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     measured client mean is outside its run-level 90% band (the model cannot explain it, e.g.
     trace rows of ``--tables`` that disagree with the client result).
     """
+    import json
     import math
 
     import pandas as pd
@@ -126,7 +135,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if not result.exists():
         raise BayesLatencyError(f"RESULT {result}: no such file or folder")
     inputs = [result] + ([Path(args.tables)] if args.tables else []) \
-        + [Path(p) for p in (args.model, args.gpu, args.priors) if p and Path(p).exists()]
+        + [Path(p) for p in (args.model, args.gpu, args.priors, args.population)
+           if p and Path(p).exists()]
     out_path = check_output_path(args.out, inputs, kind="file")
     export_path = check_output_path(args.export, inputs + [out_path], kind="file") \
         if args.export else None
@@ -140,6 +150,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from bayes_latency.cli.fit import parse_terms
 
     terms = parse_terms(args.terms)
+    pop = _calibrate_population(args, terms)
 
     # ---- inputs
     from bayes_latency.calibrate.stages import (
@@ -177,19 +188,27 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
     def fit(obs: pd.DataFrame) -> object:
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
-                         sampler=args.sampler)
+                         sampler=args.sampler, population=pop)
+        # under a population, sampling goes on while the gates fail (the sum-only terms' ridge:
+        # bulk ESS 283 at 2000 draws on a real Mixtral result)
         return m.fit(obs, draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed,
                      progress=sys.stderr.isatty(), target_accept=args.target_accept,
-                     max_draws=None)
+                     max_draws="auto" if pop is not None else None)
 
     def fast_fit(obs: pd.DataFrame) -> object:   # while the rows move: posterior means only
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
-                         sampler=args.sampler)
+                         sampler=args.sampler, population=pop)
         return m.fit(obs, draws=max(args.draws // 4, 100), tune=max(args.tune // 4, 100),
                      chains=args.chains, seed=args.seed, progress=sys.stderr.isatty(),
                      target_accept=args.target_accept, max_draws=None)
 
-    cal = calibrate(base, stages, fit, tol=args.tol, max_iter=args.max_iter, seed=args.seed,
+    start = None
+    if pop is not None:
+        from bayes_latency.calibrate.loop import population_start
+
+        start = population_start(pop, stages, DEFAULT_TERMS)
+    cal = calibrate(base, stages, fit, start=start, tol=args.tol, max_iter=args.max_iter,
+                    seed=args.seed,
                     fast_fit=fast_fit if args.fast_iter else None,
                     max_fast_iter=max(args.fast_iter, 1))
     m = cal.model
@@ -226,6 +245,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
             _check_finite,
             blis_draws,
             blis_yaml,
+            calibration_notes,
             export_notes,
             provenance,
         )
@@ -235,7 +255,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
         prov = {**provenance(m.result.attrs, out_path), "client_result": str(result),
                 "calibration_iterations": int(cal.iterations),
                 "calibration_final_change": float(cal.final_change)}
-        text = blis_yaml(coefs, config, prov)
+        pop_attrs = json.loads(m.result.attrs["population"]) \
+            if "population" in m.result.attrs else None
+        extra = calibration_notes(pop_attrs, cal.unfitted)
+        text = blis_yaml(coefs, config, prov, extra_notes=extra)
         if args.export_draws:
             sig = run.attrs.get("run_level_sigma", {})
             text += yaml.safe_dump(
@@ -250,7 +273,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
         _check_finite(load_yaml(text))
         atomic_write_text(export_path, text)
-        for note in export_notes(coefs, config):
+        for note in export_notes(coefs, config) + extra:
             print(f"note: {note}")
         print(f"exported {export_path}" + (f" with {args.export_draws} run-level draws"
                                            if args.export_draws else ""))
@@ -287,6 +310,26 @@ def calibrate_command(args: argparse.Namespace) -> int:
         return 1
     print("gates passed (convergence, adequacy, calibration, client means in their bands)")
     return 0
+
+
+def _calibrate_population(args: argparse.Namespace, terms: tuple[str, ...] | None) -> object:
+    """The population ``calibrate`` fits under: ``--population`` (a file, or ``none``), else the
+    shipped real-fleet population unless ``--tables`` or ``--priors`` is given (None: the
+    roofline priors alone). Printed."""
+    from bayes_latency.model.fleet import resolve_population
+
+    if args.population is None and (args.tables or args.priors):
+        return None
+    pop = resolve_population(args.population)
+    if pop is None:
+        print("prior: the roofline priors alone (--population none)")
+        return None
+    if terms is not None and tuple(terms) != tuple(pop.terms):
+        raise BayesLatencyError(f"--terms {','.join(terms)}: the population {pop.name!r} has "
+                                f"terms {','.join(pop.terms)}; give those, or --population none")
+    print(f"prior: the fleet population {pop.name!r} ({len(pop.configs)} configurations, terms "
+          f"{', '.join(pop.terms)})")
+    return pop
 
 
 def _run_level_draws(m: object, args: argparse.Namespace, share: float) -> object:
@@ -391,7 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NUTS step-size target (default %(default)s)")
     s.add_argument("--scheduler", default=None,
                    help=_SCHEDULER_HELP + " (stage 1 only; the hierarchy runs here)")
+    s.add_argument("--population", default=None,
+                   help="population file (`bayes-latency population`): the configurations of "
+                        "the tables take the fleet's population as their prior")
     s.set_defaults(func=_cmd_fit)
+
+    from bayes_latency.cli.population import add_parser as add_population
+
+    add_population(sub)
 
     s = sub.add_parser("calibrate", help="coefficients with bands from one client benchmark "
                                          "result (no traces needed)")
@@ -402,6 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp", type=int, default=1)
     s.add_argument("--out", required=True, help="posterior file (.nc)")
     s.add_argument("--tables", help="ingested trace tables whose rows join the same fit")
+    s.add_argument("--population", default=None,
+                   help="population file whose prior the configuration takes (`bayes-latency "
+                        "population`); default without --tables: the shipped population of the "
+                        "real H100 fleet; 'none': the roofline priors alone")
     s.add_argument("--export", help="BLIS YAML of the configuration (with run-level draws)")
     s.add_argument("--export-draws", type=int, default=20,
                    help="run-level coefficient draws in the export (for bands; 0: none)")
@@ -472,10 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("study", help="studies on the validation data set ($BAYES_LATENCY_REAL_DATA "
                                      "or study.realdata.real_data_dir's default location; blis "
                                      "also --data DIR; skipped when absent)")
-    s.add_argument("name", choices=["real", "blis", "client"],
+    s.add_argument("name", choices=["real", "blis", "client", "fewshot"],
                    help="real: the fit study; blis: the 16 real runs simulated in BLIS; client: "
                         "the runs' client metrics in the fit, in-sample / leave-one-run-out / "
-                        "leave-one-model-out through BLIS (with --blis)")
+                        "leave-one-model-out through BLIS (with --blis); fewshot: each model out "
+                        "of the fleet, zero-shot and one-shot from the fleet's population, in "
+                        "BLIS (after client)")
     s.add_argument("--out", default="results/real")
     s.add_argument("--quick", action="store_true", help="small settings (a few splits, few draws)")
     s.add_argument("--blis", default=None, help="(blis) BLIS binary (default: $BLIS_BIN)")
@@ -494,6 +550,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parts", default=None,
                    help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
                         "'' with --resume: only render the README from the saved tables)")
+    s.add_argument("--models", default=None,
+                   help="(fewshot) comma-separated held-out models (default: all)")
+    s.add_argument("--shots", type=int, default=None,
+                   help="(fewshot) at most this many one-shot runs per model (default: each)")
     s.set_defaults(func=_cmd_study)
     return p
 

@@ -22,7 +22,7 @@ names the coefficient. The ``bayes-latency export`` subcommand is
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +218,40 @@ def config_notes(coefs: xr.Dataset) -> list[str]:
     if seen:
         notes.append("seen levels: " + ", ".join(named[k] for k in seen)
                      + ": their fitted effects")
+    return notes
+
+
+def calibration_notes(population: Mapping[str, Any] | None,
+                      host_bound: Sequence[str] = ()) -> list[str]:
+    """Notes of a calibration's export: which fleet population was the configuration's prior
+    (``population``: :meth:`~bayes_latency.model.fleet.Population.describe` with
+    ``unseen_levels``; None: the roofline priors alone), and, when the client result has stages
+    whose mean runs past what a load-independent overhead can follow (``host_bound``: the client
+    means not fitted for their elasticity, :data:`bayes_latency.calibrate.loop.MAX_FIT_ELASTICITY`;
+    on the real runs the 20 req/s stages, whose serving host is the bottleneck, see
+    :mod:`bayes_latency.checks.host_overhead`), that BLIS's per-request alphas cannot follow a
+    load-dependent host delay."""
+    notes = []
+    if population is None:
+        notes.append("prior: the roofline priors alone (no fleet population)")
+    else:
+        unseen = population.get("unseen_levels") or {}
+        levels = sorted({u for v in unseen.values() for u in v})
+        notes.append(f"prior: the fleet population {population.get('name')!r} (models "
+                     f"{', '.join(map(str, population.get('models', [])))}; GPUs "
+                     f"{', '.join(map(str, population.get('gpus', [])))}; TP "
+                     f"{', '.join(map(str, population.get('tps', [])))}; data hash "
+                     f"{population.get('data_hash')}): "
+                     + ("levels it did not see (" + ", ".join(levels) + ") drew their effects "
+                        "from its scales, the others took its fitted effects" if levels
+                        else "every level seen, the fitted effects taken"))
+    if host_bound:
+        notes.append("client means left out of the fit (stages near capacity, where a 1% change "
+                     "of the step time moves them by more than 10%): " + ", ".join(host_bound)
+                     + ". Where the serving host is the bottleneck (on the real runs the 20 "
+                     "req/s stages), the time before a request reaches the engine grows with "
+                     "the load; BLIS's per-request alphas cannot follow a load-dependent host "
+                     "delay, so simulated TTFT at such loads runs low")
     return notes
 
 
@@ -448,9 +482,11 @@ def blis_hardware(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, Any],
-              n_draws: int = 0, seed: int = 0, stat: str = "mean") -> str:
+              n_draws: int = 0, seed: int = 0, stat: str = "mean",
+              extra_notes: Sequence[str] = ()) -> str:
     """BLIS YAML text: the block, its flags (as a comment and as ``blis_flags``), configuration,
-    provenance, notes and, when ``n_draws``, a ``draws`` list of blocks."""
+    provenance, notes (:func:`export_notes`, then ``extra_notes``) and, when ``n_draws``, a
+    ``draws`` list of blocks."""
     import yaml
 
     block = blis_block(coefs, stat, config)
@@ -459,7 +495,7 @@ def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, A
                            "configuration": jsonable(dict(config)),
                            "blis_hardware": blis_hardware(config),
                            "provenance": jsonable(dict(prov)),
-                           "notes": export_notes(coefs, config)}
+                           "notes": export_notes(coefs, config) + list(extra_notes)}
     if n_draws:
         doc["draws"] = blis_draws(coefs, n_draws, seed, config)
     header = (f"# bayes-latency export for model={config.get('model')} gpu={config.get('gpu')} "

@@ -123,10 +123,17 @@ def no_gate(ident: IdentifiabilityReport | None, rows: pd.DataFrame | None,
 
 def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant: str,
                      ident: IdentifiabilityReport | None,
-                     summaries: list[ConfigSummary] | None = None) -> pm.Model:
-    """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row."""
+                     summaries: list[ConfigSummary] | None = None,
+                     population_prior: Any = None) -> pm.Model:
+    """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row;
+    variant ``population`` under ``population_prior``
+    (:meth:`~bayes_latency.model.fleet.Population.config_prior` of ``design.configs``)."""
     from bayes_latency.model.hierarchy import build_model
 
+    if variant == "population":
+        return build_model(design, priors, variant=variant, summaries=summaries,
+                           rows=None if summaries is not None else rows,
+                           population_prior=population_prior)
     kw = {"no_gate": no_gate(ident, rows, design.coefs),
           "sum_groups": sum_groups(rows, design.coefs)}
     if summaries is not None:

@@ -83,9 +83,16 @@ configuration level given the population (stacked stage-1 summaries, conditional
 
 Variants for model comparison: ``hierarchy`` (above), ``no_ard`` (relevance fixed at 1),
 ``complete_pooling`` (no group effects), ``no_pooling`` (independent prior per configuration).
+The variant ``population`` fits new data under a fitted fleet's population
+(:mod:`.fleet`): the configurations' log-locations ``log m`` take the population's joint
+multivariate normal prior (:class:`~bayes_latency.model.fleet.ConfigPrior`), ``sigma_config``
+its lognormal one, and the configuration residual and likelihood are those above
+(:func:`_population_prior`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -105,6 +112,7 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
     PriorArrays,
     prior_arrays,
 )
+from bayes_latency.model.fleet import ConfigPrior
 from bayes_latency.model.likelihood import WINDOW_KINDS, noise_kind
 from bayes_latency.model.population import (  # noqa: F401  (re-exported)
     FIXED_SCALE_FACTORS,
@@ -119,14 +127,14 @@ from bayes_latency.model.population import (  # noqa: F401  (re-exported)
 )
 from bayes_latency.model.summaries import ConfigSummary, feature_columns
 
-VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling")
+VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling", "population")
 
 
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
                 no_gate: tuple[str, ...] = (),
-                sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None
-                ) -> pm.Model:
+                sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None,
+                population_prior: ConfigPrior | None = None) -> pm.Model:
     """The PyMC model of one fit.
 
     Parameters
@@ -148,6 +156,10 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         population means are sampled in the sum's coordinate (:class:`SumGroupTransform`), their
         factor effects are shared (the first coefficient's) and each configuration's sum follows
         the typical one (:func:`_sum_shift`); see the module docstring.
+    population_prior
+        The prior of the configurations from a fitted fleet's population (variant
+        ``population`` only; :meth:`~bayes_latency.model.fleet.Population.config_prior`), its
+        rows in the order of ``design.configs``.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -171,6 +183,11 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 _summary_potential(theta, summaries, design, np.exp(pa.mu_mean))
             else:
                 _row_likelihood(theta, design, rows, pa)
+            return model
+        if variant == "population":
+            if population_prior is None:
+                raise ValueError("variant 'population' needs population_prior=")
+            _population_prior(design, population_prior, summaries, rows, pa)
             return model
         # the gate selects basis terms; the alpha overheads are not a selection (and the
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
@@ -239,6 +256,46 @@ GATE_SUM_GROUPS = True
 #: that large has to come from the crossed effects (here the serving stack), which are on the log
 #: scale. The prior (median 0.08, 97.5% below 0.21) is truncated here, not reshaped.
 SIGMA_CONFIG_MAX = 0.25
+
+
+#: Names of the population prior's arrays as ``pm.Data`` (:func:`_population_prior`): models of
+#: the same shape under other populations or configurations reuse one compilation.
+POPULATION_DATA = ("population_mean", "population_chol", "population_log_sigma_mu",
+                   "population_log_sigma_sd")
+
+
+def _population_prior(design: Design, prior: ConfigPrior, summaries: list[ConfigSummary] | None,
+                      rows: pd.DataFrame | None, pa: PriorArrays) -> None:
+    """The configuration level under a population's prior (variant ``population``).
+
+        log m = mean + reshape(L z),  z ~ N(0, 1) over (config, coef),  L L' = Cov
+        sigma_config[k] ~ LogNormal(mu_s[k], sd_s[k]) truncated to (0, SIGMA_CONFIG_MAX]
+        theta[c, k] ~ N(m[c, k], (m[c, k] sigma_config[k])^2)
+
+    ``theta`` integrated out on the fast path (:func:`marginal_loglik`), sampled on the full
+    path, as in the hierarchy; on the full path the client kinds' noise scales take the fleet's
+    (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_sigma`).
+    """
+    if tuple(prior.configs) != tuple(str(c) for c in design.configs.index):
+        raise ValueError(f"population prior of configurations {prior.configs}, the design has "
+                         f"{list(design.configs.index)}")
+    C, K = prior.mean.shape
+    mean, chol, ls_mu, ls_sd = (pm.Data(n, np.asarray(a, dtype=float)) for n, a in zip(
+        POPULATION_DATA, (prior.mean, prior.chol, *prior.log_sigma_config), strict=True))
+    z = pm.Normal("z_config_pop", 0.0, 1.0, dims=("config", "coef"))
+    loc = mean + pt.dot(chol, z.flatten()).reshape((C, K))
+    m = pm.Deterministic("theta_pop", pt.exp(loc), dims=("config", "coef"))
+    sig_c = pm.Truncated("sigma_config", pm.LogNormal.dist(mu=ls_mu, sigma=ls_sd), lower=0.0,
+                         upper=SIGMA_CONFIG_MAX, dims="coef")
+    if rows is None:
+        pm.Potential("loglik_marginal",
+                     marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
+    else:  # the client kinds' noise prior from the fleet's scatter of client means
+        pa = dataclasses.replace(pa, noise_sigma={**pa.noise_sigma, **prior.noise_sigma})
+        eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
+        theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
+        _theta_deterministics(theta, design)
+        _row_likelihood(theta, design, rows, pa)
 
 
 def _n_active(design: Design, summaries: list[ConfigSummary] | None,

@@ -87,6 +87,10 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
                                 post["alpha"].sel(config=cid).values], axis=0).T
     elif state.variant == "no_pooling":
         raise ConfigError(f"the no_pooling variant cannot speak for unseen configuration {cid}")
+    elif state.variant == "population":
+        raise ConfigError(f"{cid} is not a configuration of this fit; a fit under a fleet's "
+                          "population speaks for its own configurations (the population itself, "
+                          "or a fit of its tables, speaks for others)")
     else:
         theta, unseen = unseen_config_theta(post, pa, model, gpu, int(tp), stack, rng,
                                             design=state.design, variant=state.variant)

@@ -22,7 +22,12 @@ from typing import Any
 
 import pandas as pd
 
-from bayes_latency.calibrate.loop import Calibration, calibrate, config_means
+from bayes_latency.calibrate.loop import (
+    Calibration,
+    calibrate,
+    config_means,
+    population_start,
+)
 from bayes_latency.data.client.lifecycle import read_lifecycle_dir
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.schedule.replay import ClientStage
@@ -63,11 +68,12 @@ def client_stages(runs: Sequence[RealRun], include_stress: bool = False) -> list
     return out
 
 
-def _fitter(settings: FitSettings, terms: Sequence[str]) -> Callable[[pd.DataFrame], Any]:
+def _fitter(settings: FitSettings, terms: Sequence[str], population: Any = None
+            ) -> Callable[[pd.DataFrame], Any]:
     from bayes_latency.study.cv import fit_ours
 
     def fit(obs: pd.DataFrame) -> Any:
-        return fit_ours(obs, settings, terms=terms)[0]
+        return fit_ours(obs, settings, terms=terms, population=population)[0]
 
     return fit
 
@@ -75,8 +81,8 @@ def _fitter(settings: FitSettings, terms: Sequence[str]) -> Callable[[pd.DataFra
 def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: FitSettings,
                    terms: Sequence[str], start_settings: FitSettings | None = None,
                    start_model: Any = None, max_iter: int = 4, tol: float = 0.01,
-                   log: Callable[[str], None] | None = print, fast_iter: int = 4
-                   ) -> Calibration:
+                   log: Callable[[str], None] | None = print, fast_iter: int = 4,
+                   population: Any = None) -> Calibration:
     """Calibrate on ``base`` rows plus the client rows of ``stages``.
 
     ``fast_iter``: most iterations with the short fit :data:`FAST_FIT` before the ones with
@@ -84,6 +90,9 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
 
     The first replay runs at the posterior means of ``start_model`` (or of a fit of ``base``
     alone with ``start_settings``; unseen configurations at the population's prediction).
+    ``population``: a fleet's :class:`~bayes_latency.model.fleet.Population`, the prior of every
+    configuration of the fits (and, without ``start_model``, of the first replay,
+    :func:`~bayes_latency.calibrate.loop.population_start`).
     """
     from bayes_latency.model.estimator import posterior_only
 
@@ -95,8 +104,11 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
     start_fit_s = time.perf_counter() - t0
     if start_model is not None:
         start = config_means(start_model, stages, DEFAULT_TERMS)
-    fast = _fitter(FAST_FIT, terms) if fast_iter else None
-    cal = calibrate(base, stages, _fitter(settings, terms), terms=DEFAULT_TERMS, start=start,
+    elif population is not None:
+        start = population_start(population, stages, DEFAULT_TERMS)
+    fast = _fitter(FAST_FIT, terms, population) if fast_iter else None
+    cal = calibrate(base, stages, _fitter(settings, terms, population), terms=DEFAULT_TERMS,
+                    start=start,
                     tol=tol, max_iter=max_iter, log=log, fast_fit=fast,
                     max_fast_iter=max(fast_iter, 1))
     cal.timings["start_fit_s"] = start_fit_s

@@ -31,12 +31,14 @@ def error_metrics(observed: np.ndarray, point: np.ndarray, lo: np.ndarray,
 
 # --------------------------------------------------------------------------------- ours
 def fit_ours(observations: pd.DataFrame, settings: FitSettings,
-             terms: Sequence[str] = REAL_TERMS) -> tuple[Any, dict[str, Any]]:
-    """Fit ``LatencyModel(terms=terms)`` and return it with its convergence report and runtime."""
+             terms: Sequence[str] = REAL_TERMS, population: Any = None
+             ) -> tuple[Any, dict[str, Any]]:
+    """Fit ``LatencyModel(terms=terms)`` (under a fleet's ``population`` when given) and return
+    it with its convergence report and runtime."""
     from bayes_latency.model.estimator import LatencyModel
 
     t0 = time.perf_counter()
-    m = LatencyModel(terms=tuple(terms)).fit(
+    m = LatencyModel(terms=tuple(terms), population=population).fit(
         observations, draws=settings.draws, tune=settings.tune, chains=settings.chains,
         seed=settings.seed, target_accept=settings.target_accept, max_draws=settings.max_draws)
     conv = m.convergence()

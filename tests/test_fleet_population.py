@@ -1,0 +1,193 @@
+"""The fleet's population as a file and as the prior of new configurations
+(:mod:`bayes_latency.model.fleet`), the ``population`` command and the few-shot study's
+plumbing. One fast Laplace fit of the tiny fleet (the session's ``tiny_posterior``) gives the
+population."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from bayes_latency.cli.main import main
+from bayes_latency.errors import ConfigError, ModelMismatchError
+from bayes_latency.model.fleet import (
+    Population,
+    leave_out,
+    load_population,
+    parse_leave_out,
+    population_from_result,
+)
+
+
+@pytest.fixture(scope="module")
+def pop_file(tiny_posterior, tmp_path_factory) -> tuple[Population, object]:
+    from bayes_latency.model.persistence import read_result
+
+    _, post = tiny_posterior
+    noise = {"workload_e2e": {"sigma": 0.02, "rows": 12}}
+    pop = population_from_result(read_result(post).result, n_samples=100, source="tiny fleet",
+                                 noise=noise)
+    path = tmp_path_factory.mktemp("pop") / "population.nc"
+    pop.save(path)
+    return load_population(path), path
+
+
+def _configs(pop: Population, rows: list[tuple[str, str, int]]) -> pd.DataFrame:
+    return pd.DataFrame([{"model": m, "gpu": g, "tp": t} for m, g, t in rows],
+                        index=[f"c{i}" for i in range(len(rows))])
+
+
+def test_round_trip_keeps_draws_levels_and_provenance(pop_file):
+    pop, path = pop_file
+    d = pop.describe()
+    assert d["n_samples"] == 100 and d["source"] == "tiny fleet" and d["configs"]
+    assert d["client_noise"]["workload_e2e"] == {"sigma": 0.02, "rows": 12}
+    assert path.stat().st_size < 400_000
+    assert set(pop.draws["mu"].dims) == {"coef", "sample"}
+    assert all(str(v.dtype) == "float32" for v in pop.draws.data_vars.values())
+    assert pop.terms and pop.draws.sizes["coef"] == len(pop.coefs)
+
+
+def test_seen_levels_give_a_tighter_prior_than_an_unseen_model(pop_file):
+    pop, _ = pop_file
+    m0, g0, t0 = pop.configs.iloc[0][["model", "gpu", "tp"]]
+    t1, t2 = (pop.design.tps * 2)[:2]   # seen TP degrees: only the model is unseen
+    prior = pop.config_prior(_configs(pop, [(m0, g0, int(t0)), ("bloom-176b", g0, t1),
+                                            ("bloom-176b", g0, t2)]), n_draws=1000)
+    assert prior.unseen["c0"] == [] and "model" in prior.unseen["c1"]
+    # the client kinds' noise prior: a half-normal whose mean is the fleet's scale
+    assert prior.noise_sigma["workload_e2e"] == pytest.approx(0.02 / np.sqrt(2 / np.pi))
+    sd = prior.sd
+    assert np.median(sd[0]) < 0.5 * np.median(sd[1]), sd
+    # the two configurations of the unseen model share its drawn effect: correlated priors
+    cov = prior.chol @ prior.chol.T
+    K = len(pop.coefs)
+    k = int(np.argmax(sd[1]))
+    corr = cov[K + k, 2 * K + k] / np.sqrt(cov[K + k, K + k] * cov[2 * K + k, 2 * K + k])
+    assert corr > 0.5, corr
+
+
+def test_a_file_of_another_model_version_or_format_is_refused(pop_file, tmp_path):
+    _, path = pop_file
+    ds = xr.open_dataset(path, engine="h5netcdf").load()
+    for attr, value, needle in (("model_version", "0", "model version"),
+                                ("population_format", "99", "population format")):
+        bad = ds.copy()
+        bad.attrs = {**ds.attrs, attr: value}
+        p = tmp_path / f"bad_{attr}.nc"
+        bad.to_netcdf(p, engine="h5netcdf")
+        with pytest.raises(ModelMismatchError, match=needle):
+            load_population(p)
+    with pytest.raises(ModelMismatchError, match="terms"):
+        load_population(path, terms=("per_step",))
+
+
+def test_leave_out_keys_are_checked():
+    obs = pd.DataFrame({"model": ["a", "a", "b"], "gpu": ["H100"] * 3, "tp": [1, 2, 1],
+                        "config_id": ["x", "y", "z"]})
+    kept, n = leave_out(obs, "model=a")
+    assert n == 2 and list(kept["model"]) == ["b"]
+    assert leave_out(obs, "tp=2")[1] == 1
+    for spec, needle in (("colour=red", "unknown key 'colour'"), ("model", "KEY=VALUE"),
+                         ("tp=two", "integer"), ("model=c", "no row has model 'c'")):
+        with pytest.raises(ConfigError, match=needle):
+            leave_out(obs, spec)
+    assert parse_leave_out(" GPU = H100 ") == ("gpu", "H100")
+
+
+def test_population_command_errors_are_one_line(tiny_posterior, tmp_path, capsys):
+    tables, post = tiny_posterior
+    for argv, needle in (
+            ([str(tables), "--out", str(tmp_path / "p.nc"), "--leave-out", "colour=red"],
+             "unknown key"),
+            ([str(post), "--out", str(tmp_path / "p.nc"), "--leave-out", "model=llama-2-7b"],
+             "needs a tables folder")):
+        assert main(["population", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, err
+        assert not (tmp_path / "p.nc").exists()
+
+
+def test_fit_under_the_population_speaks_for_its_configurations(pop_file, tiny_posterior):
+    from bayes_latency.data.tables import read_table
+    from bayes_latency.model.estimator import LatencyModel
+
+    pop, _ = pop_file
+    tables, _ = tiny_posterior
+    obs = read_table(tables, "observations")
+    cid = sorted(obs["config_id"].unique())[0]
+    one = obs[obs["config_id"] == cid].head(40).reset_index(drop=True)
+    m = LatencyModel(population=pop, sampler="laplace").fit(one, draws=100, chains=2)
+    assert m.variant == "population" and m.terms == pop.terms
+    info = json.loads(m.result.attrs["population"])
+    assert info["source"] == "tiny fleet" and cid in info["unseen_levels"]
+    c = one.iloc[0]
+    beta = m.coefficients(c["model"], c["gpu"], int(c["tp"]))["beta"]
+    assert np.isfinite(beta.values).all() and (beta.values >= 0).all()
+    with pytest.raises(ConfigError, match="population"):
+        m.coefficients("bloom-176b", c["gpu"], 8)
+
+
+def test_calibration_notes_name_the_population_and_the_host_limit():
+    from bayes_latency.export.document import calibration_notes
+
+    notes = calibration_notes({"name": "fleet without model=x", "models": ["a"], "gpus": ["H100"],
+                               "tps": [1], "data_hash": "h", "unseen_levels": {"c": ["model"]}},
+                              ["run/stage1/workload_ttft"])
+    assert "fleet without model=x" in notes[0] and "model" in notes[0]
+    assert "per-request alphas cannot follow" in notes[1]
+    assert "roofline priors alone" in calibration_notes(None)[0]
+
+
+def test_fewshot_summary_and_report_from_a_table():
+    from bayes_latency.study.fewshot import render, summary_table
+
+    rows = []
+    for setting, err in (("zero-shot", 0.05), ("one-shot population", 0.02),
+                         ("blis-published", 0.12)):
+        for i, wl in enumerate(("codegen", "general")):
+            rows.append({"setting": setting, "held_out_model": "m", "shot_run": "m-tp1-roleplay",
+                         "run": f"m-tp1-{wl}", "workload": wl, "err_e2e_mean": err * (i + 1),
+                         "err_ttft_mean": -err, "err_decode_interval": err,
+                         "e2e_mean_in_band": 1.0, "band_e2e_mean_width": 0.1,
+                         "ttft_mean_in_band": 0.0, "band_ttft_mean_width": 0.2})
+    t = pd.DataFrame(rows)
+    s = summary_table(t)
+    z = s[(s["setting"] == "zero-shot") & (s["runs"] == "all")].iloc[0]
+    assert z["n"] == 2 and z["E2E"] == pytest.approx(0.075) and z["E2E coverage"] == 1.0
+    w = s[(s["setting"] == "zero-shot") & (s["runs"] == "without general runs")].iloc[0]
+    assert w["n"] == 1 and w["E2E"] == pytest.approx(0.05)
+    text = render({"table": t, "fits": pd.DataFrame([{"fit": "x", "passed": True}]),
+                   "quick": True, "models": ["m"], "all_models": ["m", "n"], "terms": ["a"],
+                   "settings": "s", "n_draws": 4, "calibrate_s": [30.0, 50.0],
+                   "runtime_s": 60.0, "date": "d", "machine": "cpu", "code": "c"})
+    assert "one-shot population" in text and "median 40 s" in text and "7.5%" in text
+
+
+def test_fewshot_study_without_blis_does_nothing(tmp_path, monkeypatch):
+    from bayes_latency.study.fewshot import main as fewshot
+
+    monkeypatch.delenv("BLIS_BIN", raising=False)
+    assert fewshot(tmp_path, blis=None, quick=True, log=lambda _m: None) == 0
+    assert not (tmp_path / "client" / "fewshot.md").exists()
+
+
+def test_run_level_scale_borrows_the_fleet_scatter_of_client_means():
+    from types import SimpleNamespace
+
+    from bayes_latency.calibrate.predict import run_level_sigma
+    from bayes_latency.priors import load_priors
+
+    rows = pd.DataFrame({"kind": ["workload_e2e"] * 2, "config_id": ["c", "c"]})
+    noise = SimpleNamespace(sigma=0.06)
+    pop = {"client_noise": {"workload_e2e": {"sigma": 0.013, "rows": 20}}}
+    models = [SimpleNamespace(priors=load_priors(), _rows=rows, noise=lambda c, k: noise,
+                              result=SimpleNamespace(attrs=attrs))
+              for attrs in ({}, {"population": json.dumps(pop)})]
+    alone, src_alone = run_level_sigma(models[0], "c", "workload_e2e")
+    borrowed, src = run_level_sigma(models[1], "c", "workload_e2e")
+    assert borrowed < 0.8 * alone and "population 20 rows" in src and "population" not in src_alone

@@ -164,8 +164,9 @@ def test_fewshot_summary_and_report_from_a_table():
     text = render({"table": t, "fits": pd.DataFrame([{"fit": "x", "passed": True}]),
                    "quick": True, "models": ["m"], "all_models": ["m", "n"], "terms": ["a"],
                    "settings": "s", "n_draws": 4, "calibrate_s": [30.0, 50.0],
-                   "runtime_s": 60.0, "date": "d", "machine": "cpu", "code": "c"})
+                   "runtime_s": 60.0, "date": "d", "machine": "cpu", "code": "c", "shots": 1})
     assert "one-shot population" in text and "median 40 s" in text and "7.5%" in text
+    assert "its first normal run" in text and "each in turn" not in text
 
 
 def test_fewshot_study_without_blis_does_nothing(tmp_path, monkeypatch):

@@ -88,6 +88,13 @@ def _pct(x: float) -> str:
     return "n/a" if not (isinstance(x, float | int) and math.isfinite(x)) else f"{100 * x:.1f}%"
 
 
+def _shots_text(shots: int | None) -> str:
+    """Which normal runs of a model are the one-shot runs."""
+    if not shots:
+        return "each in turn"
+    return "its first normal run" if shots == 1 else f"each of its first {shots} normal runs"
+
+
 def render(res: dict[str, Any]) -> str:
     """The study's markdown report."""
     t = res["table"]
@@ -110,8 +117,8 @@ def render(res: dict[str, Any]) -> str:
              "(its configuration drawn as an unseen one: the unseen model's effect from the "
              "population's model scale, the GPU / TP / stack effects fitted);",
              "- **one-shot population**: `calibrate` of the client rows of one normal run of the "
-             "model (each in turn) with the population (without the model) as the prior; the "
-             "model's other normal runs predicted;",
+             f"model ({_shots_text(res.get('shots'))}) with the population (without the model) "
+             "as the prior; the model's other normal runs predicted;",
              "- **one-shot roofline**: the same run calibrated with the roofline priors alone;",
              "- **blis-published**: BLIS's published coefficients on the same harness.", "",
              "BLIS simulates every predicted run open-loop (as `study client`); the point is the "
@@ -223,6 +230,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             return
         res = {"table": table, "fits": fit_t, "quick": quick, "models": models,
                "all_models": all_models, "terms": list(terms), "settings": settings.describe(),
+               "shots": shots,
                "n_draws": n_draws, "calibrate_s": cal_s, "runtime_s": time.perf_counter() - t0,
                "date": time.strftime("%Y-%m-%d"), "machine": prog.machine(),
                "code": _code()}

@@ -20,9 +20,16 @@ reports the coverage of their bands by run and phase, and how many held-out iter
 the 5-95% range of the fitted iterations' own residuals (:func:`training_range_coverage`: what a
 noise model that does not change along a run could cover at best, given what the fit saw).
 
+The noise model's load covariate (``bayes_latency.model.likelihood.NOISE_LOADS``) is
+``--noise-load`` for every fit above (default: the package default); ``--compare`` fits the two
+within-run splits once per listed covariate and writes one table of them side by side
+(:func:`compare_noise_loads`): held-out coverage, band width, MdAPE, the held-out rows' log
+predictive density, and PSIS-LOO (``arviz_stats.loo``) of each fit's pointwise log-likelihood.
+
 Usage::
 
     python benchmarks/heldout_real.py [--reuse DIR] [--work DIR] [--out PREFIX]
+        [--noise-load NAME] [--compare NAME,NAME,...]
 
 ``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
 fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
@@ -48,20 +55,38 @@ sys.path.insert(0, str(ROOT))
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
 
 
-def run(work: Path) -> None:
+def settings_for(noise_load: str) -> object:
+    """The CLI fit settings (``study.settings.CLI_FIT``) with the noise load covariate."""
+    import dataclasses
+
+    from bayes_latency.study.settings import CLI_FIT
+
+    return dataclasses.replace(CLI_FIT, noise_load=noise_load)
+
+
+def variant_dir(work: Path, noise_load: str, chosen: str) -> Path:
+    """Where the within-run files of a compared covariate go (the chosen one's: ``work``)."""
+    return work if noise_load == chosen else work / f"noise-{noise_load}"
+
+
+def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True) -> None:
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.cv import run_cv
     from bayes_latency.study.realdata import define_splits, load_real_data, real_data_dir
-    from bayes_latency.study.settings import CLI_FIT
 
     d = real_data_dir()
     if d is None:
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
     data = load_real_data(d)
     work.mkdir(parents=True, exist_ok=True)
-    run_within(data.observations, work)
-    cv, held, convs, _ = run_cv(data, define_splits(data.observations), CLI_FIT,
-                                terms=DEFAULT_TERMS)
+    for v in dict.fromkeys([noise_load, *compare]):
+        run_within(data.observations, variant_dir(work, v, noise_load), v)
+    (work / "compare.json").write_text(json.dumps({"chosen": noise_load,
+                                                   "compare": list(compare)}))
+    if not with_cv:
+        return
+    cv, held, convs, _ = run_cv(data, define_splits(data.observations),
+                                settings_for(noise_load), terms=DEFAULT_TERMS)
     cv.to_csv(work / "cv.csv", index=False)
     held.to_csv(work / "held.csv", index=False)
     pd.DataFrame([{k: v for k, v in c.items() if not isinstance(v, (list, dict))}
@@ -99,19 +124,45 @@ def within_run_masks(obs: pd.DataFrame) -> dict[str, np.ndarray]:
     return {"blocks": blocks, "later third": later}
 
 
-def run_within(obs: pd.DataFrame, work: Path) -> None:
-    """Fit without each within-run split's iterations and keep their 90% / 50% bands."""
+def fit_scores(m: object, test: pd.DataFrame) -> dict[str, float]:
+    """PSIS-LOO of a fit's pointwise log-likelihood (its ``log_likelihood`` group: the fitted
+    rows, or the labelled subsample of them) and the held-out rows' log predictive density
+    ``sum_i log mean_s p(y_i | theta_s)`` (log of µs densities on the log scale)."""
+    import warnings
+
+    import arviz_stats as azs
+    from scipy.special import logsumexp
+
+    from bayes_latency.checks.datatree import log_likelihood_tree
+
+    out: dict[str, float] = {}
+    tree = log_likelihood_tree(m.result)
+    if tree is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loo = azs.loo(tree, pointwise=True)
+        k = np.asarray(loo.pareto_k.values, dtype=float).ravel()
+        out.update(elpd_loo=float(loo.elpd), elpd_loo_se=float(loo.se), p_loo=float(loo.p),
+                   loo_rows=int(k.size), loo_k_high=int((k > 0.7).sum()))
+    ll = m.pointwise_loglik(test).values.reshape(-1, len(test)).astype(float)
+    out["heldout_lpd"] = float(np.sum(logsumexp(ll, axis=0) - np.log(ll.shape[0])))
+    return out
+
+
+def run_within(obs: pd.DataFrame, work: Path, noise_load: str) -> None:
+    """Fit without each within-run split's iterations (noise load covariate ``noise_load``)
+    and keep their 90% / 50% bands and the fits' scores (:func:`fit_scores`)."""
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.cv import fit_ours, ours_predictions
-    from bayes_latency.study.settings import CLI_FIT
 
+    work.mkdir(parents=True, exist_ok=True)
     held, fitted, convs = [], [], []
     for name, mask in within_run_masks(obs).items():
         train, test = obs[~mask], obs[mask].reset_index(drop=True)
-        print(f"[heldout] within-run split {name!r}: {len(train)} training rows, "
-              f"{len(test)} held out", flush=True)
-        m, conv = fit_ours(train, CLI_FIT, DEFAULT_TERMS)
-        conv.update(fit=f"within: {name}")
+        print(f"[heldout] within-run split {name!r} (noise load {noise_load!r}): {len(train)} "
+              f"training rows, {len(test)} held out", flush=True)
+        m, conv = fit_ours(train, settings_for(noise_load), DEFAULT_TERMS)
+        conv.update(fit=f"within: {name}", noise_load=noise_load, **fit_scores(m, test))
         convs.append({k: v for k, v in conv.items() if not isinstance(v, (list, dict))})
         cols = ["obs_id", "experiment_id", "config_id", "phase"]
         band = ours_predictions(m, test)
@@ -317,6 +368,64 @@ def report_within(work: Path) -> tuple[dict, list[str]]:
     return res, lines
 
 
+def within_metrics(held: pd.DataFrame, conv: pd.DataFrame) -> list[dict]:
+    """Per within-run split: coverage, band width, MdAPE (overall and by step class) of the
+    held-out rows, and the fit's convergence and scores (``within_conv.csv``)."""
+    flags, _ = host_lines()
+    hb = held["obs_id"].map(flags).fillna(False).astype(bool) if flags else None
+    rows = []
+    for sp, g in held.groupby("split", sort=False):
+        c = conv[conv["fit"] == f"within: {sp}"].iloc[0]
+        r = {"split": sp, "n": len(g), "coverage90": float(g["in_90"].mean()),
+             "coverage50": float(g["in_50"].mean()),
+             "median_band_rel_width": float(np.median((g["q95_us"] - g["q05_us"])
+                                                      / g["pred_median_us"])),
+             "mdape_pct": float(np.median(np.abs(g["pred_median_us"] / g["observed_us"] - 1))
+                                * 100)}
+        if hb is not None:
+            for name, sel in (("quiet", ~hb[g.index]), ("host_bound", hb[g.index])):
+                r[f"coverage90_{name}"] = float(g.loc[sel, "in_90"].mean()) if sel.any() else np.nan
+        for k in ("heldout_lpd", "elpd_loo", "elpd_loo_se", "p_loo", "loo_k_high", "max_rhat",
+                  "min_ess_bulk", "divergences", "passed", "runtime_s"):
+            if k in c:
+                r[k] = c[k]
+        rows.append(r)
+    return rows
+
+
+def compare_noise_loads(work: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The within-run splits of every compared noise load covariate side by side (empty without
+    a ``compare.json`` in ``work``)."""
+    f = work / "compare.json"
+    if not f.exists():
+        return pd.DataFrame(), []
+    spec = json.loads(f.read_text())
+    rows = []
+    for v in dict.fromkeys([spec["chosen"], *spec["compare"]]):
+        d = variant_dir(work, v, spec["chosen"])
+        if not (d / "within_held.csv").exists():
+            continue
+        for r in within_metrics(pd.read_csv(d / "within_held.csv"),
+                                pd.read_csv(d / "within_conv.csv")):
+            rows.append({"noise_load": v, **r})
+    t = pd.DataFrame(rows).sort_values(["split", "noise_load"], kind="stable")
+    from bayes_latency.model.likelihood import LOAD_GROWTH_SD, NOISE_LOADS
+
+    lines = ["## Noise load covariates compared", "",
+             "The two within-run splits fitted once per load covariate of the noise scale "
+             "(`--compare`; `bayes_latency/model/likelihood.py`: `log sigma_i = log sigma + "
+             f"gamma (l_i - l_ref)`, `gamma ~ N(0, {LOAD_GROWTH_SD})`, half-normal for the "
+             "`-growth` forms): " + "; ".join(f"`{k}`: {v}" for k, v in NOISE_LOADS.items()
+                                              if k in set(t["noise_load"])) + ". "
+             f"The model of the other sections: `{spec['chosen']}`. `heldout_lpd`: the held-out "
+             "rows' summed log predictive density (higher is better); `elpd_loo` (se "
+             "`elpd_loo_se`): PSIS-LOO of the fit's pointwise log-likelihood over the rows of "
+             "its `log_likelihood` group, with the noise at its stage-1 estimate; "
+             "`loo_k_high`: rows with Pareto k above 0.7.", "",
+             _markdown_table(t.round(4)), ""]
+    return t, lines
+
+
 def report(work: Path, out: Path) -> dict:
     cv = pd.read_csv(work / "cv.csv")
     held = pd.read_csv(work / "held.csv")
@@ -345,6 +454,7 @@ def report(work: Path, out: Path) -> dict:
     it = held[held["kind"] == "iteration"]
     bench = held[held["kind"] != "iteration"]
     within, within_lines = report_within(work)
+    comp, comp_lines = compare_noise_loads(work)
     res = {
         "within_run": within,
         "mean_split_coverage90": float(t["coverage90"].mean()),
@@ -359,6 +469,7 @@ def report(work: Path, out: Path) -> dict:
         "fits_passing_gates": int(conv["passed"].sum()) if "passed" in conv else -1,
         "fits": len(conv),
         "splits": t.to_dict(orient="records"),
+        "noise_loads_compared": comp.to_dict(orient="records"),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
@@ -402,7 +513,7 @@ def report(work: Path, out: Path) -> dict:
                      f"{r['median_band_rel_width']:.2f} of the median wide, for an observed / "
                      f"predicted ratio of {r['median_obs_over_pred']:.2f}: wider than needed.")
     lines.append("")
-    lines += within_lines
+    lines += comp_lines + within_lines
     out.with_suffix(".md").write_text("\n".join(lines))
     return res
 
@@ -412,10 +523,26 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/heldout_real"))
     ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/heldout_real")
+    from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD, NOISE_LOADS
+
+    ap.add_argument("--noise-load", default=DEFAULT_NOISE_LOAD, choices=sorted(NOISE_LOADS),
+                    help="load covariate of the noise scale of every fit (default: the package's)")
+    ap.add_argument("--compare", default="none,batch,batch-growth,kv",
+                    help="comma-separated covariates the within-run splits are also fitted with "
+                         "('' for none)")
+    ap.add_argument("--within-only", action="store_true",
+                    help="fit the within-run splits only (no cross-validation splits)")
     args = ap.parse_args()
+    compare = [c for c in args.compare.split(",") if c]
+    for c in compare:
+        if c not in NOISE_LOADS:
+            ap.error(f"--compare: unknown noise load {c!r}; expected {sorted(NOISE_LOADS)}")
     work = args.reuse or args.work
     if args.reuse is None:
-        run(work)
+        run(work, args.noise_load, compare, with_cv=not args.within_only)
+    if not (work / "cv.csv").exists():  # within-run splits only: the comparison
+        print(compare_noise_loads(work)[0].round(4).to_string())
+        return
     res = report(work, args.out)
     print(json.dumps({k: v for k, v in res.items() if k != "splits"}, indent=1))
 

@@ -79,14 +79,16 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
 
 
 def stage_one(rows: pd.DataFrame, design: Design, priors: Any, scale: np.ndarray,
-              report: IngestReport, scheduler: Any = None) -> list[ConfigSummary]:
+              report: IngestReport, scheduler: Any = None,
+              noise_load: str = "none") -> list[ConfigSummary]:
     """The fast path's per-configuration likelihood summaries of ``rows`` (configurations whose
     optimiser did not report convergence noted in ``report``)."""
     from bayes_latency.model.hierarchy import prior_arrays
 
     pa = prior_arrays(priors, design.coefs, design.gpus)
     noise_prior = NoisePrior(sigma=dict(pa.noise_sigma), nu_alpha=pa.nu_alpha, nu_beta=pa.nu_beta)
-    summaries = summarize(rows, design.coefs, scale, noise_prior=noise_prior, scheduler=scheduler)
+    summaries = summarize(rows, design.coefs, scale, noise_prior=noise_prior, scheduler=scheduler,
+                          load=noise_load)
     bad = [s.config_id for s in summaries if not s.converged]
     if bad:
         report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
@@ -123,7 +125,8 @@ def no_gate(ident: IdentifiabilityReport | None, rows: pd.DataFrame | None,
 
 def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant: str,
                      ident: IdentifiabilityReport | None,
-                     summaries: list[ConfigSummary] | None = None) -> pm.Model:
+                     summaries: list[ConfigSummary] | None = None,
+                     noise_load: str = "none") -> pm.Model:
     """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row."""
     from bayes_latency.model.hierarchy import build_model
 
@@ -131,4 +134,4 @@ def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant
           "sum_groups": sum_groups(rows, design.coefs)}
     if summaries is not None:
         return build_model(design, priors, variant=variant, summaries=summaries, **kw)
-    return build_model(design, priors, variant=variant, rows=rows, **kw)
+    return build_model(design, priors, variant=variant, rows=rows, noise_load=noise_load, **kw)

@@ -42,6 +42,7 @@ class FitState:
     summaries: Sequence[ConfigSummary] | None = None
     identifiability: IdentifiabilityReport | None = None
     data_hash: str | None = None
+    noise_load: str = "none"
 
     @property
     def coefs(self) -> tuple[str, ...]:

@@ -53,6 +53,8 @@ class FitSettings:
     #: Sample on past ``draws`` until the convergence gates pass, up to this many draws (the
     #: default of ``bayes-latency fit``; None: exactly ``draws``).
     max_draws: int | None = None
+    #: Load covariate of the noise scale (``bayes_latency.model.likelihood.NOISE_LOADS``).
+    noise_load: str = "none"
 
     def describe(self) -> str:
         """The settings in words, as the study READMEs print them."""

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
+    STEP_NOISE_CLASSES,
     _check_finite,
     blis_yaml,
     export_document,
     export_notes,
     provenance,
+    step_noise_block,
 )
 from bayes_latency.textfiles import load_yaml
 
@@ -111,6 +113,9 @@ def export_command(args: argparse.Namespace) -> int:
             _check_finite(load_yaml(text))
         elif args.format == "json":
             doc = export_document(coefs, config, prov, n_draws=n_draws)
+            cid = str(coefs.attrs.get("config_id", ""))
+            doc["step_noise"] = step_noise_block({k: model.noise(cid, k)
+                                                  for k in STEP_NOISE_CLASSES})
             _check_finite(doc)
             text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
         else:

@@ -395,6 +395,40 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
 # provenance and the CLI
 
 
+#: Noise classes of one engine step whose scale the JSON export carries (``step_noise``).
+STEP_NOISE_CLASSES = ("iteration", "iteration_prefill")
+#: How a simulator draws a step time from the exported ``step_noise`` (see
+#: :mod:`bayes_latency.model.likelihood`).
+STEP_NOISE_FORMULA = ("log(step_us) = log(predicted_us) + s * t_nu, s = sigma * (load / "
+                      "load_ref)^gamma, the factor (load / load_ref)^gamma clipped to "
+                      "[e^-3, e^3]; load: requests in the step (load 'batch', 'batch-growth'), "
+                      "us of roofline KV-cache reads of the step (load 'kv'), 1 (load 'none'); "
+                      "'iteration_prefill': steps with a prefill chunk")
+
+
+def step_noise_block(noise: Mapping[str, Any]) -> dict[str, Any]:
+    """The scatter of one step's time around its prediction, per noise class, for a simulator
+    that draws step times (the fit's Student-t on the log scale, its scale growing with the
+    step's load; :data:`STEP_NOISE_FORMULA`).
+
+    Parameters
+    ----------
+    noise
+        Noise class -> :class:`~bayes_latency.model.likelihood.NoiseParams` of the configuration.
+
+    Returns
+    -------
+    dict
+        ``{"formula": ..., "classes": {class: {sigma, nu, load, gamma, load_ref}}}``;
+        ``load_ref`` in the load's units (requests per step, or µs of KV reads per step).
+    """
+    return {"formula": STEP_NOISE_FORMULA,
+            "classes": {str(k): {"sigma": float(p.sigma), "nu": float(p.nu), "load": str(p.load),
+                                 "gamma": float(p.gamma),
+                                 "load_ref": float(np.exp(p.load_ref))}
+                        for k, p in noise.items()}}
+
+
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()

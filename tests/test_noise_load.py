@@ -170,32 +170,36 @@ def test_cli_offers_every_noise_load_and_defaults_to_the_packages():
     assert p.parse_args(["fit", "t", "--out", "p.nc"]).noise_load is None
 
 
-@pytest.fixture(scope="module")
-def batch_fit(tmp_path_factory):
-    """A fast (Laplace-sampler) fit with the ``batch`` covariate, saved and loaded back."""
-    from bayes_latency.model.estimator import LatencyModel
+def test_the_summaries_group_keeps_the_load_covariate_and_growth(scale, tmp_path):
+    """Stage-1 noise with a load growth, written as the result's ``summaries`` group (through a
+    netCDF file) and read back: the same noise table, the same per-row scales."""
+    import xarray as xr
 
-    obs, _ = make_observations([("llama-2-70b", "H100", 4), ("llama-2-7b", "H100", 1)],
-                               n_iter=200, n_win=40, n_alpha=40, seed=7, sigma=0.03, nu=10.0)
-    m = LatencyModel(sampler="laplace", noise_load="batch").fit(
-        obs, draws=100, chains=2, progress=False, prior_draws=0)
-    path = tmp_path_factory.mktemp("noise_load") / "post.nc"
-    m.save(path)
-    return obs, m, LatencyModel.load(path)
+    from bayes_latency.model.design import Design
+    from bayes_latency.model.noise import noise_from_result
+    from bayes_latency.model.persistence import noise_dataset
+    from bayes_latency.model.state import FitState
 
-
-def test_a_saved_fit_keeps_its_load_covariate_and_growth(batch_fit):
-    obs, m, back = batch_fit
-    assert back.noise_load == "batch" and back.result.attrs["noise_load"] == "batch"
-    for c, by_kind in m._noise.items():
-        for k, p in by_kind.items():
-            q = back._noise[c][k]
-            assert q.load == "batch"
-            assert q.gamma == pytest.approx(p.gamma, abs=1e-9)
-            assert q.load_ref == pytest.approx(p.load_ref, abs=1e-9)
-    assert any(p.gamma != 0.0 for n in m._noise.values() for p in n.values())
-    np.testing.assert_allclose(back._row_noise(obs)[0], m._row_noise(obs)[0], rtol=1e-9)
-
+    rows = _iterations(0.5, seed=5, n=400)
+    s = summarize_config(rows, COEFS, scale, PRIOR, load="batch")
+    configs = pd.DataFrame({"model": ["llama-2-70b"], "gpu": ["H100-SXM"], "tp": [4]},
+                           index=pd.Index([s.config_id], name="config_id"))
+    state = FitState(priors=None, design=Design(COEFS, tuple(DEFAULT_TERMS), tuple(ALPHA_TERMS),
+                                                configs),
+                     method="laplace-hierarchy", variant="hierarchy", sampler="nutpie",
+                     noise={s.config_id: s.noise}, noise_load="batch")
+    ds = noise_dataset(state, rows)
+    path = tmp_path / "summaries.nc"
+    ds.to_netcdf(path)
+    tree = xr.DataTree.from_dict({"summaries": xr.open_dataset(path).load(),
+                                  "posterior": xr.Dataset()})
+    back = noise_from_result(tree, "laplace-hierarchy")[s.config_id]
+    assert back["iteration"].load == "batch" and back["iteration"].gamma > 0.3
+    for k, p in s.noise.items():
+        assert back[k].gamma == pytest.approx(p.gamma, abs=1e-12)
+        assert back[k].load_ref == pytest.approx(p.load_ref, abs=1e-12)
+    np.testing.assert_allclose(row_noise({s.config_id: back}, rows)[0],
+                               row_noise({s.config_id: s.noise}, rows)[0], rtol=1e-12)
 
 
 @pytest.mark.slow

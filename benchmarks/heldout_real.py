@@ -29,7 +29,7 @@ predictive density, and PSIS-LOO (``arviz_stats.loo``) of each fit's pointwise l
 Usage::
 
     python benchmarks/heldout_real.py [--reuse DIR] [--work DIR] [--out PREFIX]
-        [--noise-load NAME] [--compare NAME,NAME,...]
+        [--noise-load NAME] [--compare NAME,NAME,...] [--within-only] [--keep-within]
 
 ``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
 fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
@@ -69,7 +69,8 @@ def variant_dir(work: Path, noise_load: str, chosen: str) -> Path:
     return work if noise_load == chosen else work / f"noise-{noise_load}"
 
 
-def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True) -> None:
+def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
+        keep_within: bool = False) -> None:
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.cv import run_cv
     from bayes_latency.study.realdata import define_splits, load_real_data, real_data_dir
@@ -80,7 +81,11 @@ def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True) -
     data = load_real_data(d)
     work.mkdir(parents=True, exist_ok=True)
     for v in dict.fromkeys([noise_load, *compare]):
-        run_within(data.observations, variant_dir(work, v, noise_load), v)
+        d = variant_dir(work, v, noise_load)
+        if keep_within and (d / "within_held.csv").exists() and (d / "within_conv.csv").exists():
+            print(f"[heldout] noise load {v!r}: within-run files kept from {d}", flush=True)
+            continue
+        run_within(data.observations, d, v)
     (work / "compare.json").write_text(json.dumps({"chosen": noise_load,
                                                    "compare": list(compare)}))
     if not with_cv:
@@ -532,6 +537,9 @@ def main() -> None:
                          "('' for none)")
     ap.add_argument("--within-only", action="store_true",
                     help="fit the within-run splits only (no cross-validation splits)")
+    ap.add_argument("--keep-within", action="store_true",
+                    help="keep the within-run files of a covariate already in --work (made by "
+                         "this code, e.g. by --within-only) instead of refitting them")
     args = ap.parse_args()
     compare = [c for c in args.compare.split(",") if c]
     for c in compare:
@@ -539,7 +547,8 @@ def main() -> None:
             ap.error(f"--compare: unknown noise load {c!r}; expected {sorted(NOISE_LOADS)}")
     work = args.reuse or args.work
     if args.reuse is None:
-        run(work, args.noise_load, compare, with_cv=not args.within_only)
+        run(work, args.noise_load, compare, with_cv=not args.within_only,
+            keep_within=args.keep_within)
     if not (work / "cv.csv").exists():  # within-run splits only: the comparison
         print(compare_noise_loads(work)[0].round(4).to_string())
         return

@@ -219,3 +219,30 @@ def test_the_full_path_samples_the_growth_and_reads_it_back():
     assert p.load == "batch" and np.isfinite(p.load_ref) and p.load_ref > 0
     assert p.gamma == pytest.approx(float(post["noise_gamma"].sel(
         config=cfg, kind="iteration").mean()), rel=1e-6)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.6])
+def test_the_growth_only_optimum_holds_gamma_at_zero_or_is_stationary(scale, gamma):
+    """``batch-growth``: at stage 1's optimum the objective's gradient in each ``gamma`` is zero
+    (interior) or points below the bound 0 where ``gamma`` sits on it."""
+    from bayes_latency.model.summaries import _Objective
+
+    rows = _iterations(gamma, seed=6, n=600)
+    s = summarize_config(rows, COEFS, scale, PRIOR, load="batch-growth")
+    p = _ConfigProblem(rows, COEFS, scale, "batch-growth")
+    u0, _ = _initial(p)
+    eta = p.eta_of(s.noise)
+    p.set_offset(eta)
+    obj = _Objective(p, u0[p.active], PRIOR)
+    _, g, H = obj(np.concatenate([(s.theta_hat / scale)[p.active], eta]), 2)
+    na = int(p.active.sum())
+    for j, (k, w) in enumerate(p.layout):
+        if w != "gamma":
+            continue
+        gj, sd = g[na + j], 1.0 / np.sqrt(H[na + j, na + j])
+        if eta[j] == 0.0:
+            assert gj >= -1e-6 / sd, (k, gj)
+        else:
+            assert abs(gj) * sd < 1e-5, (k, gj)
+    it = s.noise["iteration"].gamma
+    assert 0.0 <= it < 0.15 if gamma == 0.0 else abs(it - gamma) < 0.15, it

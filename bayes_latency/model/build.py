@@ -24,6 +24,7 @@ import pandas as pd
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.identifiability import IdentifiabilityReport, identifiability
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.persistence import rows_hash, table_rows
 from bayes_latency.model.rows import feature_columns
 from bayes_latency.model.summaries import ConfigSummary, NoisePrior, summarize
@@ -80,7 +81,7 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
 
 def stage_one(rows: pd.DataFrame, design: Design, priors: Any, scale: np.ndarray,
               report: IngestReport, scheduler: Any = None,
-              noise_load: str = "none") -> list[ConfigSummary]:
+              noise_load: str = DEFAULT_NOISE_LOAD) -> list[ConfigSummary]:
     """The fast path's per-configuration likelihood summaries of ``rows`` (configurations whose
     optimiser did not report convergence noted in ``report``)."""
     from bayes_latency.model.hierarchy import prior_arrays
@@ -126,7 +127,7 @@ def no_gate(ident: IdentifiabilityReport | None, rows: pd.DataFrame | None,
 def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant: str,
                      ident: IdentifiabilityReport | None,
                      summaries: list[ConfigSummary] | None = None,
-                     noise_load: str = "none") -> pm.Model:
+                     noise_load: str = DEFAULT_NOISE_LOAD) -> pm.Model:
     """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row."""
     from bayes_latency.model.hierarchy import build_model
 

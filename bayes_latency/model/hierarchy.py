@@ -106,6 +106,7 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
     prior_arrays,
 )
 from bayes_latency.model.likelihood import (
+    DEFAULT_NOISE_LOAD,
     LOAD_GROWTH_SD,
     WINDOW_KINDS,
     load_deviation,
@@ -131,7 +132,7 @@ VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling")
 
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
-                no_gate: tuple[str, ...] = (), noise_load: str = "none",
+                no_gate: tuple[str, ...] = (), noise_load: str = DEFAULT_NOISE_LOAD,
                 sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None
                 ) -> pm.Model:
     """The PyMC model of one fit.
@@ -307,7 +308,7 @@ SUMMARY_DATA = ("summary_theta_hat", "summary_grad", "summary_info")
 
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,
-                    pa: PriorArrays, noise_load: str = "none") -> None:
+                    pa: PriorArrays, noise_load: str = DEFAULT_NOISE_LOAD) -> None:
     row_kind = noise_kind(rows)  # noise per (configuration, noise class)
     kinds = sorted(set(row_kind))
     cfg_idx = np.asarray([list(design.configs.index).index(c) for c in rows["config_id"]])

@@ -100,7 +100,7 @@ NOISE_LOADS = {
     "kv": "roofline time of the step's KV-cache reads (x_decode_kv + x_prefill_kv, per step, us)",
 }
 #: The covariate of a fit unless it asks for another.
-DEFAULT_NOISE_LOAD = "none"
+DEFAULT_NOISE_LOAD = "batch-growth"
 #: Noise classes whose scale follows the load: the steps of a serving engine. Benchmark means
 #: (static batches, no serving load) keep a constant scale.
 LOAD_KINDS = frozenset({"iteration", "iteration_prefill", "step_window"})

@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import optimize, special
 
 from bayes_latency.model.likelihood import (
+    DEFAULT_NOISE_LOAD,
     LOAD_GROWTH_SD,
     WINDOW_KINDS,
     NoiseParams,
@@ -88,7 +89,7 @@ class _ConfigProblem:
     """
 
     def __init__(self, rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-                 load: str = "none") -> None:
+                 load: str = DEFAULT_NOISE_LOAD) -> None:
         self.coefs = coefs
         self.K = len(coefs)
         self.X = rows[feature_columns(coefs)].to_numpy(dtype=float)
@@ -158,6 +159,12 @@ class _ConfigProblem:
         sig = np.exp(eta[self.j_sigma])
         tau = np.where(self.has_tau, np.exp(eta[np.maximum(self.j_tau, 0)]), 0.0)
         return sig, tau, np.exp(eta[self.j_nu])
+
+    def eta_of(self, noise: dict[str, NoiseParams]) -> np.ndarray:
+        """The noise parameters ``noise`` (by kind) in this problem's ``eta`` layout (logs of
+        ``sigma``, ``tau``, ``nu``; ``gamma`` as is): the inverse of :meth:`noise_params`."""
+        return np.array([getattr(noise[k], w) if w == "gamma" else np.log(getattr(noise[k], w))
+                         for k, w in self.layout])
 
     def noise_params(self, eta: np.ndarray) -> dict[str, NoiseParams]:
         """Noise parameters by kind."""

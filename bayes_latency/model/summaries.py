@@ -208,8 +208,7 @@ def _summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndar
     if fit_noise:
         eta = np.clip(eta0, eta_lo, eta_hi)
     else:
-        eta = np.array([getattr(fixed_noise[k], what) if what == "gamma"
-                        else np.log(getattr(fixed_noise[k], what)) for k, what in p.layout])
+        eta = p.eta_of(fixed_noise)
     # a tiny ridge in scaled coordinates, centred on the start, pins the directions the data leave
     # flat (coefficients identified only as a sum); it is left out of the summary, whose expansion
     # is exact anywhere

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.sampler import (
     DEFAULT_DRAWS,
     DEFAULT_MAX_DRAWS,
@@ -54,7 +55,7 @@ class FitSettings:
     #: default of ``bayes-latency fit``; None: exactly ``draws``).
     max_draws: int | None = None
     #: Load covariate of the noise scale (``bayes_latency.model.likelihood.NOISE_LOADS``).
-    noise_load: str = "none"
+    noise_load: str = DEFAULT_NOISE_LOAD
 
     def describe(self) -> str:
         """The settings in words, as the study READMEs print them."""

@@ -53,6 +53,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
+from benchmarks._provenance import machine_line, record_machine  # noqa: E402
+from benchmarks.heldout_noise import (  # noqa: E402, F401 - the comparison's pieces re-exported
+    CV_LABEL,
+    compare_noise_loads,
+    cv_metrics,
+    fit_scores,
+    variant_dir,
+    within_metrics,
+)
 
 
 def settings_for(noise_load: str) -> object:
@@ -62,11 +71,6 @@ def settings_for(noise_load: str) -> object:
     from bayes_latency.study.settings import CLI_FIT
 
     return dataclasses.replace(CLI_FIT, noise_load=noise_load)
-
-
-def variant_dir(work: Path, noise_load: str, chosen: str) -> Path:
-    """Where the within-run files of a compared covariate go (the chosen one's: ``work``)."""
-    return work if noise_load == chosen else work / f"noise-{noise_load}"
 
 
 def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
@@ -80,6 +84,7 @@ def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
     data = load_real_data(d)
     work.mkdir(parents=True, exist_ok=True)
+    record_machine(work, "start")
     for v in dict.fromkeys([noise_load, *compare]):
         d = variant_dir(work, v, noise_load)
         if keep_within and (d / "within_held.csv").exists() and (d / "within_conv.csv").exists():
@@ -89,6 +94,7 @@ def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
     (work / "compare.json").write_text(json.dumps({"chosen": noise_load,
                                                    "compare": list(compare)}))
     if not with_cv:
+        record_machine(work, "end")
         return
     cv, held, convs, _ = run_cv(data, define_splits(data.observations),
                                 settings_for(noise_load), terms=DEFAULT_TERMS)
@@ -96,6 +102,7 @@ def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
     held.to_csv(work / "held.csv", index=False)
     pd.DataFrame([{k: v for k, v in c.items() if not isinstance(v, (list, dict))}
                   for c in convs]).to_csv(work / "conv.csv", index=False)
+    record_machine(work, "end")
 
 
 #: Consecutive iterations per block of the ``blocks`` within-run split.
@@ -127,31 +134,6 @@ def within_run_masks(obs: pd.DataFrame) -> dict[str, np.ndarray]:
         blocks[idx] = (rank // BLOCK) % 3 == 2
         later[idx] = step[idx] > np.quantile(step[idx], 2.0 / 3.0)
     return {"blocks": blocks, "later third": later}
-
-
-def fit_scores(m: object, test: pd.DataFrame) -> dict[str, float]:
-    """PSIS-LOO of a fit's pointwise log-likelihood (its ``log_likelihood`` group: the fitted
-    rows, or the labelled subsample of them) and the held-out rows' log predictive density
-    ``sum_i log mean_s p(y_i | theta_s)`` (log of µs densities on the log scale)."""
-    import warnings
-
-    import arviz_stats as azs
-    from scipy.special import logsumexp
-
-    from bayes_latency.checks.datatree import log_likelihood_tree
-
-    out: dict[str, float] = {}
-    tree = log_likelihood_tree(m.result)
-    if tree is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            loo = azs.loo(tree, pointwise=True)
-        k = np.asarray(loo.pareto_k.values, dtype=float).ravel()
-        out.update(elpd_loo=float(loo.elpd), elpd_loo_se=float(loo.se), p_loo=float(loo.p),
-                   loo_rows=int(k.size), loo_k_high=int((k > 0.7).sum()))
-    ll = m.pointwise_loglik(test).values.reshape(-1, len(test)).astype(float)
-    out["heldout_lpd"] = float(np.sum(logsumexp(ll, axis=0) - np.log(ll.shape[0])))
-    return out
 
 
 def run_within(obs: pd.DataFrame, work: Path, noise_load: str) -> None:
@@ -373,64 +355,6 @@ def report_within(work: Path) -> tuple[dict, list[str]]:
     return res, lines
 
 
-def within_metrics(held: pd.DataFrame, conv: pd.DataFrame) -> list[dict]:
-    """Per within-run split: coverage, band width, MdAPE (overall and by step class) of the
-    held-out rows, and the fit's convergence and scores (``within_conv.csv``)."""
-    flags, _ = host_lines()
-    hb = held["obs_id"].map(flags).fillna(False).astype(bool) if flags else None
-    rows = []
-    for sp, g in held.groupby("split", sort=False):
-        c = conv[conv["fit"] == f"within: {sp}"].iloc[0]
-        r = {"split": sp, "n": len(g), "coverage90": float(g["in_90"].mean()),
-             "coverage50": float(g["in_50"].mean()),
-             "median_band_rel_width": float(np.median((g["q95_us"] - g["q05_us"])
-                                                      / g["pred_median_us"])),
-             "mdape_pct": float(np.median(np.abs(g["pred_median_us"] / g["observed_us"] - 1))
-                                * 100)}
-        if hb is not None:
-            for name, sel in (("quiet", ~hb[g.index]), ("host_bound", hb[g.index])):
-                r[f"coverage90_{name}"] = float(g.loc[sel, "in_90"].mean()) if sel.any() else np.nan
-        for k in ("heldout_lpd", "elpd_loo", "elpd_loo_se", "p_loo", "loo_k_high", "max_rhat",
-                  "min_ess_bulk", "divergences", "passed", "runtime_s"):
-            if k in c:
-                r[k] = c[k]
-        rows.append(r)
-    return rows
-
-
-def compare_noise_loads(work: Path) -> tuple[pd.DataFrame, list[str]]:
-    """The within-run splits of every compared noise load covariate side by side (empty without
-    a ``compare.json`` in ``work``)."""
-    f = work / "compare.json"
-    if not f.exists():
-        return pd.DataFrame(), []
-    spec = json.loads(f.read_text())
-    rows = []
-    for v in dict.fromkeys([spec["chosen"], *spec["compare"]]):
-        d = variant_dir(work, v, spec["chosen"])
-        if not (d / "within_held.csv").exists():
-            continue
-        for r in within_metrics(pd.read_csv(d / "within_held.csv"),
-                                pd.read_csv(d / "within_conv.csv")):
-            rows.append({"noise_load": v, **r})
-    t = pd.DataFrame(rows).sort_values(["split", "noise_load"], kind="stable")
-    from bayes_latency.model.likelihood import LOAD_GROWTH_SD, NOISE_LOADS
-
-    lines = ["## Noise load covariates compared", "",
-             "The two within-run splits fitted once per load covariate of the noise scale "
-             "(`--compare`; `bayes_latency/model/likelihood.py`: `log sigma_i = log sigma + "
-             f"gamma (l_i - l_ref)`, `gamma ~ N(0, {LOAD_GROWTH_SD})`, half-normal for the "
-             "`-growth` forms): " + "; ".join(f"`{k}`: {v}" for k, v in NOISE_LOADS.items()
-                                              if k in set(t["noise_load"])) + ". "
-             f"The model of the other sections: `{spec['chosen']}`. `heldout_lpd`: the held-out "
-             "rows' summed log predictive density (higher is better); `elpd_loo` (se "
-             "`elpd_loo_se`): PSIS-LOO of the fit's pointwise log-likelihood over the rows of "
-             "its `log_likelihood` group, with the noise at its stage-1 estimate; "
-             "`loo_k_high`: rows with Pareto k above 0.7.", "",
-             _markdown_table(t.round(4)), ""]
-    return t, lines
-
-
 def report(work: Path, out: Path) -> dict:
     cv = pd.read_csv(work / "cv.csv")
     held = pd.read_csv(work / "held.csv")
@@ -459,7 +383,7 @@ def report(work: Path, out: Path) -> dict:
     it = held[held["kind"] == "iteration"]
     bench = held[held["kind"] != "iteration"]
     within, within_lines = report_within(work)
-    comp, comp_lines = compare_noise_loads(work)
+    comp, comp_lines = compare_noise_loads(work, host_lines()[0])
     res = {
         "within_run": within,
         "mean_split_coverage90": float(t["coverage90"].mean()),
@@ -483,7 +407,7 @@ def report(work: Path, out: Path) -> dict:
         "Regenerate: `python benchmarks/heldout_real.py` (refits the 8 cross-validation splits of "
         "the real-data study as `bayes-latency fit` does: 11 default terms, 2 x 2000 draws after "
         "1000 tuning steps, sampling on until the convergence gates pass; 200 predictive draws "
-        "per held-out row).", "",
+        "per held-out row).", *(["", machine_line(work)] if machine_line(work) else []), "",
         f"- Fits passing the convergence gates: {res['fits_passing_gates']} of {res['fits']}.",
         f"- Mean of the per-split 90% coverages: **{res['mean_split_coverage90']:.3f}** "
         f"(median per-split MdAPE {res['median_split_mdape_pct']:.1f}%).",

@@ -99,7 +99,9 @@ NOISE_LOADS = {
     "batch-growth": "requests in the step, with gamma >= 0 (the scale can only grow)",
     "kv": "roofline time of the step's KV-cache reads (x_decode_kv + x_prefill_kv, per step, us)",
 }
-#: The covariate of a fit unless it asks for another.
+#: The covariate of a fit unless it asks for another: the one with the best held-out log
+#: predictive density and PSIS-LOO of the comparison in ``results/benchmarks/heldout_real.md``
+#: (``benchmarks/heldout_real.py --compare``).
 DEFAULT_NOISE_LOAD = "batch-growth"
 #: Noise classes whose scale follows the load: the steps of a serving engine. Benchmark means
 #: (static batches, no serving load) keep a constant scale.

@@ -13,13 +13,12 @@ from pathlib import Path
 
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
-    STEP_NOISE_CLASSES,
     _check_finite,
     blis_yaml,
     export_document,
     export_notes,
     provenance,
-    step_noise_block,
+    step_noise_of,
 )
 from bayes_latency.textfiles import load_yaml
 
@@ -112,10 +111,8 @@ def export_command(args: argparse.Namespace) -> int:
             text = blis_yaml(coefs, config, prov, n_draws=n_draws)
             _check_finite(load_yaml(text))
         elif args.format == "json":
-            doc = export_document(coefs, config, prov, n_draws=n_draws)
-            cid = str(coefs.attrs.get("config_id", ""))
-            doc["step_noise"] = step_noise_block({k: model.noise(cid, k)
-                                                  for k in STEP_NOISE_CLASSES})
+            doc = export_document(coefs, config, prov, n_draws=n_draws,
+                                  step_noise=step_noise_of(model, coefs))
             _check_finite(doc)
             text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
         else:

@@ -408,7 +408,7 @@ STEP_NOISE_CLASSES = ("iteration", "iteration_prefill")
 #: :mod:`bayes_latency.model.likelihood`).
 STEP_NOISE_FORMULA = ("log(step_us) = log(predicted_us) + s * t_nu, s = sigma * (load / "
                       "load_ref)^gamma, the factor (load / load_ref)^gamma clipped to "
-                      "[e^-3, e^3]; load: requests in the step (load 'batch', 'batch-growth'), "
+                      "[1/4, 4]; load: requests in the step (load 'batch', 'batch-growth'), "
                       "us of roofline KV-cache reads of the step (load 'kv'), 1 (load 'none'); "
                       "'iteration_prefill': steps with a prefill chunk")
 

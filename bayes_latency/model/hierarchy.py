@@ -107,6 +107,7 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
 )
 from bayes_latency.model.likelihood import (
     DEFAULT_NOISE_LOAD,
+    LOAD_DEV_MAX,
     LOAD_GROWTH_SD,
     WINDOW_KINDS,
     load_deviation,
@@ -336,7 +337,7 @@ def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame
             gamma = pm.HalfNormal("noise_gamma", sigma=LOAD_GROWTH_SD, dims=("config", "kind"))
         else:
             gamma = pm.Normal("noise_gamma", 0.0, LOAD_GROWTH_SD, dims=("config", "kind"))
-        s_sig = s_sig * pt.exp(gamma[cfg_idx, kind_idx] * dl)
+        s_sig = s_sig * pt.exp(pt.clip(gamma[cfg_idx, kind_idx] * dl, -LOAD_DEV_MAX, LOAD_DEV_MAX))
     s_tau = tau[cfg_idx, kind_idx] * win[kind_idx]
     scale = pt.sqrt(s_sig**2 / n + s_tau**2 / n**2)
     mu = pt.sum(theta[cfg_idx] * X, axis=1)

@@ -22,7 +22,10 @@ noise class), and ``gamma`` the growth of the log scale per unit of log load (an
 ``sigma`` grows like ``load^gamma``), with the prior ``gamma ~ N(0, LOAD_GROWTH_SD)`` (a
 half-normal for the ``*-growth`` forms, which only let the scale grow). ``gamma = 0`` is the
 constant scale of the ``"none"`` covariate. Rows without load (alpha rows, a zero feature) sit at
-``l_ref``; the exponent is clipped to ``+-LOAD_DEV_MAX`` (a factor of at most ``e^3``).
+``l_ref``; ``gamma`` lies in ``[-1, 1]`` (``[0, 1]`` for the growth-only forms) and the exponent
+``gamma (l_i - l_ref)`` is clipped to ``+-LOAD_DEV_MAX``: a step's scale is at most 4 times, and
+at least a quarter of, its reference scale, in fitting and in prediction alike (a heavy-tailed
+draw at a scale without bound overflows).
 
 The coefficients give the *median* of one step (``x . theta``; the step noise is symmetric on the
 log scale). The median of a sum (or mean) of ``n`` steps with multiplicative noise of log-scale
@@ -109,8 +112,8 @@ LOAD_KINDS = frozenset({"iteration", "iteration_prefill", "step_window"})
 #: Prior sd of the growth ``gamma`` (log scale per unit of log load): a 4x heavier load widens the
 #: scale by ``4^0.25 = 1.41`` at one prior sd.
 LOAD_GROWTH_SD = 0.25
-#: Largest ``|gamma (l_i - l_ref)|`` (log scale).
-LOAD_DEV_MAX = 3.0
+#: Largest ``|gamma (l_i - l_ref)|`` (log scale): the scale within 1/4-4x of its reference.
+LOAD_DEV_MAX = float(np.log(4.0))
 
 
 def check_noise_load(name: str) -> str:
@@ -166,11 +169,12 @@ def load_refs(rows: pd.DataFrame, load: str) -> dict[tuple[str, str], float]:
 
 
 def load_growth_bounds(load: str) -> tuple[float, float]:
-    """Bounds of ``gamma`` for the covariate ``load``: ``[0, 2]`` for the growth-only forms,
-    ``[-2, 2]`` for the others (0 both ways for ``"none"``)."""
+    """Bounds of ``gamma`` for the covariate ``load``: ``[0, 1]`` for the growth-only forms,
+    ``[-1, 1]`` for the others (0 both ways for ``"none"``): the scale grows at most like the
+    load itself."""
     if load == "none":
         return (0.0, 0.0)
-    return (0.0, 2.0) if load.endswith("-growth") else (-2.0, 2.0)
+    return (0.0, 1.0) if load.endswith("-growth") else (-1.0, 1.0)
 
 
 def load_deviation(log_load: np.ndarray, ref: float) -> np.ndarray:

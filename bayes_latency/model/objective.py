@@ -22,6 +22,7 @@ from scipy import optimize, special
 
 from bayes_latency.model.likelihood import (
     DEFAULT_NOISE_LOAD,
+    LOAD_DEV_MAX,
     LOAD_GROWTH_SD,
     WINDOW_KINDS,
     NoiseParams,
@@ -150,9 +151,19 @@ class _ConfigProblem:
 
     # -- unpacking -------------------------------------------------------------------------
     def _row_sigma(self, eta: np.ndarray) -> np.ndarray:
-        """Per-row step scale ``sigma_k exp(gamma_k (l_i - l_ref_k))``."""
+        """Per-row step scale ``sigma_k exp(gamma_k (l_i - l_ref_k))``, the exponent clipped to
+        ``+-LOAD_DEV_MAX`` (:mod:`.likelihood`)."""
+        dev = np.clip(self._gamma_rows(eta) * self.dl, -LOAD_DEV_MAX, LOAD_DEV_MAX)
+        return np.exp(eta[self.j_sigma][self.kind_idx] + dev)
+
+    def _gamma_rows(self, eta: np.ndarray) -> np.ndarray:
+        """Each row's ``gamma`` (0 for kinds without one)."""
         gam = np.where(self.has_gamma, eta[np.maximum(self.j_gamma, 0)], 0.0)
-        return np.exp(eta[self.j_sigma][self.kind_idx] + gam[self.kind_idx] * self.dl)
+        return gam[self.kind_idx]
+
+    def _dl_free(self, eta: np.ndarray) -> np.ndarray:
+        """``l_i - l_ref``, 0 where the exponent is clipped (it no longer moves with gamma)."""
+        return np.where(np.abs(self._gamma_rows(eta) * self.dl) < LOAD_DEV_MAX, self.dl, 0.0)
 
     def _kind_noise(self, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-kind (sigma, tau, nu); tau is 0 for kinds without an anchor error."""
@@ -225,7 +236,7 @@ class _ConfigProblem:
         g = np.zeros(K + ne)
         g[:K] = l_r @ z  # d l / d u = -l_r z; negated
         g[K + self.j_sigma] = -np.bincount(ki, l_a * ws, nk)
-        hg, dl = self.has_gamma, self.dl
+        hg, dl = self.has_gamma, self._dl_free(eta)
         if hg.any():
             g[K + self.j_gamma[hg]] = -np.bincount(ki, l_a * ws * dl, nk)[hg]
         if self.has_tau.any():

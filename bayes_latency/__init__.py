@@ -11,7 +11,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+local"
 
-MODEL_VERSION = "12"  # what each version changed: CHANGELOG.md
+MODEL_VERSION = "13"  # what each version changed: CHANGELOG.md
 """Version of the statistical model's structure; bumped whenever saved posteriors stop being comparable."""
 
 #: The public API: names importable from the package without importing the modules that define

@@ -5,12 +5,14 @@ A report names the code it ran as, e.g.,
 version, :data:`bayes_latency.MODEL_VERSION` and the first 12 hex digits of a sha256 over the
 bytes of every ``bayes_latency/**/*.py`` and ``priors/*.yaml`` file, in sorted path order. The
 hash identifies the code exactly, including edits not yet committed, without asking version
-control.
+control. :func:`record_machine` keeps the machine a long run measured on (CPU model, cores, load
+at its start and end) in its work folder, and :func:`machine_line` words it for the report.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +31,42 @@ def code_provenance(root: Path = ROOT) -> str:
     from bayes_latency import MODEL_VERSION, __version__
 
     return f"package {__version__}, model version {MODEL_VERSION}, source sha256 {source_sha256(root)}"
+
+
+def machine() -> dict:
+    """The machine a run measured on: CPU model, cores, 1-minute load average now, and the code
+    (:func:`code_provenance`)."""
+    import os
+    import platform
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 1),
+            "code": code_provenance()}
+
+
+def record_machine(work: Path, when: str) -> None:
+    """Add :func:`machine` at ``when`` (``start`` / ``end``) to ``work/machine.json``."""
+    f = work / "machine.json"
+    m = json.loads(f.read_text()) if f.exists() else {}
+    m[when] = machine()
+    f.write_text(json.dumps(m, indent=1))
+
+
+def machine_line(work: Path) -> str:
+    """The report's line on the machine and the code of the run (empty without a record)."""
+    f = work / "machine.json"
+    if not f.exists():
+        return ""
+    m = json.loads(f.read_text())
+    first = m.get("start") or next(iter(m.values()))
+    loads = [v["load"] for v in m.values() if isinstance(v, dict) and "load" in v]
+    return (f"Measured on {first['cpu']}, {first['cores']} cores, 1-minute load average "
+            f"{min(loads)}-{max(loads)} (read during the run; the cores are shared with other "
+            f"jobs); code: {first['code']}.")

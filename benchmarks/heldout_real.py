@@ -20,9 +20,16 @@ reports the coverage of their bands by run and phase, and how many held-out iter
 the 5-95% range of the fitted iterations' own residuals (:func:`training_range_coverage`: what a
 noise model that does not change along a run could cover at best, given what the fit saw).
 
+The noise model's load covariate (``bayes_latency.model.likelihood.NOISE_LOADS``) is
+``--noise-load`` for every fit above (default: the package default); ``--compare`` fits the two
+within-run splits once per listed covariate and writes one table of them side by side
+(:func:`compare_noise_loads`): held-out coverage, band width, MdAPE, the held-out rows' log
+predictive density, and PSIS-LOO (``arviz_stats.loo``) of each fit's pointwise log-likelihood.
+
 Usage::
 
     python benchmarks/heldout_real.py [--reuse DIR] [--work DIR] [--out PREFIX]
+        [--noise-load NAME] [--compare NAME,NAME,...] [--within-only] [--keep-within]
 
 ``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
 fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
@@ -46,26 +53,56 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bayes_latency.checks.diagnostics import _markdown_table  # noqa: E402
+from benchmarks._provenance import machine_line, record_machine  # noqa: E402
+from benchmarks.heldout_noise import (  # noqa: E402, F401 - the comparison's pieces re-exported
+    CV_LABEL,
+    compare_noise_loads,
+    cv_metrics,
+    fit_scores,
+    variant_dir,
+    within_metrics,
+)
 
 
-def run(work: Path) -> None:
+def settings_for(noise_load: str) -> object:
+    """The CLI fit settings (``study.settings.CLI_FIT``) with the noise load covariate."""
+    import dataclasses
+
+    from bayes_latency.study.settings import CLI_FIT
+
+    return dataclasses.replace(CLI_FIT, noise_load=noise_load)
+
+
+def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
+        keep_within: bool = False) -> None:
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.cv import run_cv
     from bayes_latency.study.realdata import define_splits, load_real_data, real_data_dir
-    from bayes_latency.study.settings import CLI_FIT
 
     d = real_data_dir()
     if d is None:
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
     data = load_real_data(d)
     work.mkdir(parents=True, exist_ok=True)
-    run_within(data.observations, work)
-    cv, held, convs, _ = run_cv(data, define_splits(data.observations), CLI_FIT,
-                                terms=DEFAULT_TERMS)
+    record_machine(work, "start")
+    for v in dict.fromkeys([noise_load, *compare]):
+        d = variant_dir(work, v, noise_load)
+        if keep_within and (d / "within_held.csv").exists() and (d / "within_conv.csv").exists():
+            print(f"[heldout] noise load {v!r}: within-run files kept from {d}", flush=True)
+            continue
+        run_within(data.observations, d, v)
+    (work / "compare.json").write_text(json.dumps({"chosen": noise_load,
+                                                   "compare": list(compare)}))
+    if not with_cv:
+        record_machine(work, "end")
+        return
+    cv, held, convs, _ = run_cv(data, define_splits(data.observations),
+                                settings_for(noise_load), terms=DEFAULT_TERMS)
     cv.to_csv(work / "cv.csv", index=False)
     held.to_csv(work / "held.csv", index=False)
     pd.DataFrame([{k: v for k, v in c.items() if not isinstance(v, (list, dict))}
                   for c in convs]).to_csv(work / "conv.csv", index=False)
+    record_machine(work, "end")
 
 
 #: Consecutive iterations per block of the ``blocks`` within-run split.
@@ -99,19 +136,20 @@ def within_run_masks(obs: pd.DataFrame) -> dict[str, np.ndarray]:
     return {"blocks": blocks, "later third": later}
 
 
-def run_within(obs: pd.DataFrame, work: Path) -> None:
-    """Fit without each within-run split's iterations and keep their 90% / 50% bands."""
+def run_within(obs: pd.DataFrame, work: Path, noise_load: str) -> None:
+    """Fit without each within-run split's iterations (noise load covariate ``noise_load``)
+    and keep their 90% / 50% bands and the fits' scores (:func:`fit_scores`)."""
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.cv import fit_ours, ours_predictions
-    from bayes_latency.study.settings import CLI_FIT
 
+    work.mkdir(parents=True, exist_ok=True)
     held, fitted, convs = [], [], []
     for name, mask in within_run_masks(obs).items():
         train, test = obs[~mask], obs[mask].reset_index(drop=True)
-        print(f"[heldout] within-run split {name!r}: {len(train)} training rows, "
-              f"{len(test)} held out", flush=True)
-        m, conv = fit_ours(train, CLI_FIT, DEFAULT_TERMS)
-        conv.update(fit=f"within: {name}")
+        print(f"[heldout] within-run split {name!r} (noise load {noise_load!r}): {len(train)} "
+              f"training rows, {len(test)} held out", flush=True)
+        m, conv = fit_ours(train, settings_for(noise_load), DEFAULT_TERMS)
+        conv.update(fit=f"within: {name}", noise_load=noise_load, **fit_scores(m, test))
         convs.append({k: v for k, v in conv.items() if not isinstance(v, (list, dict))})
         cols = ["obs_id", "experiment_id", "config_id", "phase"]
         band = ours_predictions(m, test)
@@ -345,6 +383,7 @@ def report(work: Path, out: Path) -> dict:
     it = held[held["kind"] == "iteration"]
     bench = held[held["kind"] != "iteration"]
     within, within_lines = report_within(work)
+    comp, comp_lines = compare_noise_loads(work, host_lines()[0])
     res = {
         "within_run": within,
         "mean_split_coverage90": float(t["coverage90"].mean()),
@@ -359,6 +398,7 @@ def report(work: Path, out: Path) -> dict:
         "fits_passing_gates": int(conv["passed"].sum()) if "passed" in conv else -1,
         "fits": len(conv),
         "splits": t.to_dict(orient="records"),
+        "noise_loads_compared": comp.to_dict(orient="records"),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
@@ -367,7 +407,7 @@ def report(work: Path, out: Path) -> dict:
         "Regenerate: `python benchmarks/heldout_real.py` (refits the 8 cross-validation splits of "
         "the real-data study as `bayes-latency fit` does: 11 default terms, 2 x 2000 draws after "
         "1000 tuning steps, sampling on until the convergence gates pass; 200 predictive draws "
-        "per held-out row).", "",
+        "per held-out row).", *(["", machine_line(work)] if machine_line(work) else []), "",
         f"- Fits passing the convergence gates: {res['fits_passing_gates']} of {res['fits']}.",
         f"- Mean of the per-split 90% coverages: **{res['mean_split_coverage90']:.3f}** "
         f"(median per-split MdAPE {res['median_split_mdape_pct']:.1f}%).",
@@ -402,7 +442,7 @@ def report(work: Path, out: Path) -> dict:
                      f"{r['median_band_rel_width']:.2f} of the median wide, for an observed / "
                      f"predicted ratio of {r['median_obs_over_pred']:.2f}: wider than needed.")
     lines.append("")
-    lines += within_lines
+    lines += comp_lines + within_lines
     out.with_suffix(".md").write_text("\n".join(lines))
     return res
 
@@ -412,10 +452,30 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/heldout_real"))
     ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/heldout_real")
+    from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD, NOISE_LOADS
+
+    ap.add_argument("--noise-load", default=DEFAULT_NOISE_LOAD, choices=sorted(NOISE_LOADS),
+                    help="load covariate of the noise scale of every fit (default: the package's)")
+    ap.add_argument("--compare", default="none,batch,batch-growth,kv",
+                    help="comma-separated covariates the within-run splits are also fitted with "
+                         "('' for none)")
+    ap.add_argument("--within-only", action="store_true",
+                    help="fit the within-run splits only (no cross-validation splits)")
+    ap.add_argument("--keep-within", action="store_true",
+                    help="keep the within-run files of a covariate already in --work (made by "
+                         "this code, e.g. by --within-only) instead of refitting them")
     args = ap.parse_args()
+    compare = [c for c in args.compare.split(",") if c]
+    for c in compare:
+        if c not in NOISE_LOADS:
+            ap.error(f"--compare: unknown noise load {c!r}; expected {sorted(NOISE_LOADS)}")
     work = args.reuse or args.work
     if args.reuse is None:
-        run(work)
+        run(work, args.noise_load, compare, with_cv=not args.within_only,
+            keep_within=args.keep_within)
+    if not (work / "cv.csv").exists():  # within-run splits only: the comparison
+        print(compare_noise_loads(work)[0].round(4).to_string())
+        return
     res = report(work, args.out)
     print(json.dumps({k: v for k, v in res.items() if k != "splits"}, indent=1))
 

@@ -175,6 +175,12 @@ def _fake_estimator(monkeypatch, coefs):
             assert (model, gpu, tp) == ("llama-2-7b", "H100", 1)
             return coefs
 
+        def noise(self, cfg, kind):
+            from bayes_latency.model.likelihood import NoiseParams
+
+            return NoiseParams(0.02 if kind == "iteration" else 0.03, 0.0, 4.0, 0.5,
+                               float(np.log(64.0)), "batch")
+
     mod = types.ModuleType("bayes_latency.model.estimator")
     mod.LatencyModel = FakeModel
     monkeypatch.setitem(sys.modules, "bayes_latency.model.estimator", mod)
@@ -197,6 +203,10 @@ def test_export_command(monkeypatch, tmp_path, capsys, fmt):
         assert doc["provenance"]["approximate"] is True
         assert len(doc["provenance"]["posterior_sha256"]) == 64
         assert len(doc["draws"]["alpha"]) == 7
+        it = doc["step_noise"]["classes"]["iteration"]
+        assert it == {"sigma": 0.02, "nu": 4.0, "load": "batch", "gamma": 0.5,
+                      "load_ref": pytest.approx(64.0)}
+        assert doc["step_noise"]["classes"]["iteration_prefill"]["sigma"] == 0.03
     else:
         assert text.startswith("# bayes-latency export") and "--beta-coeffs" in text.splitlines()[1]
         doc = yaml.safe_load(text)

@@ -32,3 +32,34 @@ def test_training_range_and_scatter_tell_a_wider_held_out_scatter():
     assert abs(same["scaled_mad_fitted"] / same["scaled_mad_held_out"] - 1) < 0.1
     # bins in increasing order within a split
     assert sc[sc["split"] == "wider"]["batch"].tolist() == ["(0, 40]", "(100, 128]"]
+
+
+def _within(rng: np.random.Generator, scale: float, tmp, name: str) -> None:
+    """A within-run folder: held-out bands of scale 0.01 against residuals of ``scale``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for sp in ("blocks", "later third"):
+        r = _rows(rng, 500, scale, sp, 60).assign(obs_id=[f"{sp}/{i}" for i in range(500)])
+        r["in_50"] = np.abs(np.log(r["observed_us"] / r["pred_median_us"])) < 0.674 * 0.01
+        frames.append(r.assign(q05_us=r["pred_median_us"] * 0.98, q95_us=r["pred_median_us"] * 1.02))
+    pd.concat(frames).to_csv(tmp / "within_held.csv", index=False)
+    pd.DataFrame([{"fit": f"within: {sp}", "noise_load": name, "heldout_lpd": -1.0,
+                   "elpd_loo": 10.0, "max_rhat": 1.001, "divergences": 0, "passed": True}
+                  for sp in ("blocks", "later third")]).to_csv(tmp / "within_conv.csv", index=False)
+
+
+def test_noise_loads_are_compared_side_by_side(tmp_path):
+    import json
+
+    hr = load_benchmark("heldout_real")
+    rng = np.random.default_rng(1)
+    _within(rng, 0.01, tmp_path, "batch")  # the chosen covariate's files: the work folder
+    _within(rng, 0.02, tmp_path / "noise-none", "none")
+    (tmp_path / "compare.json").write_text(json.dumps({"chosen": "batch", "compare": ["none"]}))
+    t, lines = hr.compare_noise_loads(tmp_path)
+    assert len(t) == 4 and set(t["noise_load"]) == {"batch", "none"}
+    cov = t.set_index(["split", "noise_load"])["coverage90"]
+    assert abs(cov["blocks", "batch"] - 0.90) < 0.04 and abs(cov["blocks", "none"] - 0.59) < 0.06
+    assert t["median_band_rel_width"].round(3).eq(0.04).all()
+    assert "The model of the other sections: `batch`" in "\n".join(lines)
+    assert hr.compare_noise_loads(tmp_path / "noise-none")[0].empty  # no compare.json

@@ -27,6 +27,9 @@ from bayes_latency.priors import load_priors
 COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
 PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
                           "alpha_departure": 0.2})
+#: The optimiser's checks below run on a constant noise scale (their reference computations
+#: know no load covariate); the load growth's derivatives and estimates: tests/test_noise_load.py
+LOAD = "none"
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +61,14 @@ def _hess_uu_reference(p: _ConfigProblem, u: np.ndarray, eta: np.ndarray) -> np.
 def _joint_point(p: _ConfigProblem, s) -> tuple[np.ndarray, np.ndarray]:
     """``(u, eta)`` of a summary; ``p``'s multi-step offsets are set to that noise, as at the end
     of :func:`summarize_config`."""
-    eta = np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    eta = p.eta_of(s.noise)
     p.set_offset(eta)
     return s.theta_hat / p.scale, eta
 
 
 # ---------------------------------------------------------------- derivatives
 def test_derivatives_match_finite_differences(rows, scale):
-    p = _ConfigProblem(rows, COEFS, scale)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u0, eta0 = _initial(p)
     rng = np.random.default_rng(1)
     u = np.where(p.active, u0 * np.exp(0.2 * rng.standard_normal(p.K)), 0.0)
@@ -96,7 +99,7 @@ def test_derivatives_match_finite_differences(rows, scale):
 
 
 def test_noise_prior_hessian_matches_finite_differences(rows, scale):
-    p = _ConfigProblem(rows, COEFS, scale)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     eta = np.log(np.linspace(0.05, 8.0, len(p.layout)))
     lp, g, h = _noise_prior_terms(PRIOR, p.layout, eta)
     assert lp == PRIOR.logp_and_grad(p.layout, eta)[0]
@@ -134,9 +137,9 @@ def test_projected_newton_solves_a_box_quadratic():
 
 def test_kkt_at_the_stage1_optimum(rows, scale):
     """Gradient zero on free coefficients and noise, pointing out of the box at the bound 0."""
-    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR, load=LOAD)
     assert s.converged
-    p = _ConfigProblem(rows, COEFS, scale)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u0, _ = _initial(p)
     obj = _Objective(p, u0[p.active], PRIOR)
     u, eta = _joint_point(p, s)
@@ -160,13 +163,13 @@ def test_kkt_at_the_stage1_optimum(rows, scale):
 
 def test_agrees_with_trust_constr_on_the_coefficient_step(rows, scale):
     """Noise fixed: the problem is the coefficient step of the former optimiser (scipy trust-constr)."""
-    p = _ConfigProblem(rows, COEFS, scale)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u0, _ = _initial(p)
-    fixed = summarize_config(rows, COEFS, scale, noise_prior=PRIOR).noise
-    s = summarize_config(rows, COEFS, scale, fixed_noise=fixed)
+    fixed = summarize_config(rows, COEFS, scale, noise_prior=PRIOR, load=LOAD).noise
+    s = summarize_config(rows, COEFS, scale, fixed_noise=fixed, load=LOAD)
     assert s.converged
     assert s.noise == fixed
-    eta = np.log([getattr(fixed[k], w) for k, w in p.layout])
+    eta = p.eta_of(fixed)
     p.set_offset(eta)
     obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
     na = int(p.active.sum())
@@ -188,8 +191,8 @@ def test_agrees_with_trust_constr_on_the_coefficient_step(rows, scale):
 
 def test_joint_optimum_is_not_beaten_by_lbfgsb(rows, scale):
     """L-BFGS-B on (u, eta) from the stage-1 optimum finds nothing better."""
-    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
-    p = _ConfigProblem(rows, COEFS, scale)
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR, load=LOAD)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u0, _ = _initial(p)
     obj = _Objective(p, u0[p.active], PRIOR)
     u, eta = _joint_point(p, s)
@@ -203,8 +206,8 @@ def test_joint_optimum_is_not_beaten_by_lbfgsb(rows, scale):
 
 def test_information_is_the_profiled_curvature(rows, scale):
     """The information equals the Schur complement built from finite differences of the gradient."""
-    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR)
-    p = _ConfigProblem(rows, COEFS, scale)
+    s = summarize_config(rows, COEFS, scale, noise_prior=PRIOR, load=LOAD)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u, eta = _joint_point(p, s)
     K, ne = p.K, len(eta)
 
@@ -234,19 +237,19 @@ def test_information_is_the_profiled_curvature(rows, scale):
 
 
 def test_plain_maximum_likelihood_and_fixed_noise(rows, scale):
-    s = summarize_config(rows, COEFS, scale)
+    s = summarize_config(rows, COEFS, scale, load=LOAD)
     assert s.converged and s.message.startswith("projected Newton on (u, eta)")
     assert np.all(s.theta_hat >= 0) and np.isfinite(s.loglik)
     for k, v in s.noise.items():  # noise within the bounds, tau only for windows
         assert 1.5 <= v.nu <= 200.0
         assert (v.tau > 0) == (k == "step_window")
-    fixed = summarize_config(rows, COEFS, scale, fixed_noise=s.noise)
+    fixed = summarize_config(rows, COEFS, scale, fixed_noise=s.noise, load=LOAD)
     assert fixed.converged and fixed.noise == s.noise
     # holding the noise at the joint optimum leaves the coefficients where they were (in sd units of
     # the objective's curvature, ridge included: directions the data leave flat have a large sd)
-    p = _ConfigProblem(rows, COEFS, scale)
+    p = _ConfigProblem(rows, COEFS, scale, LOAD)
     u0, _ = _initial(p)
-    eta = np.log([getattr(s.noise[k], w) for k, w in p.layout])
+    eta = p.eta_of(s.noise)
     p.set_offset(eta)
     obj = _Objective(p, u0[p.active], None, eta_fixed=eta)
     sd = np.sqrt(np.diag(np.linalg.inv(obj((s.theta_hat / scale)[p.active], 2)[2])))

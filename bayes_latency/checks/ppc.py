@@ -35,6 +35,7 @@ from bayes_latency.checks.ppc_bands import (  # noqa: F401 - re-exported
     BAND_COLUMNS,
     align_draws,
     band_summary,
+    coverage_by_load,
     summarize_rows,
 )
 from bayes_latency.checks.ppc_requests import (  # noqa: F401 - re-exported

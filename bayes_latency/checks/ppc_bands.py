@@ -152,3 +152,63 @@ def align_draws(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray) -> n
             f"{mat.shape[1]} predictive columns for {len(obs_df)} observation rows, and the draws'"
             " obs coordinate does not name their obs_id")
     return mat
+
+
+#: Edges of the batch-size bins of :func:`coverage_by_load` (requests in a step).
+LOAD_BINS = (0.0, 16.0, 32.0, 64.0, 96.0, 128.0, np.inf)
+#: Parts of a run (by step index) of :func:`coverage_by_load`: a traced run that raises its
+#: request rate stage by stage has its heaviest load last.
+RUN_PARTS = ("first third", "second third", "last third")
+
+
+def coverage_by_load(step_rows: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """Band coverage of step rows by load: per configuration and kind, by batch-size bin
+    (:data:`LOAD_BINS`, requests per step: ``x_per_request / n_steps``) and by part of the run
+    (:data:`RUN_PARTS`, thirds of each experiment's steps by ``step_first``), so a reader sees
+    where the bands stop holding as the load grows.
+
+    Parameters
+    ----------
+    step_rows
+        The observation rows that were checked (``config_id``, ``kind``, ``n_steps``,
+        ``x_per_request``; ``experiment_id`` and ``step_first`` for the run parts).
+    rows
+        Their per-row bands (:func:`band_summary` columns), row-aligned with ``step_rows``.
+
+    Returns
+    -------
+    DataFrame
+        ``config_id, kind, by ("batch" or "run part"), bin, n, coverage_50, coverage_90,
+        median_band_rel_width`` (width of the 90% band over the predictive median); empty when
+        ``step_rows`` lacks ``x_per_request``.
+    """
+    cols = ["config_id", "kind", "by", "bin", "n", "coverage_50", "coverage_90",
+            "median_band_rel_width"]
+    if "x_per_request" not in step_rows.columns or len(step_rows) != len(rows):
+        return pd.DataFrame(columns=cols)
+    s = step_rows.reset_index(drop=True)
+    r = rows.reset_index(drop=True)
+    n = np.maximum(s["n_steps"].to_numpy(dtype=float), 1.0)
+    t = pd.DataFrame({"config_id": s["config_id"].to_numpy(), "kind": s["kind"].to_numpy(),
+                      "in_50": r["in_50"].to_numpy(float), "in_90": r["in_90"].to_numpy(float),
+                      "width": ((r["q95_us"] - r["q05_us"]) / r["pred_median_us"]).to_numpy(float)})
+    batch = pd.cut(s["x_per_request"].to_numpy(dtype=float) / n, LOAD_BINS, right=True)
+    parts = pd.Series(pd.NA, index=s.index, dtype=object)
+    if {"experiment_id", "step_first"} <= set(s.columns):
+        step = s["step_first"].astype(float)
+        rank = step.groupby(s["experiment_id"]).rank(pct=True, method="first")
+        parts = pd.cut(rank, [0.0, 1 / 3, 2 / 3, 1.0], labels=list(RUN_PARTS)).astype(object)
+        parts[step.isna()] = pd.NA
+    out = []
+    for by, key in (("batch", pd.Series(batch.astype(str), index=s.index).where(batch.notna())),
+                    ("run part", parts)):
+        g = t.assign(bin=key).dropna(subset=["bin", "in_90"])
+        for (c, k, b), gg in g.groupby(["config_id", "kind", "bin"], sort=False):
+            out.append({"config_id": c, "kind": k, "by": by, "bin": b, "n": len(gg),
+                        "coverage_50": float(gg["in_50"].mean()),
+                        "coverage_90": float(gg["in_90"].mean()),
+                        "median_band_rel_width": float(gg["width"].median())})
+    res = pd.DataFrame(out, columns=cols)
+    order = {b: i for i, b in enumerate([*(str(x) for x in batch.categories), *RUN_PARTS])}
+    return (res.assign(_o=res["bin"].map(order)).sort_values(["config_id", "kind", "by", "_o"])
+            .drop(columns="_o").reset_index(drop=True))

@@ -90,6 +90,11 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
         summary = ppc.summarize_rows(rows, by=ppc.STEP_GROUPS)
         written["step_ppc"] = _write_csv(summary, out / "step_ppc.csv")
         written["step_rows"] = _write_csv(rows, out / "step_ppc_rows.csv")
+        by_load = ppc.coverage_by_load(step_rows, rows)
+        if len(by_load):
+            written["coverage_by_load"] = _write_csv(by_load, out / "coverage_by_load.csv")
+            written["coverage_by_load_md"] = _write_text(out / "coverage_by_load.md",
+                                                         load_coverage_markdown(by_load))
     if len(step_rows) and not bad:
         written["ppc_plot"] = plots.plot_ppc_iterations(step_rows, draws,
                                                         out / "ppc_iterations.png")
@@ -146,6 +151,34 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     written["adequacy"] = _write_text(out / "adequacy.json",
                                       json.dumps(adq.to_dict(), indent=2) + "\n")
     return written
+
+
+#: Rows of a load bin below which :func:`load_coverage_markdown` does not call a miss.
+MIN_BIN_ROWS = 20
+
+
+def load_coverage_markdown(by_load: pd.DataFrame) -> str:
+    """The report of :func:`~bayes_latency.checks.ppc_bands.coverage_by_load`: the bins (of at
+    least :data:`MIN_BIN_ROWS` rows) whose 90% band holds less than 85% or more than 95% of
+    their rows, then the whole table."""
+    from bayes_latency.checks.diagnostics_report import _markdown_table
+
+    t = by_load.round(3)
+    big = t[t["n"] >= MIN_BIN_ROWS]
+    miss = big[(big["coverage_90"] < 0.85) | (big["coverage_90"] > 0.95)]
+    lines = ["# Band coverage by load", "",
+             "Share of the step rows inside their 50% / 90% posterior predictive bands, by "
+             "batch size (requests per step) and by part of the run (thirds of each traced "
+             "run's steps: a run that raises its request rate stage by stage is heaviest last). "
+             "`median_band_rel_width`: the 90% band's width over the predictive median.", ""]
+    if len(miss):
+        lines += [f"Bins of {MIN_BIN_ROWS} rows or more whose 90% band holds outside 85-95%:", ""]
+        lines += [f"- `{r.config_id}` {r.kind}, {r.by} {r.bin}: {r.coverage_90:.3f} of {r.n} "
+                  f"(50% band: {r.coverage_50:.3f})" for r in miss.itertuples()]
+    else:
+        lines.append(f"Every bin of {MIN_BIN_ROWS} rows or more holds 85-95% of its rows in its "
+                     "90% band.")
+    return "\n".join([*lines, "", _markdown_table(t), ""])
 
 
 def _host_coverage(rows: pd.DataFrame, step_rows: pd.DataFrame, iterations: pd.DataFrame,

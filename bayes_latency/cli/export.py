@@ -18,6 +18,7 @@ from bayes_latency.export.document import (
     export_document,
     export_notes,
     provenance,
+    step_noise_of,
 )
 from bayes_latency.textfiles import load_yaml
 
@@ -110,7 +111,8 @@ def export_command(args: argparse.Namespace) -> int:
             text = blis_yaml(coefs, config, prov, n_draws=n_draws)
             _check_finite(load_yaml(text))
         elif args.format == "json":
-            doc = export_document(coefs, config, prov, n_draws=n_draws)
+            doc = export_document(coefs, config, prov, n_draws=n_draws,
+                                  step_noise=step_noise_of(model, coefs))
             _check_finite(doc)
             text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
         else:

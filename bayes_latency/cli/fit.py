@@ -111,13 +111,16 @@ def fit_command(args: argparse.Namespace) -> int:
     obs = load_checked_observations(args.tables)
     requests = (read_table(tables, "requests")
                 if tables.is_dir() and "requests" in table_names(tables) else None)
+    from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
+
     if pop:
         from bayes_latency.model.fleet import load_population
 
         pop = load_population(pop)
         print(f"prior of the configurations: the population {pop.name!r} ({pop.describe()['configs']})")
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
-                     scheduler=getattr(args, "scheduler", None), population=pop or None)
+                     scheduler=getattr(args, "scheduler", None), population=pop or None,
+                     noise_load=getattr(args, "noise_load", None) or DEFAULT_NOISE_LOAD)
     m, report = gated.fit(
         obs, requests, model=m, out=out_path, on_failure="ignore",
         gates={"max_rhat": args.max_rhat}, seed=args.seed,

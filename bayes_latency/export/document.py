@@ -339,7 +339,8 @@ def blis_draws(coefs: xr.Dataset, n_draws: int, seed: int = 0,
 
 def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Mapping[str, Any],
                     reference_batches: pd.DataFrame | Mapping | None = None, *,
-                    n_draws: int = 0, hdi_prob: float = 0.9, seed: int = 0) -> dict[str, Any]:
+                    n_draws: int = 0, hdi_prob: float = 0.9, seed: int = 0,
+                    step_noise: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON export document of one configuration.
 
     Parameters
@@ -360,14 +361,18 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
         HDI probability of the statistics.
     seed
         Seed of the draw selection.
+    step_noise
+        Noise class -> :class:`~bayes_latency.model.likelihood.NoiseParams` of the
+        configuration's steps (:func:`step_noise_of`); None leaves ``step_noise`` out.
 
     Returns
     -------
     dict
         JSON-serialisable: ``schema_version, configuration, provenance, hdi_prob, terms (list of
         {name, kind, unit, blis_slot, exportable, doc, mean, median, sd, q05, q95, hdi_low,
-        hdi_high}), blis {trained_physics_coefficients, flags}, reference_predictions, notes``
-        and ``draws`` (``{terms, alpha_terms, beta: [[...]], alpha: [[...]]}``) when asked.
+        hdi_high}), blis {trained_physics_coefficients, flags}, reference_predictions, notes``,
+        ``step_noise`` (:func:`step_noise_block`) when given and ``draws`` (``{terms,
+        alpha_terms, beta: [[...]], alpha: [[...]]}``) when asked.
 
     Raises
     ------
@@ -414,6 +419,8 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
         "reference_predictions": reference,
         "notes": notes,
     }
+    if step_noise is not None:
+        doc["step_noise"] = step_noise_block(step_noise)
     if n_draws:
         idx = _pick_draws(beta.sizes["sample"], n_draws, seed)
         doc["draws"] = {
@@ -427,6 +434,47 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
 
 # --------------------------------------------------------------------------------------------
 # provenance and the CLI
+
+
+#: Noise classes of one engine step whose scale the JSON export carries (``step_noise``).
+STEP_NOISE_CLASSES = ("iteration", "iteration_prefill")
+#: How a simulator draws a step time from the exported ``step_noise`` (see
+#: :mod:`bayes_latency.model.likelihood`).
+STEP_NOISE_FORMULA = ("log(step_us) = log(predicted_us) + s * t_nu, s = sigma * (load / "
+                      "load_ref)^gamma, the factor (load / load_ref)^gamma clipped to "
+                      "[1/4, 4]; load: requests in the step (load 'batch', 'batch-growth'), "
+                      "us of roofline KV-cache reads of the step (load 'kv'), 1 (load 'none'); "
+                      "'iteration_prefill': steps with a prefill chunk")
+
+
+def step_noise_of(model: Any, coefs: xr.Dataset) -> dict[str, Any]:
+    """The step noise classes' parameters (:data:`STEP_NOISE_CLASSES`) of the configuration of
+    ``coefs`` (its ``config_id`` attribute; the fleet median for an unseen one) in ``model``."""
+    cid = str(coefs.attrs.get("config_id", ""))
+    return {k: model.noise(cid, k) for k in STEP_NOISE_CLASSES}
+
+
+def step_noise_block(noise: Mapping[str, Any]) -> dict[str, Any]:
+    """The scatter of one step's time around its prediction, per noise class, for a simulator
+    that draws step times (the fit's Student-t on the log scale, its scale growing with the
+    step's load; :data:`STEP_NOISE_FORMULA`).
+
+    Parameters
+    ----------
+    noise
+        Noise class -> :class:`~bayes_latency.model.likelihood.NoiseParams` of the configuration.
+
+    Returns
+    -------
+    dict
+        ``{"formula": ..., "classes": {class: {sigma, nu, load, gamma, load_ref}}}``;
+        ``load_ref`` in the load's units (requests per step, or µs of KV reads per step).
+    """
+    return {"formula": STEP_NOISE_FORMULA,
+            "classes": {str(k): {"sigma": float(p.sigma), "nu": float(p.nu), "load": str(p.load),
+                                 "gamma": float(p.gamma),
+                                 "load_ref": float(np.exp(p.load_ref))}
+                        for k, p in noise.items()}}
 
 
 def file_sha256(path: str | Path) -> str:

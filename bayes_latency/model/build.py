@@ -24,6 +24,7 @@ import pandas as pd
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.identifiability import IdentifiabilityReport, identifiability
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.persistence import rows_hash, table_rows
 from bayes_latency.model.rows import feature_columns
 from bayes_latency.model.summaries import ConfigSummary, NoisePrior, summarize
@@ -79,14 +80,16 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
 
 
 def stage_one(rows: pd.DataFrame, design: Design, priors: Any, scale: np.ndarray,
-              report: IngestReport, scheduler: Any = None) -> list[ConfigSummary]:
+              report: IngestReport, scheduler: Any = None,
+              noise_load: str = DEFAULT_NOISE_LOAD) -> list[ConfigSummary]:
     """The fast path's per-configuration likelihood summaries of ``rows`` (configurations whose
     optimiser did not report convergence noted in ``report``)."""
     from bayes_latency.model.hierarchy import prior_arrays
 
     pa = prior_arrays(priors, design.coefs, design.gpus)
     noise_prior = NoisePrior(sigma=dict(pa.noise_sigma), nu_alpha=pa.nu_alpha, nu_beta=pa.nu_beta)
-    summaries = summarize(rows, design.coefs, scale, noise_prior=noise_prior, scheduler=scheduler)
+    summaries = summarize(rows, design.coefs, scale, noise_prior=noise_prior, scheduler=scheduler,
+                          load=noise_load)
     bad = [s.config_id for s in summaries if not s.converged]
     if bad:
         report.notes.append(f"stage-1 optimiser did not report convergence for {bad}")
@@ -124,7 +127,8 @@ def no_gate(ident: IdentifiabilityReport | None, rows: pd.DataFrame | None,
 def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant: str,
                      ident: IdentifiabilityReport | None,
                      summaries: list[ConfigSummary] | None = None,
-                     population_prior: Any = None) -> pm.Model:
+                     population_prior: Any = None,
+                     noise_load: str = DEFAULT_NOISE_LOAD) -> pm.Model:
     """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row;
     variant ``population`` under ``population_prior``
     (:meth:`~bayes_latency.model.fleet.Population.config_prior` of ``design.configs``)."""
@@ -138,4 +142,4 @@ def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant
           "sum_groups": sum_groups(rows, design.coefs)}
     if summaries is not None:
         return build_model(design, priors, variant=variant, summaries=summaries, **kw)
-    return build_model(design, priors, variant=variant, rows=rows, **kw)
+    return build_model(design, priors, variant=variant, rows=rows, noise_load=noise_load, **kw)

@@ -52,7 +52,7 @@ from bayes_latency.model import predict as _predict
 from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
 from bayes_latency.model.fitting import draw_posterior
 from bayes_latency.model.identifiability import IdentifiabilityReport
-from bayes_latency.model.likelihood import NoiseParams
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD, NoiseParams, check_noise_load
 from bayes_latency.model.noise import (  # noqa: F401 - NOISE_PROXY re-exported
     NOISE_PROXY,
     noise_from_result,
@@ -177,12 +177,16 @@ class LatencyModel:
         quadratic expansion there made a second mode (one run's client rows, llama-2-7b
         codegen: R-hat 1.83, chains 9 prior sds apart; with the rows: one mode, R-hat 1.017
         at 1000 draws).
+    noise_load
+        Load covariate of the noise scale (:data:`~bayes_latency.model.likelihood.NOISE_LOADS`;
+        default :data:`~bayes_latency.model.likelihood.DEFAULT_NOISE_LOAD`): the scale of a
+        step's noise grows with it at a fitted rate (:mod:`~bayes_latency.model.likelihood`).
     """
 
     def __init__(self, priors: object = None, terms: tuple = DEFAULT_TERMS,
                  method: str = "laplace-hierarchy", sampler: str = "nutpie",
                  variant: str = "hierarchy", scheduler: object = None,
-                 population: object = None) -> None:
+                 population: object = None, noise_load: str = DEFAULT_NOISE_LOAD) -> None:
         if population is not None:
             population = _as_population(population)
             priors, terms, variant = _with_population(population, priors, terms)
@@ -208,6 +212,7 @@ class LatencyModel:
         self.population = population
         #: per configuration, the levels the population did not see (after a build)
         self.population_unseen: dict[str, list[str]] = {}
+        self.noise_load = check_noise_load(noise_load)
         #: where stage 1 runs (:func:`bayes_latency.model.summaries.summarize`); stage 2 runs here
         self.scheduler = scheduler
         self.result: xr.DataTree | None = None
@@ -232,7 +237,7 @@ class LatencyModel:
         return FitState(priors=self.priors, design=self.design, method=self.method,
                         variant=self.variant, sampler=self.sampler, noise=self._noise,
                         summaries=self.summaries, identifiability=self.identifiability,
-                        data_hash=self._data_hash)
+                        data_hash=self._data_hash, noise_load=self.noise_load)
 
     # ------------------------------------------------------------------ building
     def _prepare(self, observations: pd.DataFrame) -> pd.DataFrame:
@@ -251,7 +256,8 @@ class LatencyModel:
             t0 = time.perf_counter()
             self.summaries = summaries = _build.stage_one(rows, self.design, self.priors,
                                                           self._scale(), self.report,
-                                                          scheduler=self.scheduler)
+                                                          scheduler=self.scheduler,
+                                                          noise_load=self.noise_load)
             self.timings["summaries_s"] = time.perf_counter() - t0
             self._noise = {s.config_id: s.noise for s in summaries}
         prior = None
@@ -262,7 +268,7 @@ class LatencyModel:
             self.population_unseen = dict(prior.unseen)
         return _build.build_pymc_model(self.design, self.priors, rows, variant=self.variant,
                                        ident=self.identifiability, summaries=summaries,
-                                       population_prior=prior)
+                                       population_prior=prior, noise_load=self.noise_load)
 
     def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
         """:func:`~bayes_latency.model.build.sum_groups` of the fitted rows."""
@@ -530,7 +536,7 @@ class LatencyModel:
         embedded = saved.embedded_priors
         m = cls(priors=priors if priors is not None or embedded is None else embedded,
                 terms=saved.terms, method=saved.method, sampler=saved.sampler,
-                variant=saved.variant)
+                variant=saved.variant, noise_load=saved.noise_load)
         _persistence.check_priors(path, saved.result, m.priors)
         from bayes_latency.model.hierarchy import Design
 

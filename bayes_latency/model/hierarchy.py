@@ -113,7 +113,16 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
     prior_arrays,
 )
 from bayes_latency.model.fleet import ConfigPrior
-from bayes_latency.model.likelihood import WINDOW_KINDS, noise_kind
+from bayes_latency.model.likelihood import (
+    DEFAULT_NOISE_LOAD,
+    LOAD_DEV_MAX,
+    LOAD_GROWTH_SD,
+    WINDOW_KINDS,
+    load_deviation,
+    load_refs,
+    noise_kind,
+)
+from bayes_latency.model.likelihood import noise_load as noise_load_values
 from bayes_latency.model.population import (  # noqa: F401  (re-exported)
     FIXED_SCALE_FACTORS,
     MIN_LEVELS_FOR_SCALE,
@@ -132,7 +141,7 @@ VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling", "population
 
 def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
-                no_gate: tuple[str, ...] = (),
+                no_gate: tuple[str, ...] = (), noise_load: str = DEFAULT_NOISE_LOAD,
                 sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None,
                 population_prior: ConfigPrior | None = None) -> pm.Model:
     """The PyMC model of one fit.
@@ -150,6 +159,9 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         the fitted rows (full path: every row in the likelihood).
     no_gate
         Coefficients whose ARD gate is off (see :func:`_population`).
+    noise_load
+        Load covariate of the noise scale (full path: its growth ``noise_gamma`` per
+        (configuration, noise class) is a free parameter; :mod:`.likelihood`).
     sum_groups
         ``(coefficient names, typical weights, {config_id: weights})`` of groups the data see
         only as a weighted sum (:func:`bayes_latency.model.identifiability.sum_groups`): their
@@ -182,12 +194,12 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             if rows is None:
                 _summary_potential(theta, summaries, design, np.exp(pa.mu_mean))
             else:
-                _row_likelihood(theta, design, rows, pa)
+                _row_likelihood(theta, design, rows, pa, noise_load)
             return model
         if variant == "population":
             if population_prior is None:
                 raise ValueError("variant 'population' needs population_prior=")
-            _population_prior(design, population_prior, summaries, rows, pa)
+            _population_prior(design, population_prior, summaries, rows, pa, noise_load)
             return model
         # the gate selects basis terms; the alpha overheads are not a selection (and the
         # departure rows give their two terms as a sum, whose corners the gate makes modes of)
@@ -231,7 +243,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
             theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
             _theta_deterministics(theta, design)
-            _row_likelihood(theta, design, rows, pa)
+            _row_likelihood(theta, design, rows, pa, noise_load)
     return model
 
 
@@ -265,7 +277,8 @@ POPULATION_DATA = ("population_mean", "population_chol", "population_log_sigma_m
 
 
 def _population_prior(design: Design, prior: ConfigPrior, summaries: list[ConfigSummary] | None,
-                      rows: pd.DataFrame | None, pa: PriorArrays) -> None:
+                      rows: pd.DataFrame | None, pa: PriorArrays,
+                      noise_load: str = DEFAULT_NOISE_LOAD) -> None:
     """The configuration level under a population's prior (variant ``population``).
 
         log m = mean + reshape(L z),  z ~ N(0, 1) over (config, coef),  L L' = Cov
@@ -295,7 +308,7 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
         eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
         theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
         _theta_deterministics(theta, design)
-        _row_likelihood(theta, design, rows, pa)
+        _row_likelihood(theta, design, rows, pa, noise_load)
 
 
 def _n_active(design: Design, summaries: list[ConfigSummary] | None,
@@ -354,7 +367,7 @@ SUMMARY_DATA = ("summary_theta_hat", "summary_grad", "summary_info")
 
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,
-                    pa: PriorArrays) -> None:
+                    pa: PriorArrays, noise_load: str = DEFAULT_NOISE_LOAD) -> None:
     row_kind = noise_kind(rows)  # noise per (configuration, noise class)
     kinds = sorted(set(row_kind))
     cfg_idx = np.asarray([list(design.configs.index).index(c) for c in rows["config_id"]])
@@ -373,6 +386,16 @@ def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame
     # posterior sd from this path's)
     nu = pm.Gamma("noise_nu", alpha=pa.nu_alpha, beta=pa.nu_beta, dims=("config", "kind"))
     s_sig = sigma[cfg_idx, kind_idx]
+    if noise_load != "none":  # load-dependent scale (.likelihood): log sigma_i grows by gamma dl_i
+        refs = load_refs(rows, noise_load)
+        dl = load_deviation(noise_load_values(rows, noise_load),
+                            np.asarray([refs[(str(c), str(k))] for c, k in
+                                        zip(rows["config_id"], row_kind, strict=True)]))
+        if noise_load.endswith("-growth"):
+            gamma = pm.HalfNormal("noise_gamma", sigma=LOAD_GROWTH_SD, dims=("config", "kind"))
+        else:
+            gamma = pm.Normal("noise_gamma", 0.0, LOAD_GROWTH_SD, dims=("config", "kind"))
+        s_sig = s_sig * pt.exp(pt.clip(gamma[cfg_idx, kind_idx] * dl, -LOAD_DEV_MAX, LOAD_DEV_MAX))
     s_tau = tau[cfg_idx, kind_idx] * win[kind_idx]
     scale = pt.sqrt(s_sig**2 / n + s_tau**2 / n**2)
     mu = pt.sum(theta[cfg_idx] * X, axis=1)

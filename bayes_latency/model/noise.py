@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency.model.likelihood import NoiseParams, noise_kind
+from bayes_latency.model.likelihood import NoiseParams, noise_kind, noise_load
 
 #: Noise of kinds that are predicted but not fitted, borrowed from a fitted kind of the same config.
 NOISE_PROXY = {"request_prefill": ("step_window", "iteration"),
@@ -47,24 +47,31 @@ def noise_params(noise: NoiseTable, cfg: str, kind: str) -> NoiseParams:
         return NoiseParams(sigma=0.1, tau=0.0, nu=5.0)
     return NoiseParams(sigma=float(np.median([v.sigma for v in vals])),
                        tau=float(np.median([v.tau for v in vals])),
-                       nu=float(np.median([v.nu for v in vals])))
+                       nu=float(np.median([v.nu for v in vals])),
+                       gamma=float(np.median([v.gamma for v in vals])),
+                       load_ref=float(np.median([v.load_ref for v in vals])), load=vals[0].load)
 
 
 def row_noise(noise: NoiseTable, observations: pd.DataFrame
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-row noise of each row's (configuration, noise class): the log-scale ``s_i``, the
     Student-t dof and the offset of ``log y`` over ``log mu`` of multi-step rows
-    (:mod:`.likelihood`)."""
+    (:mod:`.likelihood`), the scale at each row's load (:func:`~.likelihood.noise_load` of the
+    covariate its noise was fitted with)."""
     scale = np.empty(len(observations))
     nu = np.empty(len(observations))
     off = np.zeros(len(observations))
     n = observations["n_steps"].to_numpy(dtype=float)
     key = [observations["config_id"].to_numpy(), noise_kind(observations)]
+    loads: dict[str, np.ndarray] = {}
     for (c, k), idx in pd.Series(0, index=observations.index).groupby(key).indices.items():
         p = noise_params(noise, str(c), str(k))
-        scale[idx] = p.scale(n[idx])
+        if p.load not in loads:
+            loads[p.load] = noise_load(observations, p.load)
+        ll = loads[p.load][idx]
+        scale[idx] = p.scale(n[idx], ll)
         nu[idx] = p.nu
-        off[idx] = p.log_offset(n[idx])
+        off[idx] = p.log_offset(n[idx], ll)
     return scale, nu, off
 
 
@@ -73,6 +80,7 @@ def noise_from_result(result: xr.DataTree, method: str) -> dict[str, dict[str, N
     has ``noise_sigma``), else the stored per-(config, kind) values of its ``summaries`` group."""
     ds = result["summaries"].to_dataset()
     post = result["posterior"].to_dataset()
+    load = str(ds.attrs.get("noise_load", "none"))
     out: dict[str, dict[str, NoiseParams]] = {}
     for c in ds["config"].values:
         d = {}
@@ -81,11 +89,24 @@ def noise_from_result(result: xr.DataTree, method: str) -> dict[str, dict[str, N
                 sig = float(post["noise_sigma"].sel(config=c, kind=k).mean())
                 tau = float(post["noise_tau"].sel(config=c, kind=k).mean())
                 nu = float(post["noise_nu"].sel(config=c, kind=k).mean())
-                d[str(k)] = NoiseParams(sig, tau if k == "step_window" else 0.0, nu)
+                gam = (float(post["noise_gamma"].sel(config=c, kind=k).mean())
+                       if "noise_gamma" in post else 0.0)
+                d[str(k)] = NoiseParams(sig, tau if k == "step_window" else 0.0, nu, gam,
+                                        _stored(ds, "noise_load_ref", c, k), load)
             else:
                 s = float(ds["noise_sigma"].sel(config=c, kind=k))
                 if np.isfinite(s):
                     d[str(k)] = NoiseParams(s, float(ds["noise_tau"].sel(config=c, kind=k)),
-                                            float(ds["noise_nu"].sel(config=c, kind=k)))
+                                            float(ds["noise_nu"].sel(config=c, kind=k)),
+                                            _stored(ds, "noise_gamma", c, k),
+                                            _stored(ds, "noise_load_ref", c, k), load)
         out[str(c)] = d
     return out
+
+
+def _stored(ds: xr.Dataset, name: str, c: object, k: object) -> float:
+    """A stored per-(config, kind) noise value of the ``summaries`` group, 0 when absent."""
+    if name not in ds:
+        return 0.0
+    v = float(ds[name].sel(config=c, kind=k))
+    return v if np.isfinite(v) else 0.0

@@ -20,7 +20,16 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, special
 
-from bayes_latency.model.likelihood import WINDOW_KINDS, NoiseParams, sum_log_offset
+from bayes_latency.model.likelihood import (
+    DEFAULT_NOISE_LOAD,
+    LOAD_DEV_MAX,
+    LOAD_GROWTH_SD,
+    WINDOW_KINDS,
+    NoiseParams,
+    load_deviation,
+    noise_load,
+    sum_log_offset,
+)
 from bayes_latency.model.rows import feature_columns
 
 NU_BOUNDS = (1.5, 200.0)
@@ -43,6 +52,7 @@ class NoisePrior:
     tau: float = 0.05  # HalfNormal scale of tau (window anchor error)
     nu_alpha: float = 2.0  # Gamma(alpha, beta) of nu
     nu_beta: float = 0.1
+    gamma: float = LOAD_GROWTH_SD  # Normal(0, gamma) sd of the load growth (.likelihood)
 
     def logp_and_grad(self, layout: list[tuple[str, str]], eta: np.ndarray) -> tuple[float, np.ndarray]:
         """Log prior density of the noise in log coordinates (Jacobian included), and its gradient."""
@@ -55,7 +65,11 @@ class NoisePrior:
         lp, g, h = 0.0, np.zeros(len(eta)), np.zeros(len(eta))
         for j, (kind, what) in enumerate(layout):
             v = float(np.exp(eta[j]))
-            if what == "nu":
+            if what == "gamma":  # not a log coordinate: N(0, sd) on gamma itself
+                lp += -0.5 * eta[j] ** 2 / self.gamma**2
+                g[j] = -eta[j] / self.gamma**2
+                h[j] = -1.0 / self.gamma**2
+            elif what == "nu":
                 lp += self.nu_alpha * eta[j] - self.nu_beta * v
                 g[j] = self.nu_alpha - self.nu_beta * v
                 h[j] = -self.nu_beta * v
@@ -75,7 +89,8 @@ class _ConfigProblem:
     and gathered to the rows, and per-kind sums are :func:`numpy.bincount` calls.
     """
 
-    def __init__(self, rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray) -> None:
+    def __init__(self, rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
+                 load: str = DEFAULT_NOISE_LOAD) -> None:
         self.coefs = coefs
         self.K = len(coefs)
         self.X = rows[feature_columns(coefs)].to_numpy(dtype=float)
@@ -88,10 +103,25 @@ class _ConfigProblem:
         kinds = rows["kind"].to_numpy()
         self.kinds = sorted(set(kinds))
         self.kind_idx = np.searchsorted(self.kinds, kinds)
-        # noise parameter layout: per kind [log sigma, (log tau), log nu]
+        # the load of each row's steps (.likelihood.noise_load) about its kind's median: a kind
+        # whose rows all sit at one load (or have none) gets no growth parameter
+        self.load = load
+        log_load = noise_load(rows, load)
+        self.load_ref = np.zeros(len(self.kinds))
+        self.dl = np.zeros(len(self.n))
+        for i in range(len(self.kinds)):
+            m = self.kind_idx == i
+            fin = log_load[m][np.isfinite(log_load[m])]
+            if fin.size:
+                self.load_ref[i] = float(np.median(fin))
+                self.dl[m] = load_deviation(log_load[m], self.load_ref[i])
+        grows = [bool(np.ptp(self.dl[self.kind_idx == i]) > 1e-9) for i in range(len(self.kinds))]
+        # noise parameter layout: per kind [log sigma, (gamma), (log tau), log nu]
         self.layout: list[tuple[str, str]] = []
-        for k in self.kinds:
+        for k, gr in zip(self.kinds, grows, strict=True):
             self.layout.append((k, "sigma"))
+            if gr:
+                self.layout.append((k, "gamma"))
             if k in WINDOW_KINDS:
                 self.layout.append((k, "tau"))
             self.layout.append((k, "nu"))
@@ -105,31 +135,56 @@ class _ConfigProblem:
         self.j_tau = np.array([self.layout.index((k, "tau")) if (k, "tau") in self.layout else -1
                                for k in self.kinds], dtype=int)
         self.has_tau = self.j_tau >= 0
+        self.j_gamma = np.array([self.layout.index((k, "gamma")) if (k, "gamma") in self.layout
+                                 else -1 for k in self.kinds], dtype=int)
+        self.has_gamma = self.j_gamma >= 0
         self.inv_n = 1.0 / self.n
         self.inv_n2 = self.inv_n**2
 
     def set_offset(self, eta: np.ndarray) -> float:
         """Set the rows' offsets ``d_i`` from the noise ``eta``; returns the largest change."""
-        sig = np.exp(eta[self.j_sigma])
-        new = sum_log_offset(sig[self.kind_idx], self.n)
+        new = sum_log_offset(self._row_sigma(eta), self.n)
         change = float(np.max(np.abs(new - self.offset), initial=0.0))
         self.offset = new
         self.log_y = self.log_y_obs - new
         return change
 
     # -- unpacking -------------------------------------------------------------------------
+    def _row_sigma(self, eta: np.ndarray) -> np.ndarray:
+        """Per-row step scale ``sigma_k exp(gamma_k (l_i - l_ref_k))``, the exponent clipped to
+        ``+-LOAD_DEV_MAX`` (:mod:`.likelihood`)."""
+        dev = np.clip(self._gamma_rows(eta) * self.dl, -LOAD_DEV_MAX, LOAD_DEV_MAX)
+        return np.exp(eta[self.j_sigma][self.kind_idx] + dev)
+
+    def _gamma_rows(self, eta: np.ndarray) -> np.ndarray:
+        """Each row's ``gamma`` (0 for kinds without one)."""
+        gam = np.where(self.has_gamma, eta[np.maximum(self.j_gamma, 0)], 0.0)
+        return gam[self.kind_idx]
+
+    def _dl_free(self, eta: np.ndarray) -> np.ndarray:
+        """``l_i - l_ref``, 0 where the exponent is clipped (it no longer moves with gamma)."""
+        return np.where(np.abs(self._gamma_rows(eta) * self.dl) < LOAD_DEV_MAX, self.dl, 0.0)
+
     def _kind_noise(self, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-kind (sigma, tau, nu); tau is 0 for kinds without an anchor error."""
         sig = np.exp(eta[self.j_sigma])
         tau = np.where(self.has_tau, np.exp(eta[np.maximum(self.j_tau, 0)]), 0.0)
         return sig, tau, np.exp(eta[self.j_nu])
 
+    def eta_of(self, noise: dict[str, NoiseParams]) -> np.ndarray:
+        """The noise parameters ``noise`` (by kind) in this problem's ``eta`` layout (logs of
+        ``sigma``, ``tau``, ``nu``; ``gamma`` as is): the inverse of :meth:`noise_params`."""
+        return np.array([getattr(noise[k], w) if w == "gamma" else np.log(getattr(noise[k], w))
+                         for k, w in self.layout])
+
     def noise_params(self, eta: np.ndarray) -> dict[str, NoiseParams]:
         """Noise parameters by kind."""
-        vals: dict[str, dict[str, float]] = {k: {"sigma": 0.0, "tau": 0.0, "nu": 30.0} for k in self.kinds}
+        vals: dict[str, dict[str, float]] = {k: {"sigma": 0.0, "tau": 0.0, "nu": 30.0, "gamma": 0.0}
+                                             for k in self.kinds}
         for j, (k, what) in enumerate(self.layout):
-            vals[k][what] = float(np.exp(eta[j]))
-        return {k: NoiseParams(**v) for k, v in vals.items()}
+            vals[k][what] = float(eta[j] if what == "gamma" else np.exp(eta[j]))
+        return {k: NoiseParams(**v, load_ref=float(self.load_ref[i]), load=self.load)
+                for i, (k, v) in enumerate(vals.items())}
 
     # -- objective -------------------------------------------------------------------------
     def derivatives(self, u: np.ndarray, eta: np.ndarray, order: int = 1
@@ -158,8 +213,8 @@ class _ConfigProblem:
         ki, nk = self.kind_idx, self.n_kinds
         mu = np.maximum(self.Xs @ u, 1e-300)
         r = self.log_y - np.log(mu)
-        sig, tau, nu_k = self._kind_noise(eta)
-        vs = (sig**2)[ki] * self.inv_n
+        _, tau, nu_k = self._kind_noise(eta)
+        vs = self._row_sigma(eta) ** 2 * self.inv_n
         vt = (tau**2)[ki] * self.inv_n2
         s2 = vs + vt
         nu = nu_k[ki]
@@ -181,6 +236,9 @@ class _ConfigProblem:
         g = np.zeros(K + ne)
         g[:K] = l_r @ z  # d l / d u = -l_r z; negated
         g[K + self.j_sigma] = -np.bincount(ki, l_a * ws, nk)
+        hg, dl = self.has_gamma, self._dl_free(eta)
+        if hg.any():
+            g[K + self.j_gamma[hg]] = -np.bincount(ki, l_a * ws * dl, nk)[hg]
         if self.has_tau.any():
             g[K + self.j_tau[self.has_tau]] = -np.bincount(ki, l_a * wt, nk)[self.has_tau]
         g[K + self.j_nu] = -np.bincount(ki, l_nu * nu, nk)
@@ -202,6 +260,9 @@ class _ConfigProblem:
         at = np.arange(len(r))
         W[at, self.j_sigma[ki]] = l_ar * ws
         W[at, self.j_nu[ki]] = l_rb
+        if hg.any():
+            m = hg[ki]
+            W[at[m], self.j_gamma[ki][m]] = (l_ar * ws * dl)[m]
         if self.has_tau.any():
             m = self.has_tau[ki]
             W[at[m], self.j_tau[ki][m]] = l_ar[m] * wt[m]
@@ -209,13 +270,21 @@ class _ConfigProblem:
         H[K:, :K] = H[:K, K:].T
         # eta block: per kind (d2 a / d log sigma^2 = d2 a / d log tau^2 = 2 ws wt = -d2 a / d both)
         c = 2.0 * ws * wt
-        blocks = {("sigma", "sigma"): l_aa * ws * ws + l_a * c, ("tau", "tau"): l_aa * wt * wt + l_a * c,
-                  ("sigma", "tau"): l_aa * ws * wt - l_a * c, ("sigma", "nu"): l_ab * ws,
-                  ("tau", "nu"): l_ab * wt, ("nu", "nu"): l_bb}
-        jj = {"sigma": self.j_sigma, "tau": self.j_tau, "nu": self.j_nu}
+        # gamma moves log sigma_i by dl_i: its terms are log sigma's times dl (or dl^2)
+        ss, st = l_aa * ws * ws + l_a * c, l_aa * ws * wt - l_a * c
+        blocks = {("sigma", "sigma"): ss, ("tau", "tau"): l_aa * wt * wt + l_a * c,
+                  ("sigma", "tau"): st, ("sigma", "nu"): l_ab * ws,
+                  ("tau", "nu"): l_ab * wt, ("nu", "nu"): l_bb,
+                  ("sigma", "gamma"): ss * dl, ("gamma", "gamma"): ss * dl * dl,
+                  ("gamma", "tau"): st * dl, ("gamma", "nu"): l_ab * ws * dl}
+        jj = {"sigma": self.j_sigma, "tau": self.j_tau, "nu": self.j_nu, "gamma": self.j_gamma}
         for (w1, w2), vals in blocks.items():
             sums = -np.bincount(ki, vals, nk)
-            has = self.has_tau if "tau" in (w1, w2) else np.ones(nk, bool)
+            has = np.ones(nk, bool)
+            if "tau" in (w1, w2):
+                has = has & self.has_tau
+            if "gamma" in (w1, w2):
+                has = has & hg
             i1, i2 = K + jj[w1][has], K + jj[w2][has]
             H[i1, i2] = sums[has]
             H[i2, i1] = sums[has]
@@ -249,6 +318,8 @@ def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
             eta0.append(np.log(np.clip(mad * np.sqrt(np.median(problem.n[m])), 1e-3, 2.0)))
         elif what == "tau":
             eta0.append(np.log(0.01))
+        elif what == "gamma":
+            eta0.append(0.0)
         else:
             eta0.append(np.log(5.0))
     return u0, np.asarray(eta0)

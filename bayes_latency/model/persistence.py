@@ -30,7 +30,7 @@ from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
 from bayes_latency.model.identifiability import IdentifiabilityReport
-from bayes_latency.model.likelihood import noise_kind
+from bayes_latency.model.likelihood import load_refs, noise_kind
 from bayes_latency.model.rows import feature_columns, fit_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,6 +152,7 @@ def assemble(state: FitState, dt: xr.DataTree, rows: pd.DataFrame, *,
         "priors_hash": state.priors.hash, "data_hash": state.data_hash,
         "terms": json.dumps(terms), "alpha_terms": json.dumps(list(state.alpha_terms)),
         "method": state.method, "variant": state.variant, "sampler": state.sampler,
+        "noise_load": state.noise_load,
         "approximate": "true" if state.sampler == "laplace" else "false",
         "timings": json.dumps(timings), "fit_report": json.dumps(report.to_dict()),
         "priors_yaml": _priors_yaml(state.priors), "priors_path": str(state.priors.path),
@@ -170,14 +171,20 @@ def noise_dataset(state: FitState, rows: pd.DataFrame) -> xr.Dataset:
     cfgs = list(state.design.configs.index)
     noise = state.noise
     kinds = sorted({k for n in noise.values() for k in n} | set(noise_kind(rows)))
-    arr = {w: np.full((len(cfgs), len(kinds)), np.nan) for w in ("sigma", "tau", "nu")}
+    arr = {w: np.full((len(cfgs), len(kinds)), np.nan)
+           for w in ("sigma", "tau", "nu", "gamma", "load_ref")}
+    # the reference loads of the rows (the full path's; stage 1 computes the same ones)
+    refs = load_refs(rows, state.noise_load)
     for i, c in enumerate(cfgs):
         for j, k in enumerate(kinds):
+            arr["load_ref"][i, j] = refs.get((c, k), np.nan)
             p = noise.get(c, {}).get(k)
             if p is not None:
                 arr["sigma"][i, j], arr["tau"][i, j], arr["nu"][i, j] = p.sigma, p.tau, p.nu
+                arr["gamma"][i, j], arr["load_ref"][i, j] = p.gamma, p.load_ref
     ds = xr.Dataset({f"noise_{w}": (("config", "kind"), a) for w, a in arr.items()},
                     coords={"config": cfgs, "kind": kinds})
+    ds.attrs["noise_load"] = state.noise_load
     if state.summaries:
         by = {s.config_id: s for s in state.summaries}
         ds["theta_hat"] = (("config", "coef"), np.stack([by[c].theta_hat for c in cfgs]))
@@ -265,6 +272,7 @@ class SavedFit:
     sampler: str
     variant: str
     embedded_priors: Any
+    noise_load: str = "none"
 
 
 def read_result(path: str | Path) -> SavedFit:
@@ -299,7 +307,8 @@ def read_result(path: str | Path) -> SavedFit:
                 f"{path}: the embedded priors hash to {embedded.hash}, not to the recorded "
                 f"{a.get('priors_hash')}: the file was altered")
     return SavedFit(result=dt, terms=terms, method=a["method"], sampler=a["sampler"],
-                    variant=a["variant"], embedded_priors=embedded)
+                    variant=a["variant"], embedded_priors=embedded,
+                    noise_load=str(a.get("noise_load", "none")))
 
 
 def check_priors(path: str | Path, result: xr.DataTree, priors: Any) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
+
 if TYPE_CHECKING:  # pragma: no cover
     from bayes_latency.model.design import Design
     from bayes_latency.model.identifiability import IdentifiabilityReport
@@ -42,6 +44,7 @@ class FitState:
     summaries: Sequence[ConfigSummary] | None = None
     identifiability: IdentifiabilityReport | None = None
     data_hash: str | None = None
+    noise_load: str = DEFAULT_NOISE_LOAD
 
     @property
     def coefs(self) -> tuple[str, ...]:

@@ -56,7 +56,13 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from bayes_latency.model.likelihood import NoiseParams, noise_kind
+from bayes_latency.model.likelihood import (
+    DEFAULT_NOISE_LOAD,
+    NoiseParams,
+    check_noise_load,
+    load_growth_bounds,
+    noise_kind,
+)
 from bayes_latency.model.newton import (  # noqa: F401 - the optimiser's settings re-exported
     EPS_BOUND,
     MAX_NEWTON_ITER,
@@ -111,7 +117,8 @@ class ConfigSummary:
 
 def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
                      noise_prior: NoisePrior | None = None,
-                     fixed_noise: dict[str, NoiseParams] | None = None) -> ConfigSummary:
+                     fixed_noise: dict[str, NoiseParams] | None = None,
+                     load: str = DEFAULT_NOISE_LOAD) -> ConfigSummary:
     """Maximum likelihood and curvature of one configuration's rows (see module docstring).
 
     Parameters
@@ -127,13 +134,16 @@ def summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarr
     fixed_noise
         Noise parameters by kind to hold fixed instead of estimating and profiling them (a
         diagnostic: ``benchmarks/fast_vs_full.py`` fixes them at the full path's posterior).
+    load
+        Load covariate of the noise scale (:data:`~.likelihood.NOISE_LOADS`): each noise class
+        whose rows' loads differ gets a growth ``gamma`` (:mod:`.likelihood`).
 
     Returns
     -------
     ConfigSummary
     """
     with _one_blas_thread():
-        return _summarize_config(rows, coefs, scale, noise_prior, fixed_noise)
+        return _summarize_config(rows, coefs, scale, noise_prior, fixed_noise, load)
 
 
 def _one_blas_thread() -> contextlib.AbstractContextManager:
@@ -178,14 +188,17 @@ def _noise_starts(p: _ConfigProblem, eta: np.ndarray, lo: np.ndarray, hi: np.nda
 
 def _summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
                       noise_prior: NoisePrior | None,
-                      fixed_noise: dict[str, NoiseParams] | None) -> ConfigSummary:
+                      fixed_noise: dict[str, NoiseParams] | None, load: str) -> ConfigSummary:
     """:func:`summarize_config`, with BLAS as the caller left it."""
     first = rows.iloc[0]
-    p = _ConfigProblem(rows, coefs, scale)
+    p = _ConfigProblem(rows, coefs, scale, check_noise_load(load))
     u0, eta0 = _initial(p)
     K = p.K
     eta_bounds = []
     for _, what in p.layout:
+        if what == "gamma":  # not a log coordinate
+            eta_bounds.append(load_growth_bounds(load))
+            continue
         lo, hi = {"sigma": SIGMA_BOUNDS, "tau": TAU_BOUNDS, "nu": NU_BOUNDS}[what]
         eta_bounds.append((np.log(lo), np.log(hi)))
     eta_lo = np.array([b[0] for b in eta_bounds])
@@ -195,7 +208,7 @@ def _summarize_config(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndar
     if fit_noise:
         eta = np.clip(eta0, eta_lo, eta_hi)
     else:
-        eta = np.log([getattr(fixed_noise[k], what) for k, what in p.layout])
+        eta = p.eta_of(fixed_noise)
     # a tiny ridge in scaled coordinates, centred on the start, pins the directions the data leave
     # flat (coefficients identified only as a sum); it is left out of the summary, whose expansion
     # is exact anywhere
@@ -278,7 +291,8 @@ SECONDS_PER_ROW = 6e-6
 
 
 def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-              noise_prior: NoisePrior | None = None, scheduler: Any = None) -> list[ConfigSummary]:
+              noise_prior: NoisePrior | None = None, scheduler: Any = None,
+              load: str = DEFAULT_NOISE_LOAD) -> list[ConfigSummary]:
     """One :class:`ConfigSummary` per configuration of the (already filtered) fit rows.
 
     Parameters
@@ -296,6 +310,8 @@ def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
         :data:`SECONDS_PER_ROW`, i.e. about 1.7 million rows, else a local cluster;
         ``$DASK_SCHEDULER_ADDRESS`` when set), ``"inline"``, ``"local"``, a scheduler address or
         a ``distributed.Client``.
+    load
+        As in :func:`summarize_config`.
 
     Returns
     -------
@@ -305,9 +321,13 @@ def summarize(rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
     from bayes_latency.parallel import run_units
 
     cols = ["config_id", "model", "gpu", "tp", "kind", "n_steps", "value_us", *feature_columns(coefs)]
+    # the load covariates' features (.likelihood.noise_load), whether or not the terms use them
+    cols += [c for c in ("x_per_request", "x_decode_kv", "x_prefill_kv", "aggregate")
+             if c not in cols and c in rows.columns]
     # stage 1 estimates one noise per (configuration, noise class): ``kind`` carries the class
     rows = rows[cols].assign(kind=noise_kind(rows))
-    jobs = [(g, tuple(coefs), scale, noise_prior) for _, g in rows.groupby("config_id", sort=True)]
+    jobs = [(g, tuple(coefs), scale, noise_prior, None, check_noise_load(load))
+            for _, g in rows.groupby("config_id", sort=True)]
     return run_units(summarize_config, jobs, scheduler=scheduler,
                      cost_s=len(rows) * SECONDS_PER_ROW, weights=[len(j[0]) for j in jobs],
                      desc="stage 1", unit="row", scatter=True)

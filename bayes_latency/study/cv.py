@@ -38,7 +38,8 @@ def fit_ours(observations: pd.DataFrame, settings: FitSettings,
     from bayes_latency.model.estimator import LatencyModel
 
     t0 = time.perf_counter()
-    m = LatencyModel(terms=tuple(terms), population=population).fit(
+    m = LatencyModel(terms=tuple(terms), population=population,
+                     noise_load=settings.noise_load).fit(
         observations, draws=settings.draws, tune=settings.tune, chains=settings.chains,
         seed=settings.seed, target_accept=settings.target_accept, max_draws=settings.max_draws)
     conv = m.convergence()

@@ -103,7 +103,12 @@ def _truth(fleet_dir: Path) -> dict[str, dict[str, float]]:
 
 def _export_all(model: LatencyModel, posterior: Path, out: Path,
                 configs: list[tuple[str, str, int]]) -> list[Path]:
-    from bayes_latency.export.document import blis_yaml, export_document, provenance
+    from bayes_latency.export.document import (
+        blis_yaml,
+        export_document,
+        provenance,
+        step_noise_of,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance(model.result.attrs, posterior)
@@ -112,7 +117,8 @@ def _export_all(model: LatencyModel, posterior: Path, out: Path,
         coefs = model.coefficients(m, g, t)
         cfg = {"model": m, "gpu": g, "tp": t}
         name = f"{m}_{g}_tp{t}"
-        doc = export_document(coefs, cfg, prov, n_draws=0)
+        doc = export_document(coefs, cfg, prov, n_draws=0,
+                              step_noise=step_noise_of(model, coefs))
         p = out / f"{name}.json"
         p.write_text(json.dumps(doc, indent=2, default=float))
         q = out / f"{name}.blis.yaml"

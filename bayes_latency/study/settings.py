@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.sampler import (
     DEFAULT_DRAWS,
     DEFAULT_MAX_DRAWS,
@@ -53,6 +54,8 @@ class FitSettings:
     #: Sample on past ``draws`` until the convergence gates pass, up to this many draws (the
     #: default of ``bayes-latency fit``; None: exactly ``draws``).
     max_draws: int | None = None
+    #: Load covariate of the noise scale (``bayes_latency.model.likelihood.NOISE_LOADS``).
+    noise_load: str = DEFAULT_NOISE_LOAD
 
     def describe(self) -> str:
         """The settings in words, as the study READMEs print them."""

@@ -344,3 +344,17 @@ def test_workload_point_prediction_inside_its_band_under_heavy_tails():
     point = wl["observed_us"] * (1 + wl["error_pct"] / 100)
     np.testing.assert_allclose(point, wl["pred_median_us"], rtol=1e-9)
     assert wl.loc[wl["metric"] == "e2e_mean", "error_pct"].abs().max() < 10
+
+
+def test_band_summary_holds_overflowed_draws_at_the_largest_float():
+    """Draws past the float range (+inf) leave finite bands: no inf - inf quantile, no overflow."""
+    import warnings
+
+    from bayes_latency.checks.ppc_bands import band_summary
+
+    d = np.array([[1.0, 1.0], [2.0, np.inf], [np.inf, np.inf], [np.inf, np.inf]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = band_summary(d, np.array([1.5, 1.0]))
+    assert np.isfinite(b["q95_us"]).all() and b["q95_us"].iloc[1] == 1e300
+    assert b["in_90"].tolist() == [1.0, 0.0]  # the second row's band starts far above 1

@@ -23,6 +23,9 @@ BAND_COLUMNS = ["observed_us", "pred_mean_us", "pred_median_us", "q05_us", "q25_
                 "q95_us", "pit", "in_50", "in_90", "ape"]
 ALL = "all"
 """Group label of pooled summaries (all configurations / all stages)."""
+#: Where :func:`band_summary` holds draws that overflowed to +inf (µs): far above any duration,
+#: and far enough below the largest float that quantiles interpolate without overflow.
+OVERFLOW_US = 1e300
 
 
 def band_summary(draws: np.ndarray, observed: np.ndarray) -> pd.DataFrame:
@@ -43,6 +46,9 @@ def band_summary(draws: np.ndarray, observed: np.ndarray) -> pd.DataFrame:
         (as float 0/1, NaN when ``y`` is NaN).
     """
     d = np.asarray(draws, dtype=float)
+    # a heavy-tailed draw exponentiated past the float range is +inf: held at OVERFLOW_US, so a
+    # quantile between two of them is finite, not inf - inf = NaN
+    d = np.where(np.isposinf(d), OVERFLOW_US, d)
     y = np.asarray(observed, dtype=float)
     if d.ndim != 2 or d.shape[1] != y.shape[0]:
         raise BayesLatencyError(f"draws of shape {d.shape} do not match {y.shape[0]} observations")

@@ -192,3 +192,17 @@ def test_run_level_scale_borrows_the_fleet_scatter_of_client_means():
     alone, src_alone = run_level_sigma(models[0], "c", "workload_e2e")
     borrowed, src = run_level_sigma(models[1], "c", "workload_e2e")
     assert borrowed < 0.8 * alone and "population 20 rows" in src and "population" not in src_alone
+
+
+def test_the_shipped_population_loads_under_this_model_version():
+    """The population ``calibrate`` borrows from by default is readable by this package (model
+    version, file format, embedded priors = the default priors) and holds the real fleet."""
+    from bayes_latency import MODEL_VERSION
+    from bayes_latency.model.fleet import SHIPPED_POPULATION, load_population
+
+    pop = load_population(SHIPPED_POPULATION)
+    d = pop.describe()
+    assert d["model_version"] == MODEL_VERSION
+    assert {"llama-2-7b", "llama-2-70b", "codellama-34b", "mixtral-8x7b"} <= set(d["models"])
+    assert d["n_samples"] >= 100 and d["left_out"] == ""
+    assert SHIPPED_POPULATION.stat().st_size < 1_000_000

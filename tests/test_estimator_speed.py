@@ -8,9 +8,9 @@ import pytensor.tensor as pt
 import pytest
 import xarray as xr
 
-from bayes_latency.model import sampler
+from bayes_latency.model import compiled, sampler
+from bayes_latency.model.compiled import _numba_opt
 from bayes_latency.model.deterministics import _with_deterministics
-from bayes_latency.model.sampler import _numba_opt
 
 
 def _model() -> pm.Model:
@@ -68,8 +68,8 @@ def test_numba_opt_is_scoped_and_yields_to_the_environment(monkeypatch):
 
     before = int(config.OPT)
     monkeypatch.delenv("NUMBA_OPT", raising=False)
-    with _numba_opt(sampler.NUMBA_OPT):
-        assert int(config.OPT) == sampler.NUMBA_OPT
+    with _numba_opt(compiled.NUMBA_OPT):
+        assert int(config.OPT) == compiled.NUMBA_OPT
     assert int(config.OPT) == before
     monkeypatch.setenv("NUMBA_OPT", "2")
     with _numba_opt(0):
@@ -96,16 +96,16 @@ def _draws(model: pm.Model) -> np.ndarray:
 
 
 def test_compiled_model_is_reused_for_new_data_with_the_draws_of_a_fresh_compile(monkeypatch):
-    monkeypatch.setattr(sampler, "_COMPILED", [])
+    monkeypatch.setattr(compiled, "_COMPILED", [])
     a, b = _data_model(np.array([0.1, 0.4, -0.2])), _data_model(np.array([1.1, 1.5, 0.9]))
-    assert sampler._same_structure(a, b)
-    assert not sampler._same_structure(a, _data_model(np.array([0.1, 0.4, -0.2]), prior_sd=2.0))
-    assert not sampler._same_structure(a, _data_model(np.array([0.1, 0.4])))  # other coords
+    assert compiled._same_structure(a, b)
+    assert not compiled._same_structure(a, _data_model(np.array([0.1, 0.4, -0.2]), prior_sd=2.0))
+    assert not compiled._same_structure(a, _data_model(np.array([0.1, 0.4])))  # other coords
     _draws(a)
-    first = sampler._COMPILED[0][1]
+    first = compiled._COMPILED[0][1]
     reused = _draws(b)
-    assert len(sampler._COMPILED) == 1 and sampler._COMPILED[0][1] is first  # not recompiled
-    sampler._COMPILED.clear()
+    assert len(compiled._COMPILED) == 1 and compiled._COMPILED[0][1] is first  # not recompiled
+    compiled._COMPILED.clear()
     fresh = _draws(b)
     np.testing.assert_array_equal(reused, fresh)
     assert abs(reused.mean() - 1.17) < 0.5  # b's data, not a's
@@ -125,9 +125,9 @@ def test_latency_models_of_new_values_share_their_structure():
     a, b = LatencyModel().build(obs), LatencyModel().build(moved)
     assert all(n in a.named_vars for n in SUMMARY_DATA)
     assert not np.array_equal(a["summary_theta_hat"].get_value(), b["summary_theta_hat"].get_value())
-    assert sampler._same_structure(a, b)
+    assert compiled._same_structure(a, b)
     fewer = obs[obs["config_id"] != obs["config_id"].iloc[0]]
-    assert not sampler._same_structure(a, LatencyModel().build(fewer))
+    assert not compiled._same_structure(a, LatencyModel().build(fewer))
 
 
 def test_posterior_only_fits_skip_the_arviz_groups():
@@ -152,14 +152,14 @@ def test_c_callbacks_without_shape_errors_give_nutpies_draws(monkeypatch):
     import nutpie.compile_pymc as ncp
 
     orig = ncp._make_c_logp_func
-    with sampler._c_callbacks_without_shape_errors():
-        assert ncp._make_c_logp_func is sampler._c_logp_func  # this nutpie's builders are swapped
-        assert ncp._make_c_expand_func is sampler._c_expand_func
+    with compiled._c_callbacks_without_shape_errors():
+        assert ncp._make_c_logp_func is compiled._c_logp_func  # this nutpie's builders are swapped
+        assert ncp._make_c_expand_func is compiled._c_expand_func
     assert ncp._make_c_logp_func is orig
-    monkeypatch.setattr(sampler, "_COMPILED", [])
+    monkeypatch.setattr(compiled, "_COMPILED", [])
     ours = _draws(_data_model(np.array([0.1, 0.4, -0.2])))
-    sampler._COMPILED.clear()
-    monkeypatch.setattr(sampler, "_c_callbacks_without_shape_errors", contextlib.nullcontext)
+    compiled._COMPILED.clear()
+    monkeypatch.setattr(compiled, "_c_callbacks_without_shape_errors", contextlib.nullcontext)
     np.testing.assert_array_equal(ours, _draws(_data_model(np.array([0.1, 0.4, -0.2]))))
 
 
@@ -170,5 +170,5 @@ def test_c_callbacks_left_alone_for_other_builders(monkeypatch):
         return None
 
     monkeypatch.setattr(ncp, "_make_c_logp_func", other)
-    with sampler._c_callbacks_without_shape_errors():
+    with compiled._c_callbacks_without_shape_errors():
         assert ncp._make_c_logp_func is other

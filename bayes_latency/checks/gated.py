@@ -202,7 +202,7 @@ def fit(observations: pd.DataFrame, requests: pd.DataFrame | None = None, *,
         The fitted model and its gates (``report.passed``, ``report.failures``).
     """
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.sampler import progress_mode
+    from bayes_latency.model.progress import progress_mode
 
     if on_failure not in ON_FAILURE:
         raise ConfigError(f"on_failure={on_failure!r}: expected one of {ON_FAILURE}")

@@ -33,7 +33,7 @@ def _with_deterministics(model: pm.Model, post: xr.Dataset, names: Sequence[str]
 
     ``post`` holds either the draws of the free variables (then the deterministics are added) or
     those of the model's value variables, as nutpie's trace does (:func:`~bayes_latency.model.
-    sampler.compiled_model`: ``sigma_log__`` for ``sigma``; then the transformed free variables
+    compiled.compiled_model`: ``sigma_log__`` for ``sigma``; then the transformed free variables
     are computed from them too and the value variables dropped). ``names``: compute only these
     (the convergence checks of an extended fit need a few); ``cache``, a dict the caller keeps,
     holds the compiled function for later calls on posteriors of the same variables.

@@ -59,6 +59,7 @@ from bayes_latency.model.noise import (  # noqa: F401 - NOISE_PROXY re-exported
     noise_params,
     row_noise,
 )
+from bayes_latency.model.progress import progress_mode
 from bayes_latency.model.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
@@ -66,7 +67,6 @@ from bayes_latency.model.sampler import (
     NUTPIE_ADAPTATION,
     SAMPLERS,
     TARGET_ACCEPT,
-    progress_mode,
     resolve_max_draws,
 )
 from bayes_latency.model.state import FitState
@@ -311,7 +311,7 @@ class LatencyModel:
         notebook or on a terminal whose total is what will run (the draws up to the next
         checkpoint), else one line on stderr at the end of tuning, at each checkpoint and at the
         end; ``False``: nothing; ``"bar"`` / ``"lines"``: that display
-        (:func:`~bayes_latency.model.sampler.progress_mode`).
+        (:func:`~bayes_latency.model.progress.progress_mode`).
         """
         progress = progress_mode(progress)
         max_draws = resolve_max_draws(max_draws, draws)

@@ -20,11 +20,11 @@ import xarray as xr
 
 from bayes_latency.model import convergence as _convergence
 from bayes_latency.model.deterministics import _with_deterministics, config_draws_posterior
+from bayes_latency.model.progress import progress_mode
 from bayes_latency.model.sampler import (
     HOPELESS_RHAT,
     RETRY_TARGET_ACCEPT,
     Until,
-    progress_mode,
     sample,
 )
 

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import xarray as xr
 
+from bayes_latency.model.compiled import NUMBA_FASTMATH, NUMBA_OPT
 from bayes_latency.model.deterministics import _with_deterministics, add_config_draws
 from bayes_latency.model.extension import sample_extended
-from bayes_latency.model.sampler import NUMBA_FASTMATH, NUMBA_OPT, sample
+from bayes_latency.model.sampler import sample
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm

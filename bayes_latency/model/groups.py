@@ -288,7 +288,7 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     import pymc as pm
     import pytensor
 
-    from bayes_latency.model.hierarchy import truncated_normal_positive
+    from bayes_latency.model.conditional import truncated_normal_positive
 
     names = [v.name for v in pm_model.free_RVs + pm_model.deterministics]
     # cxx="": the inner functions of the OpFromGraph random variables (ZeroSumNormal) in Python

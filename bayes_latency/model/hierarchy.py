@@ -93,6 +93,7 @@ its lognormal one, and the configuration residual and likelihood are those above
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -112,7 +113,6 @@ from bayes_latency.model.design import (  # noqa: F401  (re-exported)
     PriorArrays,
     prior_arrays,
 )
-from bayes_latency.model.fleet import ConfigPrior
 from bayes_latency.model.likelihood import (
     DEFAULT_NOISE_LOAD,
     LOAD_DEV_MAX,
@@ -135,6 +135,9 @@ from bayes_latency.model.population import (  # noqa: F401  (re-exported)
     _sum_shift,
 )
 from bayes_latency.model.summaries import ConfigSummary, feature_columns
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bayes_latency.model.fleet import ConfigPrior
 
 VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling", "population")
 
@@ -352,7 +355,7 @@ def marginal_loglik(m: pt.TensorVariable, sig_c: pt.TensorVariable,
 
     The summary arrays enter as data (``pm.Data`` :data:`SUMMARY_DATA`), not constants: models
     of the same structure differ only in their values, so a compiled model is reused for new
-    data (:func:`bayes_latency.model.sampler.compiled_model`).
+    data (:func:`bayes_latency.model.compiled.compiled_model`).
     """
     from bayes_latency.model.marginal import marginal_loglik_op
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from obs_factory import make_observations
+from test_summaries import COEFS, PRIOR
 
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.likelihood import (
@@ -19,7 +20,6 @@ from bayes_latency.model.likelihood import (
 )
 from bayes_latency.model.noise import row_noise
 from bayes_latency.model.summaries import (
-    NoisePrior,
     _ConfigProblem,
     _initial,
     fit_rows,
@@ -27,10 +27,6 @@ from bayes_latency.model.summaries import (
 )
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
-
-COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
-PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
-                          "alpha_departure": 0.2})
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from obs_factory import make_observations
-from test_summaries import COEFS, PRIOR
+from test_summaries import COEFS, PRIOR, central_differences
 
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.likelihood import (
@@ -98,16 +98,7 @@ def test_derivatives_with_a_load_growth_match_finite_differences(scale):
     f, g, H = p.derivatives(u, eta, 2)
     keep = np.concatenate([p.active, np.ones(len(eta), bool)])
     z = np.concatenate([u, eta])
-    fd_g, fd_H = np.zeros(z.size), np.zeros((z.size, z.size))
-    for j in np.flatnonzero(keep):
-        h = 1e-6 * max(1.0, abs(z[j]))
-        zp, zm = z.copy(), z.copy()
-        zp[j] += h
-        zm[j] -= h
-        fp, gp, _ = p.derivatives(zp[:p.K], zp[p.K:], 1)
-        fm, gm, _ = p.derivatives(zm[:p.K], zm[p.K:], 1)
-        fd_g[j] = (fp - fm) / (2 * h)
-        fd_H[:, j] = (gp - gm) / (2 * h)
+    fd_g, fd_H = central_differences(p, z, keep)
     assert np.allclose(g[keep], fd_g[keep], rtol=1e-5, atol=1e-6 * np.abs(g[keep]).max())
     Hk = H[np.ix_(keep, keep)]
     assert np.allclose(Hk, fd_H[np.ix_(keep, keep)], rtol=1e-4, atol=1e-6 * np.abs(Hk).max())

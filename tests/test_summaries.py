@@ -32,6 +32,23 @@ PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival":
 LOAD = "none"
 
 
+def central_differences(p: _ConfigProblem, z: np.ndarray, keep: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Central finite differences of ``p``'s objective at ``z`` (coefficients then noise
+    parameters) in the coordinates ``keep``: the gradient and the Hessian's columns."""
+    fd_g, fd_H = np.zeros(z.size), np.zeros((z.size, z.size))
+    for j in np.flatnonzero(keep):
+        h = 1e-6 * max(1.0, abs(z[j]))
+        zp, zm = z.copy(), z.copy()
+        zp[j] += h
+        zm[j] -= h
+        fp, gp, _ = p.derivatives(zp[:p.K], zp[p.K:], 1)
+        fm, gm, _ = p.derivatives(zm[:p.K], zm[p.K:], 1)
+        fd_g[j] = (fp - fm) / (2 * h)
+        fd_H[:, j] = (gp - gm) / (2 * h)
+    return fd_g, fd_H
+
+
 @pytest.fixture(scope="module")
 def scale() -> np.ndarray:
     return np.asarray([load_priors().prior_median(c) for c in COEFS])
@@ -76,16 +93,7 @@ def test_derivatives_match_finite_differences(rows, scale):
     f, g, H = p.derivatives(u, eta, 2)
     z = np.concatenate([u, eta])
     keep = np.concatenate([p.active, np.ones(len(eta), bool)])
-    fd_g, fd_H = np.zeros(z.size), np.zeros((z.size, z.size))
-    for j in np.flatnonzero(keep):
-        h = 1e-6 * max(1.0, abs(z[j]))
-        zp, zm = z.copy(), z.copy()
-        zp[j] += h
-        zm[j] -= h
-        fp, gp, _ = p.derivatives(zp[:p.K], zp[p.K:], 1)
-        fm, gm, _ = p.derivatives(zm[:p.K], zm[p.K:], 1)
-        fd_g[j] = (fp - fm) / (2 * h)
-        fd_H[:, j] = (gp - gm) / (2 * h)
+    fd_g, fd_H = central_differences(p, z, keep)
     assert f == pytest.approx(p.derivatives(u, eta, 0)[0], abs=1e-9)
     gk = g[keep]
     assert np.allclose(gk, fd_g[keep], rtol=1e-5, atol=1e-6 * np.abs(gk).max())

@@ -174,15 +174,9 @@ def skip_value(b, i, stack):
                 depth -= 1
             else:
                 if c == 123:
-                    if b[i] != 34:
-                        return ERR
-                    i, _e = scan_string(b, i)
+                    _s, _e, i = read_key(b, i)
                     if i < 0:
                         return ERR
-                    i = skip_ws(b, i)
-                    if b[i] != 58:
-                        return ERR
-                    i = skip_ws(b, i + 1)
                 done = False
         elif c == 34:
             i, _e = scan_string(b, i)
@@ -218,15 +212,9 @@ def skip_value(b, i, stack):
             if c == 44:
                 i = skip_ws(b, i + 1)
                 if top == 123:
-                    if b[i] != 34:
-                        return ERR
-                    i, _e = scan_string(b, i)
+                    _s, _e, i = read_key(b, i)
                     if i < 0:
                         return ERR
-                    i = skip_ws(b, i)
-                    if b[i] != 58:
-                        return ERR
-                    i = skip_ws(b, i + 1)
                 break
             if (c == 125 and top == 123) or (c == 93 and top == 91):
                 i += 1

@@ -20,6 +20,7 @@ import yaml
 
 from bayes_latency.cli.main import main as cli_main
 from bayes_latency.study.blis import e2e as be
+from bayes_latency.study.blis import report as br
 from bayes_latency.study.blis.spec import (
     CLIENT_TIMEOUT_S,
     PUBLISHED,
@@ -218,10 +219,10 @@ def test_summarize_errors_medians_over_normal_runs_only() -> None:
     rows = []
     for i, err in enumerate([0.1, -0.2, 0.3, 5.0]):
         row = {"source": "blis-published", "stress": i == 3}
-        for m in be.METRICS:
+        for m in br.METRICS:
             row[f"err_{m}"] = err
         rows.append(row)
-    s = be.summarize_errors(pd.DataFrame(rows)).iloc[0]
+    s = br.summarize_errors(pd.DataFrame(rows)).iloc[0]
     assert s["runs"] == 3 and s["median_abs_err_e2e_mean"] == pytest.approx(0.2)
 
 
@@ -296,7 +297,7 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     # The fake export's mean IS the published block: same simulation, same numbers.
     assert mean["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"], rel=1e-12)
     assert mean["n_draws"] == 4 and mean["band_e2e_mean_lo_s"] < mean["band_e2e_mean_hi_s"]
-    md, csv = be.write_outputs(res, tmp_path / "out")
+    md, csv = br.write_outputs(res, tmp_path / "out")
     assert "90% bands" in md.read_text() and len(pd.read_csv(csv)) == 4
     with pytest.raises(BlisSetupError, match="draws"):
         be.run_study(setup, runs, exports=tmp_path / "exp", n_draws=5)
@@ -384,7 +385,7 @@ def test_table_and_report_from_recorded_metrics(tmp_path: Path) -> None:
                          kv_blocks=kv, wall_s=1.0, invocations=len(jobs),
                          invocation_s=[1.0] * len(jobs), invocation_cpu_s=[0.5] * len(jobs),
                          n_draws=3, exports="exp")
-    md, csv = be.write_outputs(res, tmp_path)
+    md, csv = br.write_outputs(res, tmp_path)
     text = md.read_text()
     assert "Median |error| over the 1 normal runs" in text and "stress" in text
     assert "90% bands" in text and "tiny-llama-2-7b-tp1-general" not in text  # short ids

@@ -67,7 +67,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
     check_output_path(args.out, kind="dir")
     if args.name == "blis":
-        from bayes_latency.study.blis.e2e import main as study_blis
+        from bayes_latency.study.blis.report import main as study_blis
 
         return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
                           n_draws=args.draws, runs=args.runs, data=args.data,

@@ -46,12 +46,17 @@ from bayes_latency.physics.models import resolve_name
 from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = [
-    "EXPORT_MODELS", "N_ALPHA", "N_BETA", "PUBLISHED", "QUANTILE_LEVELS", "CLIENT_TIMEOUT_S",
+    "EXPORT_MODELS", "FIXED_FLAGS", "N_ALPHA", "N_BETA", "PUBLISHED", "QUANTILE_LEVELS", "CLIENT_TIMEOUT_S",
     "BlisSetupError", "Coefficients", "RealRun", "StageWorkload", "blis_flags",
     "empirical_pdf", "export_path", "find_runs", "kv_blocks_per_gpu", "load_export",
     "SUFFIX_TOKENS", "pdf_mean", "real_data_dir", "stage_spec", "write_perturbed_exports",
 ]
 
+#: Scheduler / cache flags of the real servers (``exp-config.yaml``) and of every invocation.
+FIXED_FLAGS: tuple[str, ...] = ("--latency-model", "trained-physics", "--hardware", "H100",
+                                "--max-num-seqs", "128", "--max-num-batched-tokens", "2048",
+                                "--block-size-in-tokens", "16", "--cache-signal-delay", "0",
+                                "--log", "error")
 #: Number of ``alpha_coeffs`` / ``beta_coeffs`` BLIS's trained-physics model reads.
 N_ALPHA, N_BETA = 3, 11
 #: Models of the 16 real runs, by their export name (``<model>-h100-tp<N>.yaml``).

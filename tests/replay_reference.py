@@ -1,9 +1,8 @@
-"""Reference for ``tests/test_replay_kernel.py``: the pure-Python replay loop and journey
-segmentation the numba kernels of :mod:`bayes_latency.data.rebuild.kernel` replaced
-(kept unchanged as the reference: ``_replay`` and ``_segments`` as plain Python loops).
+"""Reference for ``tests/test_replay_kernel.py``: the replay loop and journey segmentation as
+plain Python loops (``_replay``, ``_segments``), which the numba kernels of
+:mod:`bayes_latency.data.rebuild.kernel` must match.
 
-Formerly part of :mod:`bayes_latency.data.rebuild.reconstruct`: ``_replay`` applies the reference scheduling
-policy (decodes first, then running partial prefills in admission order, then the requests
+``_replay`` applies the reference scheduling policy (decodes first, then running partial prefills in admission order, then the requests
 scheduled at the step) to the journey segments of :mod:`.reconstruct_segments`, choosing each
 segment's cached prefix when prefix caching is on, and returns the chunks as ``_Replay``.
 """

@@ -37,35 +37,22 @@ NUMBA_FASTMATH = False
 #: iterations, and compiles on warm caches in 17.1 against 18.5 CPU s. Level 0 (not kept): warm
 #: compilation 10.6 CPU s, but 53 instead of 38 us per gradient evaluation (40% slower sampling).
 NUMBA_OPT = 1
-# Where a fit's time goes (demo fit, 12 configurations, measured on a 2-core
-# machine shared with other jobs, so in CPU seconds). MODEL_VERSION 7, before the
-# changes below, 2 x (500 + 4000) iterations: 91-94 CPU s in all (idle-machine estimate 57-58 s):
-# compilation 17-18 CPU s on warm caches, 82-91 on empty ones; sampling 67-70 CPU s (196-206
-# leapfrog steps per draw at target_accept 0.99, ~38 us per logp+gradient); ArviZ groups 4-7 s.
-# Warm compilation: PyTensor's graph rewrites of logp+gradient and expand ~4.5 s, the rest
-# Numba compiling nutpie's C callbacks (not cacheable) and linking the cached Ops into them. Cold: ~660 Numba functions (the logp
-# +gradient graph has 361 nodes, the expand graph 155), two thirds of it in LLVM.
-# Kept: 2000 draws for the demo (``demo.DEMO_DRAWS``), LLVM level 1 (:data:`NUMBA_OPT`), and
-# the deterministics computed after sampling (:func:`_with_deterministics`; nutpie's expand
-# function then only returns the free variables: cold compilation 55 against 73 CPU s).
-# Cold caches (CPU s and counts, on a shared machine): a first fit
-# also ran gcc 22 times (PyTensor C thunks of the OpFromGraph inner functions of the
-# initial-point, deterministics and prior-sampling functions): 16 s of wall time on an idle machine
-# (28 s on a busy one) outside the fit's CPU time, which is why the cold wall time exceeded the
-# idle estimate by ~10 s. Now none (:func:`_initial_point_without_c`, ``cxx=""`` in
-# ``groups.prior_groups``, LogSumExp inlined in ``_with_deterministics``; same chains, same
-# prior draws). The expand function also returns no free variables any more (only the
-# unconstrained draws, mapped afterwards by ``_with_deterministics``): its Numba compilation
-# was 4-6 s of wall time cold (46 nodes, now 1), 1.2 s warm (now 0.4). The logp+gradient graph
-# (172 nodes after this PyTensor's rewrites) is the rest: ~40 CPU s cold, ~10 warm.
+# Where a fit's time goes (demo fit, 12 configurations, 2 x (500 + 2000) iterations, CPU
+# seconds on a 2-core machine): sampling at ~150-200 leapfrog steps per draw (target_accept
+# 0.99), ~38 us per logp+gradient; ArviZ groups 2-5 s; compilation of the logp+gradient graph
+# (172 nodes after PyTensor's rewrites, ~660 Numba functions on empty caches, two thirds of
+# their time in LLVM) ~40 CPU s on empty caches, ~10 on warm ones.
+# What keeps it there: 2000 draws for the demo (``demo.DEMO_DRAWS``); LLVM level 1
+# (:data:`NUMBA_OPT`); the deterministics computed after sampling (:func:`_with_deterministics`):
+# nutpie's expand function returns the unconstrained draws only (1 node instead of 46: cold
+# compilation 55 against 73 CPU s, warm 0.4 against 1.2 s); no C compiler on a first fit
+# (:func:`_initial_point_without_c`, ``cxx=""`` in ``groups.prior_groups``, LogSumExp inlined in
+# ``_with_deterministics``): PyTensor's C thunks of the initial-point, deterministics and
+# prior-sampling functions ran gcc 22 times, 16 s of wall time on an idle machine.
 # Tried, not kept: compiling part of the logp+gradient Ops in a second process, to fill
-# PyTensor's Numba cache on the idle core (the sub-graph of the last Ops of the topological
-# order, fed with values of its inputs computed in Python mode). The types numba infers there
-# match the fit's for most Ops but not all, and the final linking is not cacheable: after a
-# child compiled all 172 nodes (51.5 CPU s), the fit's compilation still took 18.9 CPU s (warm:
-# 10-12); after a child compiled the second half (30.1 CPU s), 35.2 (cold: 45-50). At best a
-# few seconds of wall time on an idle 2-core machine for a forked compiler process; not worth
-# its risks.
+# PyTensor's Numba cache on the idle core. The final linking is not cacheable: after a child
+# compiled all 172 nodes (51.5 CPU s), the fit's compilation still took 18.9 CPU s (warm: 10-12);
+# at best a few seconds of wall time for a forked compiler process.
 # Geometry (unconstrained draws, seed 0): the slowest direction is the funnel of the model
 # effects (4 levels): ``z_model`` against ``log sigma_model`` correlate at -0.95, -0.90, -0.89
 # for three coefficients (``z_tp`` against ``sigma_tp``: 0.86); the smallest posterior sd is
@@ -76,7 +63,7 @@ NUMBA_OPT = 1
 # same ESS per CPU s, no margin), 0.9 (6 divergences), low-rank adaptation (0.95: ESS 453,
 # 1 divergence, 65 us per step; 0.99: R-hat 1.012), nutpie's JAX backend (4 CPU s of
 # compilation, but 490 us per step: 266 CPU s to sample 2 x (500 + 1000)), Numba level 0 (see
-# :data:`NUMBA_OPT`); earlier (MODEL_VERSION < 7): ``freeze_model=True`` (45 against 36 CPU s
+# :data:`NUMBA_OPT`); on an older model structure: ``freeze_model=True`` (45 against 36 CPU s
 # cold), numpyro (345 s of sampling).
 # Warm caches, demo model (2-core machine shared with other jobs, CPU s): compilation 9-10 CPU s, of which
 # PyTensor's rewrites and function building ~4, nutpie's two C callbacks ~6 (typing and lowering

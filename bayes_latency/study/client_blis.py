@@ -50,18 +50,14 @@ __all__ = ["main", "sources_for"]
 #: ``bayes-latency fit`` (2 x 2000 draws after 1000 tuning steps, sampling on until the
 #: convergence gates pass, at most 12000 draws). With 2 x 1000 draws after 500 tuning steps
 #: (calibrated fit) and 2 x 500 after 500 (refits), every fit of the study failed the gates
-#: (R-hat 1.02-1.10, bulk ESS 14-118; session of 2026-11-24).
+#: (R-hat 1.02-1.10, bulk ESS 14-118).
 CLIENT_FIT = CLI_FIT
 #: The fit that gives the first replay's coefficients.
 START_FIT = FitSettings(draws=200, tune=200)
 QUICK_FIT = FitSettings(draws=200, tune=200)
-#: Every leave-out refit: ``fit``'s defaults, like the calibrated fit. Until MODEL_VERSION 9
-#: they were 2 x 500 draws after 500 tuning steps and failed the gates (R-hat 1.03-1.15, bulk
-#: ESS 12-191): at the defaults one refit took 573 s to reach the 12,000-draw cap and still
-#: failed (R-hat 1.012, ESS 109). The ARD gates on ``per_layer`` and ``per_step`` made the
-#: population posterior mix slowly (:attr:`~bayes_latency.model.identifiability.
-#: IdentifiabilityReport.confounded_everywhere`); without them the same refit passes at the
-#: defaults in 48 s (R-hat 1.0021, ESS 469).
+#: Every leave-out refit: ``fit``'s defaults, like the calibrated fit. With 2 x 500 draws after
+#: 500 tuning steps the refits fail the gates (R-hat 1.03-1.15, bulk ESS 12-191); at the
+#: defaults one passes in 48 s (R-hat 1.0021, ESS 469).
 CV_FIT = CLI_FIT
 N_DRAWS = 20
 GPU = "H100"

@@ -26,11 +26,11 @@ from bayes_latency.model.sampler import (
 #: 1.015, ESS 118, 1 divergence, where keeping ``tp_allreduce`` gave R-hat 1.46. The constant
 #: group ``weight_loading + per_layer + per_step`` stays flat inside every configuration (see the
 #: identifiability section of the README); the hierarchy and the priors split it.
-#: Since then the model handles such groups itself (sum-only groups, MODEL_VERSION 7-10): at
-#: MODEL_VERSION 10 the 11 default terms on the H100 iterations pass every gate (R-hat 1.002, bulk
-#: ESS 1770, 13 s; ``convergence.csv`` of ``study real``), and ``benchmarks/heldout_real.py`` fits
-#: all data and the 8 splits with them (10 of 10 pass). The study keeps these 6 terms so that its
-#: numbers stay comparable across sessions; they are an option now, not a necessity.
+#: The model also handles such groups itself (sum-only groups): the 11 default terms on the H100
+#: iterations pass every gate (``convergence.csv`` of ``study real``), and
+#: ``benchmarks/heldout_real.py`` fits all data and the 8 splits with them. The study keeps these
+#: 6 terms so that its tables compare with its baselines term for term; they are an option, not
+#: a necessity.
 REAL_TERMS: tuple[str, ...] = ("prefill_compute", "decode_kv", "weight_loading", "per_layer",
                                "per_request", "per_step")
 #: Predictive draws per held-out row.
@@ -69,11 +69,9 @@ class FitSettings:
 #: target_accept 0.99, sampling on until the convergence gates pass (at most 12000 draws).
 CLI_FIT = FitSettings(draws=DEFAULT_DRAWS, tune=DEFAULT_TUNE, target_accept=TARGET_ACCEPT,
                       max_draws=DEFAULT_MAX_DRAWS)
-#: The all-data fit and every cross-validation fit: :data:`CLI_FIT`. Until MODEL_VERSION 10 they
-#: were fixed at 4000 (all data) and 2000 (cross-validation) draws, no setting passed every gate
-#: (4000 after 1000 gave R-hat 1.0035, ESS 410, 1 divergence), and at
-#: MODEL_VERSION 10 those fixed lengths gave all data R-hat 1.013 / ESS 349 and 0 of 8
-#: cross-validation fits passing (max R-hat 1.031, min ESS 92; 3.8 min for the whole study).
+#: The all-data fit and every cross-validation fit: :data:`CLI_FIT`. Fixed lengths do not pass
+#: every gate on the real data: 4000 draws after 1000 tuning steps gave R-hat 1.013 / ESS 349 on
+#: all data, and 2000 draws passed 0 of 8 cross-validation fits (max R-hat 1.031, min ESS 92).
 FULL = FULL_CV = CLI_FIT
 #: The two fits on the H100 iterations only (REAL_TERMS and, for comparison, the 11 default
 #: terms). REAL_TERMS at 2000 draws, seeds 0-3: target_accept 0.99 left 1 divergence in 4000

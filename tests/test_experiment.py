@@ -149,6 +149,38 @@ def test_tiny_fleet_end_to_end(tiny_fleet):
         assert np.abs(o["value_us"].to_numpy() - true).max() < 1000.0
 
 
+def test_small_input_is_read_line_by_line_and_the_scanner_writes_the_same_tables(
+        tiny_fleet, tmp_path, monkeypatch):
+    """Below ``SCANNER_MIN_INPUT_BYTES`` of traces ``ingest`` reads every line line by line (the
+    byte scanner is never called); above it the scanner reads them, into the same tables."""
+    import bayes_latency.data.otlp.chunks as chunks
+    import bayes_latency.data.otlp.read as otlp_read
+
+    folders, out, _ = tiny_fleet
+    calls: list[int] = []
+    real_read_chunk = chunks.read_chunk
+
+    def counting(buf, n):
+        calls.append(n)
+        return real_read_chunk(buf, n)
+
+    monkeypatch.setattr(chunks, "read_chunk", counting)
+    line_out = tmp_path / "line"
+    ingest(folders, line_out)
+    assert calls == []
+    monkeypatch.setattr(otlp_read, "SCANNER_MIN_INPUT_BYTES", 0)
+    scan_out = tmp_path / "scan"
+    ingest(folders, scan_out)
+    assert sum(calls) > 0  # the scanner took the chunks
+    a, b = load_tables(line_out), load_tables(scan_out)
+    assert set(a) == set(b)
+    for name in a:
+        key = [c for c in ("experiment_id", "step_id", "request_id", "kind", "t_us") if c in a[name]]
+        x = a[name].sort_values(key, kind="stable").reset_index(drop=True)
+        y = b[name].sort_values(key, kind="stable").reset_index(drop=True)
+        pd.testing.assert_frame_equal(x, y, check_exact=False, rtol=1e-12, obj=name)
+
+
 @pytest.mark.parametrize("line, field", [("tp: true", "tp"), ("max_num_seqs: -5", "max_num_seqs"),
                                          ("max_num_seqs: .inf", "max_num_seqs")])
 def test_bad_serving_knob_names_the_serving_yaml_and_field(tmp_path, line, field):

@@ -146,8 +146,8 @@ def build_iterations(steps: pd.DataFrame, batches: pd.DataFrame,
 
 
 def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: str | None = None,
-                      folder: Path | None = None, iteration_notes: IterationNotes | None = None
-                      ) -> tuple[dict[str, pd.DataFrame], IngestReport,
+                      folder: Path | None = None, iteration_notes: IterationNotes | None = None,
+                      chunk_bytes: int | None = None) -> tuple[dict[str, pd.DataFrame], IngestReport,
                                                            dict[str, Any]]:
     """Read and process one experiment (a trace file, and its folder when given).
 
@@ -162,6 +162,9 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         Id of the experiment (default: ``cfg["experiment_id"]``, else the reader's default).
     folder
         Experiment folder, for ``kv_events.jsonl`` and ``results/``.
+    chunk_bytes
+        :func:`~bayes_latency.data.otlp.read.read_otlp`'s chunks for the byte scanner (None: its
+        default; 0: every line read line by line).
 
     Returns
     -------
@@ -176,7 +179,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
 
     eid = experiment_id or (cfg or {}).get("experiment_id")
     report = IngestReport(source=str(folder or trace))
-    tabs = read_otlp(trace, experiment_id=eid, report=report)
+    tabs = read_otlp(trace, experiment_id=eid, report=report, chunk_bytes=chunk_bytes)
     eid = eid or (str(tabs.steps["experiment_id"].iloc[0]) if len(tabs.steps) else None) or (
         str(tabs.requests["experiment_id"].iloc[0]) if len(tabs.requests) else trace.stem)
     serving = serving_config(cfg, source=_cfg_source(cfg, trace)) if cfg else ServingConfig()
@@ -354,8 +357,8 @@ def _few_gc_passes():
 
 
 def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
-                 eid: str | None, out: Path, iteration_notes: IterationNotes | None = None
-                 ) -> dict[str, Any]:
+                 eid: str | None, out: Path, iteration_notes: IterationNotes | None = None,
+                 chunk_bytes: int | None = None) -> dict[str, Any]:
     """Ingest one experiment and write its partition of every table (a Dask task, or inline).
 
     Returns
@@ -366,16 +369,17 @@ def _ingest_unit(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
         experiment has no rows of: their schema when no experiment has any) and ``bytes`` read.
     """
     with _few_gc_passes():
-        return _ingest_one(trace, cfg, folder, eid, out, iteration_notes)
+        return _ingest_one(trace, cfg, folder, eid, out, iteration_notes, chunk_bytes)
 
 
 def _ingest_one(trace: Path, cfg: dict[str, Any] | None, folder: Path | None,
-                eid: str | None, out: Path, iteration_notes: IterationNotes | None = None
-                ) -> dict[str, Any]:
+                eid: str | None, out: Path, iteration_notes: IterationNotes | None = None,
+                chunk_bytes: int | None = None) -> dict[str, Any]:
     """:func:`_ingest_unit`'s work."""
     try:
         tables, rep, rec = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder,
-                                             iteration_notes=iteration_notes)
+                                             iteration_notes=iteration_notes,
+                                             chunk_bytes=chunk_bytes)
     except ConfigError as exc:  # e.g. an unknown GPU: say which experiment it is about
         src = str(folder or trace)
         if src in str(exc):
@@ -471,7 +475,7 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
 def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, scheduler: Any,
                    iteration_notes: IterationNotes | None) -> IngestReport:
     """:func:`ingest`'s work, while it holds the lock of ``out``."""
-    from bayes_latency.data.otlp.read import _default_experiment_id
+    from bayes_latency.data.otlp.read import SCANNER_MIN_INPUT_BYTES, _default_experiment_id
     from bayes_latency.parallel import run_units
 
     total = IngestReport(source=str(out))
@@ -498,7 +502,10 @@ def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, schedu
     for name in TABLES:
         clear_table(out, name)
     sizes = [_size(trace) for trace, *_ in inputs]
-    results = run_units(_ingest_unit, [(*item, out, iteration_notes) for item in inputs], scheduler=scheduler,
+    # small inputs are read line by line: the byte scanner's compilation does not pay off
+    chunk = 0 if sum(sizes) < SCANNER_MIN_INPUT_BYTES else None
+    results = run_units(_ingest_unit, [(*item, out, iteration_notes, chunk) for item in inputs],
+                        scheduler=scheduler,
                         cost_s=sum(sizes) / INGEST_BYTES_PER_S, weights=sizes, desc="ingest",
                         unit="B", batch=True)
     written_rows: dict[str, list[str]] = {t: [] for t in TABLES}

@@ -1,0 +1,606 @@
+"""Unseen Splitwise benchmark cells, zero-shot and one-shot from the fleet's population.
+
+For each Splitwise (model, GPU, TP) cell of the real fleet in turn:
+
+1. every row of the cell's configuration out of the fleet
+   (:func:`~bayes_latency.model.fleet.leave_out` ``config=<id>``); the rest fitted as
+   ``bayes-latency fit`` does (the 11 default terms, 2 x 2000 draws after 1000 tuning steps,
+   sampling on until the convergence gates pass) and its population kept
+   (:func:`~bayes_latency.model.fleet.population_from_result`);
+2. **zero-shot**: every benchmark row of the cell predicted by that fit, the configuration drawn
+   as an unseen one (its levels the fleet saw take their fitted effects, an unseen level its
+   factor's population draw);
+3. **one-shot population**: ONE benchmark point of the cell (its prefill row and its decode row)
+   fitted under the population as the prior (``LatencyModel(population=...)``), the cell's other
+   rows predicted; each point of :func:`choose_shots` in turn;
+4. **one-shot roofline**: the same point fitted with the roofline priors
+   (``priors/default.yaml``) and no population.
+
+A benchmark point is one ``(prompt_size, batch_size, token_size)`` of the Splitwise sweep: its
+prefill row is the mean ``prompt_time`` of ``batch_size`` prompts of ``prompt_size`` tokens, its
+decode row the mean ``token_time`` (:func:`attach_points`). Scores (:func:`score`), prefill and
+decode apart: MdAPE of the predictive median (200 draws), the share of rows inside their 90%
+band, the band's median relative width ``(q95 - q05) / median`` and the median observed /
+predicted ratio.
+
+The fleet (``--fleet``): the calibrated real fleet of ``bayes-latency study client --out
+results/real`` (``results/real/client/observations.parquet``: step rows of the two real vLLM
+runs, Splitwise benchmark rows, client rows of the normal runs at the calibrated schedule), or
+``--fleet real``: the real-data study's step rows and Splitwise rows
+(:func:`~bayes_latency.study.realdata.load_real_data`).
+
+Usage::
+
+    python benchmarks/fewshot_cells.py [--fleet PATH|real] [--cells ID,...] [--shots N]
+        [--quick] [--work DIR] [--reuse DIR] [--out PREFIX]
+
+``--work`` keeps, per cell, the predicted rows (``<cell>/held.csv``) and the fits
+(``<cell>/fits.csv``); a cell whose files are there is not fitted again, so an interrupted run
+resumes. ``--reuse DIR`` renders the report from such a folder. Outputs ``PREFIX.md`` and
+``PREFIX.json`` (default ``results/benchmarks/fewshot_cells``). ``--quick``: one cell, one
+shot, 200 + 200 draws (no gates extension).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._provenance import machine_line, record_machine  # noqa: E402
+
+#: The compared settings, in the report's order.
+SETTINGS = ("zero-shot", "one-shot population", "one-shot roofline")
+#: Default fleet: the calibrated rows of ``bayes-latency study client --out results/real``.
+DEFAULT_FLEET = ROOT / "results" / "real" / "client" / "observations.parquet"
+#: Goals: one-shot MdAPE (%) per phase, and the 90% band's coverage range.
+GOAL_MDAPE = {"decode": 5.0, "prefill": 10.0}
+GOAL_COVERAGE = (0.85, 0.95)
+#: Factors of the hierarchy whose levels a configuration has.
+FACTORS = ("model", "gpu", "tp", "stack")
+PHASES = ("prefill", "decode")
+#: Noise class of a benchmark row by phase (``model/likelihood.py``: ``noise_kind``).
+NOISE_CLASS = {"prefill": "benchmark_mean_prefill", "decode": "benchmark_mean"}
+
+
+def cell_label(cell: str) -> str:
+    """A configuration id as a table shows it (no ``|``, which splits a markdown cell):
+    ``bloom-176b|A100-80GB|tp8|splitwise`` -> ``bloom-176b A100-80GB tp8 splitwise``."""
+    return str(cell).replace("|", " ")
+
+
+# ------------------------------------------------------------------------------ pure pieces
+def attach_points(cell: pd.DataFrame, mb: pd.DataFrame, rtol: float = 1e-9) -> pd.DataFrame:
+    """``cell`` (benchmark rows of one configuration, ``phase`` prefill / decode, ``value_us``,
+    ``tp``) with the Splitwise point each row measures: ``prompt_size``, ``batch_size`` and, for
+    a decode row, ``token_size`` (-1 on prefill rows: one prefill serves every token size).
+
+    ``mb`` is :func:`~bayes_latency.data.microbench.read_splitwise`'s table. A row is matched to
+    the point whose mean time (``prompt_time_us`` over ``(prompt, batch)``, ``token_time_us``
+    over ``(prompt, batch, token)``, at the row's TP degree) equals its value within ``rtol``.
+
+    Raises
+    ------
+    ValueError
+        A row matches no point or several (names its ``obs_id``).
+    """
+    keys = ["model", "hardware", "tp"]
+    pre = mb.groupby(keys + ["prompt_size", "batch_size"])["prompt_time_us"].mean().reset_index()
+    dec = mb.groupby(keys + ["prompt_size", "batch_size", "token_size"])[
+        "token_time_us"].mean().reset_index()
+    out = []
+    for _, r in cell.iterrows():
+        tab, col = (pre, "prompt_time_us") if r["phase"] == "prefill" else (dec, "token_time_us")
+        v = float(r["value_us"])
+        hit = tab[(tab["tp"] == int(r["tp"])) & (np.abs(tab[col] - v) <= rtol * abs(v))]
+        if len(hit) != 1:
+            raise ValueError(f"benchmark row {r.get('obs_id', '?')}: value {v:.6g} us matches "
+                             f"{len(hit)} Splitwise points at tp {int(r['tp'])}, expected one")
+        h = hit.iloc[0]
+        out.append((int(h["prompt_size"]), int(h["batch_size"]),
+                    int(h["token_size"]) if "token_size" in h else -1))
+    p = np.array(out, dtype=int).reshape(-1, 3)
+    return cell.assign(prompt_size=p[:, 0], batch_size=p[:, 1], token_size=p[:, 2])
+
+
+def choose_shots(cell: pd.DataFrame, n: int = 3) -> list[tuple[int, int, int]]:
+    """The one-shot points ``(prompt_size, batch_size, token_size)`` of a cell, in order, by
+    this rule on its decode points (the sweeps of a Splitwise cell cross at one point):
+
+    1. the **centre**: the point whose prompt size, batch size and token size are shared by the
+       most points (sum of the three counts; ties: the smallest point);
+    2. the median batch size of the points at the centre's prompt and token size (the batch
+       sweep; the upper median of an even count);
+    3. the median prompt size of the points at the centre's batch and token size (the prompt
+       sweep).
+
+    A rule's point already chosen (a sweep of one point) is skipped; at most ``n`` points.
+    """
+    d = cell[cell["phase"] == "decode"][["prompt_size", "batch_size", "token_size"]]
+    pts = sorted({tuple(int(v) for v in r) for r in d.to_numpy()})
+    if not pts:
+        return []
+    cnt = [d[c].value_counts() for c in ("prompt_size", "batch_size", "token_size")]
+    centre = max(pts, key=lambda p: (sum(int(cnt[i][p[i]]) for i in range(3)),
+                                     [-v for v in p]))
+    chosen = [centre]
+    for vary in (1, 0):  # batch sweep, then prompt sweep
+        fixed = [i for i in range(3) if i != vary]
+        sweep = sorted((p for p in pts if all(p[i] == centre[i] for i in fixed)),
+                       key=lambda p: p[vary])
+        pick = sweep[len(sweep) // 2]
+        if pick not in chosen:
+            chosen.append(pick)
+    return chosen[:n]
+
+
+def shot_mask(cell: pd.DataFrame, point: tuple[int, int, int]) -> np.ndarray:
+    """Rows of ``point`` in ``cell`` (with :func:`attach_points`' columns): its prefill row
+    ``(prompt, batch)`` and its decode row ``(prompt, batch, token)``."""
+    p, b, t = point
+    same = (cell["prompt_size"] == p) & (cell["batch_size"] == b)
+    return (same & ((cell["phase"] == "prefill") | (cell["token_size"] == t))).to_numpy()
+
+
+def point_label(point: tuple[int, int, int]) -> str:
+    """``prompt P, batch B, T tokens``."""
+    return f"prompt {point[0]}, batch {point[1]}, {point[2]} tokens"
+
+
+def score(held: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per phase of the predicted rows (``phase``, ``observed_us``, ``pred_median_us``,
+    ``q05_us``, ``q95_us``, ``in_90``): ``n``, ``mdape_pct`` (median of
+    ``|median / observed - 1|``, %), ``coverage90`` (share inside the central 90% band),
+    ``band_rel_width`` (median of ``(q95 - q05) / median``) and ``obs_over_pred`` (median of
+    ``observed / median``); NaN for a phase without rows."""
+    out = {}
+    for ph in PHASES:
+        g = held[held["phase"] == ph]
+        if g.empty:
+            out[ph] = {"n": 0, "mdape_pct": math.nan, "coverage90": math.nan,
+                       "band_rel_width": math.nan, "obs_over_pred": math.nan}
+            continue
+        y, m = g["observed_us"].to_numpy(float), g["pred_median_us"].to_numpy(float)
+        out[ph] = {"n": int(len(g)),
+                   "mdape_pct": float(np.median(np.abs(m / y - 1.0)) * 100.0),
+                   "coverage90": float(g["in_90"].astype(float).mean()),
+                   "band_rel_width": float(np.median((g["q95_us"] - g["q05_us"]) / m)),
+                   "obs_over_pred": float(np.median(y / m))}
+    return out
+
+
+def score_table(held: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, setting, shot point, phase) of all predicted rows (``cell``,
+    ``setting``, ``shot`` besides :func:`score`'s columns), in the order they appear."""
+    rows = []
+    for (cell, setting, shot), g in held.groupby(["cell", "setting", "shot"], sort=False):
+        for ph, s in score(g).items():
+            rows.append({"cell": cell, "setting": setting, "shot": shot, "phase": ph, **s})
+    return pd.DataFrame(rows)
+
+
+def goal_lines(scores: pd.DataFrame) -> list[str]:
+    """The goals, met or not, from the one-shot population rows of :func:`score_table`:
+    median over (cell, shot) of each phase's MdAPE against :data:`GOAL_MDAPE`, and the pooled
+    90% coverage (row-weighted) against :data:`GOAL_COVERAGE`."""
+    s = scores[scores["setting"] == "one-shot population"]
+    lines = []
+    lo, hi = GOAL_COVERAGE
+    for ph in PHASES:
+        g = s[(s["phase"] == ph) & (s["n"] > 0)]
+        if g.empty:
+            continue
+        md = float(g["mdape_pct"].median())
+        worst = float(g["mdape_pct"].max())
+        n_ok = int((g["mdape_pct"] <= GOAL_MDAPE[ph]).sum())
+        cov = float((g["coverage90"] * g["n"]).sum() / g["n"].sum())
+        lines.append(
+            f"- one-shot {ph} MdAPE <= {GOAL_MDAPE[ph]:.0f}%: "
+            f"**{'met' if md <= GOAL_MDAPE[ph] else 'not met'}** (median over {len(g)} "
+            f"cell x shot fits {md:.1f}%, worst {worst:.1f}%, {n_ok} of {len(g)} within); "
+            f"90% band coverage {lo:.2f}-{hi:.2f}: **{'met' if lo <= cov <= hi else 'not met'}** "
+            f"({cov:.3f} of {int(g['n'].sum())} rows; per fit "
+            f"{g['coverage90'].min():.2f}-{g['coverage90'].max():.2f}).")
+    return lines
+
+
+def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and phase over every (cell, shot): the median and worst MdAPE, the pooled
+    (row-weighted) 90% coverage, the range of the per-fit coverages and the median band
+    width."""
+    rows = []
+    for (setting, ph), g in scores[scores["n"] > 0].groupby(["setting", "phase"], sort=False):
+        rows.append({"setting": setting, "phase": ph, "fits": len(g), "rows": int(g["n"].sum()),
+                     "median_mdape_pct": float(g["mdape_pct"].median()),
+                     "worst_mdape_pct": float(g["mdape_pct"].max()),
+                     "coverage90": float((g["coverage90"] * g["n"]).sum() / g["n"].sum()),
+                     "coverage90_range": f"{g['coverage90'].min():.2f}-{g['coverage90'].max():.2f}",
+                     "median_band_rel_width": float(g["band_rel_width"].median())})
+    return pd.DataFrame(rows)
+
+
+def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame | None = None,
+               fits: pd.DataFrame | None = None) -> list[str]:
+    """For each (cell, setting, shot, phase) whose coverage is outside the goal's range: the
+    median observed / predicted ratio against the band's half width, the cell's unseen levels
+    and, from the numbers, where the band's width comes from: the posterior-over-prior width of
+    an unseen level's factor scale (``scales``, :func:`factor_scales`) and the fit's noise scale
+    of the phase's class (``fits``)."""
+    lo, hi = GOAL_COVERAGE
+    unseen = cells.set_index("cell")["unseen"].to_dict() if len(cells) else {}
+    out = []
+    for _, r in scores[(scores["n"] > 0) & ((scores["coverage90"] < lo)
+                                           | (scores["coverage90"] > hi))].iterrows():
+        ratio, half = float(r["obs_over_pred"]), float(r["band_rel_width"]) / 2
+        un = unseen.get(r["cell"]) or "none"
+        if r["coverage90"] < lo:
+            why = ("the median error is outside the band's half width"
+                   if abs(math.log(ratio)) > math.log1p(half) else
+                   "the median error is inside the half width, the rows scatter past it")
+        else:
+            why = "wider than the error needs"
+        extra = []
+        if scales is not None and len(scales) and un != "none":
+            for f in un.split(", "):
+                sc = scales[(scales["cell"] == r["cell"]) & (scales["scale"] == f"sigma_{f}")]
+                if len(sc):
+                    extra.append(f"`sigma_{f}` (unseen level) posterior 90% width "
+                                 f"{float(sc['width_ratio'].iloc[0]):.2f}x its prior's")
+        if fits is not None and len(fits) and r["shot"]:
+            ft = fits[(fits["cell"] == r["cell"])
+                      & (fits["fit"] == f"{r['setting']}: {r['shot']}")]
+            col = f"noise_sigma_{r['phase']}"
+            if len(ft) and col in ft:
+                extra.append(f"the fit's {r['phase']} noise scale {float(ft[col].iloc[0]):.4f} "
+                             "(log scale, from one row)")
+        out.append(f"- `{cell_label(r['cell'])}` {r['setting']}"
+                   f"{' (' + r['shot'] + ')' if r['shot'] else ''}, {r['phase']}: "
+                   f"{r['coverage90']:.2f} inside; observed / predicted {ratio:.3f} against a "
+                   f"band half width of {half:.3f} ({why}); unseen levels: {un}"
+                   + ("; " + "; ".join(extra) if extra else "") + ".")
+    return out
+
+
+def _fmt(v: Any, nd: int = 1, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}{'%' if pct else ''}"
+    return str(v)
+
+
+def render(res: dict[str, Any], machine: str = "") -> str:
+    """The markdown report of a run (``res`` as :func:`summarise` returns it)."""
+    from bayes_latency.study.markdown import _md
+
+    scores = pd.DataFrame(res["scores"])
+    cells = pd.DataFrame(res["cells"])
+    fits = pd.DataFrame(res["fits"])
+    scales = pd.DataFrame(res.get("scales", []))
+    arg = res.get("fleet_arg") or ""
+    fleet_how = ("" if not arg or arg == "real" else
+                 f" (`--fleet PATH`: the `client/observations.parquet` that `bayes-latency study "
+                 f"client --out DIR` writes; this run read `{arg}`)")
+    lines = ["# Unseen Splitwise cells: zero-shot and one-shot from the fleet's population", "",
+             f"Regenerate: `python benchmarks/fewshot_cells.py{' --quick' if res['quick'] else ''}"
+             f"{' --fleet ' + ('real' if arg == 'real' else 'PATH') if arg else ''}`"
+             f"{fleet_how}. "
+             f"Fleet: {res['fleet']}. Terms: `{', '.join(res['terms'])}`; every fit: "
+             f"{res['settings']}; 200 predictive draws per row.",
+             *(["", machine] if machine else []), "",
+             f"Cells run: {', '.join('`' + cell_label(c) + '`' for c in res['cells_run'])}"
+             + (f" (of {len(res['all_cells'])}; not run: "
+                + ", ".join('`' + cell_label(c) + '`' for c in res['all_cells']
+                            if c not in res['cells_run'])
+                + ")" if len(res["cells_run"]) < len(res["all_cells"]) else " (every cell)")
+             + ". For each, every row of the cell's configuration is out of the fleet and the "
+             "rest is fitted; its population is the prior of the one-shot fits.", "",
+             "- **zero-shot**: every benchmark row of the cell predicted by the fleet's fit, the "
+             "configuration drawn as an unseen one (a level the fleet saw takes its fitted "
+             "effect, an unseen level its factor's population draw);",
+             "- **one-shot population**: one benchmark point (its prefill row and its decode row) "
+             "fitted with the population as the prior, the cell's other rows predicted;",
+             "- **one-shot roofline**: the same point fitted with `priors/default.yaml` alone.", "",
+             "One-shot points, by rule (`choose_shots`): the centre of the cell's sweeps (the "
+             "point whose prompt, batch and token sizes the most points share), then the median "
+             "batch size of the batch sweep, then the median prompt size of the prompt sweep. "
+             "Scores are over the cell's rows not fitted (zero-shot: all rows).", "",
+             "## Goals", "", *goal_lines(scores), ""]
+    summ = summary_table(scores)
+    for c, nd in (("median_mdape_pct", 1), ("worst_mdape_pct", 1), ("coverage90", 3),
+                  ("median_band_rel_width", 3)):
+        summ[c] = summ[c].map(lambda v, nd=nd: _fmt(float(v), nd))
+    lines += ["## Summary", "", "Per setting and phase, over every cell (and one-shot point): "
+              "median and worst MdAPE (%), the share of all scored rows inside their 90% band "
+              "(`coverage90`) and the range of the per-fit shares, the median relative band "
+              "width.", "", _md(summ), ""]
+    shown = scores.copy()
+    shown["cell"] = shown["cell"].map(cell_label)
+    for c, nd in (("mdape_pct", 1), ("coverage90", 2), ("band_rel_width", 3),
+                  ("obs_over_pred", 3)):
+        shown[c] = shown[c].map(lambda v, nd=nd: _fmt(float(v), nd))
+    lines += ["## Per cell, setting and phase", "",
+              "`mdape_pct`: MdAPE of the predictive median (%); `coverage90`: share of rows "
+              "inside the 90% band; `band_rel_width`: median (q95 - q05) / median; "
+              "`obs_over_pred`: median observed / predictive median.", "",
+              _md(shown), ""]
+    miss = miss_lines(scores, cells, scales, fits)
+    if miss:
+        lines += [f"### Where the bands miss {GOAL_COVERAGE[0]:.2f}-{GOAL_COVERAGE[1]:.2f}", "",
+                  *miss, ""]
+    ct = cells.drop(columns=[c for c in ("shots",) if c in cells])
+    if len(ct):
+        ct["cell"] = ct["cell"].map(cell_label)
+    lines += ["## Cells and what the fleet saw of their levels", "",
+              "`unseen`: the cell's levels no fitted configuration has (their effects are drawn "
+              "from the factor's scale); `<factor> seen in`: how many other configurations of "
+              "the fleet share the cell's level.", "", _md(ct), ""]
+    if len(scales):
+        sh = scales.copy()
+        sh["cell"] = sh["cell"].map(cell_label)
+        for c in sh.columns:
+            if sh[c].dtype.kind == "f":
+                sh[c] = sh[c].map(lambda v: _fmt(float(v), 3))
+        lines += ["## Factor scales of each population against their prior", "",
+                  "Per population (cell left out) and factor: the posterior median of the "
+                  "factor's scale `sigma_<factor>` and of `sigma_config`, as the median over the "
+                  "terms, and the median over the terms of the ratio of the posterior 90% "
+                  "interval's width to the prior's (`width_ratio`: near 1, the scale sits at its "
+                  "prior, the data did not inform it; 0, the scale is fixed at its prior's "
+                  "scale, a factor of two levels).", "", _md(sh), ""]
+    fs = fits.copy()
+    fs["cell"] = fs["cell"].map(cell_label)
+    for c in fs.columns:
+        if fs[c].dtype.kind == "f":
+            nd = 4 if c in ("max_rhat", "noise_sigma_prefill", "noise_sigma_decode") else 0
+            fs[c] = fs[c].map(lambda v, nd=nd: _fmt(float(v), nd))
+    lines += ["## Fits", "", "Gates: R-hat, bulk ESS, divergences of each fit (`passed`: every "
+              "convergence gate of `bayes-latency fit`); `draws`: per chain, after the "
+              "extension to pass the gates; `wall_s` / `cpu_s`: the fit's wall and CPU time on "
+              "this machine; `noise_sigma_<phase>`: the fit's noise scale (log scale) of the "
+              "phase's benchmark rows (population fits: median over the fleet's other Splitwise "
+              "configurations; one-shot fits: the cell's, from its one row of the phase).", "",
+              _md(fs), ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ fitting
+def load_fleet(spec: str) -> tuple[pd.DataFrame, str]:
+    """The fleet's observation table and a sentence on what it is (see the module docstring)."""
+    from bayes_latency.study.realdata import load_real_data, real_data_dir
+
+    if spec == "real":
+        d = real_data_dir()
+        if d is None:
+            sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
+        return (load_real_data(d).observations,
+                "the real-data study's rows: step rows of the two real vLLM runs on H100 and the "
+                "Splitwise benchmark rows")
+    p = Path(spec)
+    if not p.is_file():
+        sys.exit(f"fleet {p} not found: run `bayes-latency study client --out results/real` "
+                 "first, or pass --fleet real (step rows + Splitwise rows)")
+    return (pd.read_parquet(p),
+            "the calibrated real fleet of `bayes-latency study client`: step rows of the two "
+            "real vLLM runs on H100, Splitwise benchmark rows, client rows of the normal runs "
+            "at the calibrated schedule")
+
+
+def splitwise_cells(obs: pd.DataFrame) -> list[str]:
+    """Configuration ids of the fleet's Splitwise benchmark rows, sorted."""
+    return sorted(obs.loc[obs["kind"] == "benchmark_mean", "config_id"].astype(str).unique())
+
+
+def _fit(rows: pd.DataFrame, settings: Any, terms: tuple[str, ...], population: Any,
+         label: str, cell: str, noise_of: list[str]) -> tuple[Any, dict[str, Any]]:
+    """Fit ``rows``; the fit's row of the report, with the noise scale of each benchmark noise
+    class (:data:`NOISE_CLASS`), the median over the configurations ``noise_of``."""
+    from bayes_latency.study.cv import fit_ours
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    m, conv = fit_ours(rows, settings, terms, population=population)
+    row = {"cell": cell, "fit": label, "rows": len(rows), "passed": bool(conv.get("passed")),
+           "max_rhat": float(conv["max_rhat"]), "min_ess_bulk": float(conv["min_ess_bulk"]),
+           "divergences": int(conv["divergences"]), "draws": int(conv["draws"]),
+           "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    for ph, kind in NOISE_CLASS.items():
+        row[f"noise_sigma_{ph}"] = float(np.median([m.noise(c, kind).sigma for c in noise_of]))
+    return m, row
+
+
+def _predict(m: Any, rows: pd.DataFrame) -> pd.DataFrame:
+    from bayes_latency.study.cv import ours_predictions
+
+    band = ours_predictions(m, rows.reset_index(drop=True))
+    keep = ["obs_id", "phase", "prompt_size", "batch_size", "token_size"]
+    return pd.concat([rows[keep].reset_index(drop=True), band], axis=1).assign(
+        observed_us=rows["value_us"].to_numpy(float))
+
+
+def factor_scales(pop: Any, cell: str) -> list[dict[str, Any]]:
+    """Per scale of ``pop`` (``sigma_<factor>``, ``sigma_config``): the posterior median, 5% and
+    95% quantiles (medians over the terms) and the median over the terms of the posterior's
+    90% width over the prior's (``width_ratio``). The priors (the population's prior file): a
+    factor scale ``HalfNormal(s)``, 90% interval ``[0.063 s, 1.645 s]``; ``sigma_config``
+    ``LogNormal(log median, sd)``, ``median exp(+-1.645 sd)``. A scale that the fit fixed (NaN
+    draws) is left out."""
+    from bayes_latency.model.design import prior_arrays
+
+    pa = prior_arrays(pop.priors, pop.coefs, [])
+    out = []
+    for f in (*FACTORS, "config"):
+        v = pop.draws.get(f"sigma_{f}")
+        if v is None:
+            continue
+        d = v.transpose("coef", "sample").values.astype(float)
+        d = d[np.isfinite(d).all(axis=1)]
+        if not len(d):
+            continue
+        if f == "config":
+            med, sd = pa.sigma_config["median"], pa.sigma_config["sigma"]
+            plo, phi = med * np.exp(-1.645 * sd), med * np.exp(1.645 * sd)
+        else:
+            s = float(getattr(pa, f"sigma_{f}"))
+            plo, phi = 0.063 * s, 1.645 * s
+        q05, q50, q95 = np.quantile(d, [0.05, 0.5, 0.95], axis=1)
+        out.append({"cell": cell, "scale": f"sigma_{f}", "terms": int(len(d)),
+                    "posterior_q05": float(np.median(q05)), "posterior_median": float(np.median(q50)),
+                    "posterior_q95": float(np.median(q95)), "prior_q05": float(plo),
+                    "prior_q95": float(phi),
+                    "width_ratio": float(np.median((q95 - q05) / (phi - plo)))})
+    return out
+
+
+def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, settings: Any,
+             terms: tuple[str, ...], n_shots: int, log: Any = print) -> None:
+    """Fit and predict one cell (see the module docstring); writes ``work/<cell>/held.csv``,
+    ``fits.csv``, ``cell.json`` and ``scales.csv``."""
+    from bayes_latency.model.fleet import leave_out, population_from_result
+
+    d = work / cell.replace("|", "_")
+    d.mkdir(parents=True, exist_ok=True)
+    rows = attach_points(obs[obs["config_id"] == cell].reset_index(drop=True), mb)
+    rest, n_out = leave_out(obs, f"config={cell}")
+    log(f"[cells] {cell}: {n_out} rows out, fitting the fleet's {len(rest)} rows")
+    others = splitwise_cells(rest)
+    m_pop, f_pop = _fit(rest, settings, terms, None, "population (fleet without the cell)", cell,
+                        others)
+    fits = [f_pop]
+    log(f"[cells]   population fit {f_pop['wall_s']:.0f} s, passed {f_pop['passed']}")
+    pop = population_from_result(m_pop.result, left_out=f"config={cell}", source="real fleet")
+    c = rows.iloc[0]
+    cfg = pd.DataFrame({"model": [c["model"]], "gpu": [c["gpu"]], "tp": [int(c["tp"])],
+                        "stack": [c.get("stack", "vllm")]}, index=pd.Index([cell], name="config_id"))
+    unseen = pop.location_draws(cfg, n_draws=10)[1][cell]
+    seen_in = {f: sorted(rest.loc[rest[f].astype(str) == str(c[f]), "config_id"].unique())
+               for f in FACTORS if f in rest}
+    held = [_predict(m_pop, rows).assign(setting="zero-shot", shot="")]
+    shots = choose_shots(rows, n_shots)
+    for pt in shots:
+        mask = shot_mask(rows, pt)
+        fitted, test = rows[mask].reset_index(drop=True), rows[~mask].reset_index(drop=True)
+        for setting, prior in (("one-shot population", pop), ("one-shot roofline", None)):
+            m1, f1 = _fit(fitted, settings, terms, prior, f"{setting}: {point_label(pt)}", cell,
+                          [cell])
+            fits.append(f1)
+            held.append(_predict(m1, test).assign(setting=setting, shot=point_label(pt)))
+            log(f"[cells]   {setting} on {point_label(pt)}: {f1['wall_s']:.0f} s, passed "
+                f"{f1['passed']}")
+    h = pd.concat(held, ignore_index=True).assign(cell=cell)
+    h.to_csv(d / "held.csv", index=False)
+    pd.DataFrame(fits).to_csv(d / "fits.csv", index=False)
+    pd.DataFrame(factor_scales(pop, cell)).to_csv(d / "scales.csv", index=False)
+    info = {"cell": cell, "rows": len(rows), "points": int((rows["phase"] == "decode").sum()),
+            "unseen": ", ".join(unseen) if unseen else "none",
+            **{f"{f} seen in": f"{len(v)} other configuration(s)" if v else "none"
+               for f, v in seen_in.items()},
+            "shots": [point_label(p) for p in shots]}
+    (d / "cell.json").write_text(json.dumps(info, indent=1))
+
+
+def summarise(work: Path) -> dict[str, Any]:
+    """The run's results from ``work`` (every cell folder with ``held.csv``)."""
+    meta = json.loads((work / "run.json").read_text())
+    held, fits, cells, scales = [], [], [], []
+    for cell in meta["all_cells"]:
+        d = work / cell.replace("|", "_")
+        if not (d / "held.csv").exists():
+            continue
+        held.append(pd.read_csv(d / "held.csv", keep_default_na=False,
+                                na_values=[""]).assign(shot=lambda t: t["shot"].fillna("")))
+        fits.append(pd.read_csv(d / "fits.csv"))
+        cells.append(json.loads((d / "cell.json").read_text()))
+        if (d / "scales.csv").exists():
+            scales.append(pd.read_csv(d / "scales.csv"))
+    h = pd.concat(held, ignore_index=True)
+    scores = score_table(h)
+    return {**meta, "cells_run": [c["cell"] for c in cells],
+            "scores": scores.to_dict(orient="records"),
+            "fits": pd.concat(fits, ignore_index=True).to_dict(orient="records"),
+            "cells": cells,
+            "scales": pd.concat(scales, ignore_index=True).to_dict(orient="records")
+            if scales else []}
+
+
+def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: int,
+        log: Any = print) -> None:
+    """Fit every cell not yet in ``work`` (see the module docstring)."""
+    from bayes_latency.data.microbench import read_splitwise
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.study.realdata import real_data_dir
+    from bayes_latency.study.settings import CLI_FIT, QUICK
+
+    d = real_data_dir()
+    if d is None:
+        sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
+    obs, fleet_text = load_fleet(fleet)
+    mb = read_splitwise(d / "microbench" / "splitwise_perf_model.csv")
+    all_cells = splitwise_cells(obs)
+    bad = sorted(set(cells or []) - set(all_cells))
+    if bad:
+        sys.exit(f"--cells: unknown {bad}; the fleet's Splitwise cells are {all_cells}")
+    todo = cells or (all_cells[:1] if quick else all_cells)
+    settings = QUICK if quick else CLI_FIT
+    work.mkdir(parents=True, exist_ok=True)
+    record_machine(work, "start")
+    (work / "run.json").write_text(json.dumps({
+        "quick": quick, "fleet": fleet_text,
+        "fleet_arg": "" if Path(fleet) == DEFAULT_FLEET else fleet,
+        "terms": list(DEFAULT_TERMS), "settings": settings.describe(),
+        "all_cells": all_cells, "n_shots": n_shots}, indent=1))
+    for cell in todo:
+        if (work / cell.replace("|", "_") / "held.csv").exists():
+            log(f"[cells] {cell}: kept from {work}")
+            continue
+        t0 = time.perf_counter()
+        run_cell(obs, mb, cell, work, settings, tuple(DEFAULT_TERMS), n_shots, log)
+        log(f"[cells] {cell}: done in {(time.perf_counter() - t0) / 60:.1f} min")
+        record_machine(work, "end")
+
+
+def report(work: Path, out: Path) -> dict[str, Any]:
+    """Write ``out.md`` and ``out.json`` from ``work``; return the summary."""
+    from bayes_latency.io import atomic_write_text
+
+    res = summarise(work)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
+    atomic_write_text(out.with_suffix(".md"), render(res, machine_line(work)))
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fleet", default=str(DEFAULT_FLEET),
+                    help="observations.parquet of `study client`, or 'real' (default %(default)s)")
+    ap.add_argument("--cells", default=None, help="comma-separated configuration ids "
+                                                  "(default: every Splitwise cell)")
+    ap.add_argument("--shots", type=int, default=3, help="one-shot points per cell (1-3)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one cell, one shot, 200 + 200 draws (a smoke run)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/fewshot_cells"))
+    ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
+    ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/fewshot_cells")
+    args = ap.parse_args()
+    if not 1 <= args.shots <= 3:
+        ap.error("--shots must be 1, 2 or 3")
+    work = args.reuse or args.work
+    if args.reuse is None:
+        cells = [c for c in args.cells.split(",") if c] if args.cells else None
+        run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots)
+    res = report(work, args.out)
+    print(pd.DataFrame(res["scores"]).round(3).to_string())
+
+
+if __name__ == "__main__":
+    main()

@@ -230,12 +230,15 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame | None = None,
-               fits: pd.DataFrame | None = None) -> list[str]:
+               fits: pd.DataFrame | None = None,
+               noise_prior: dict[str, float] | None = None) -> list[str]:
     """For each (cell, setting, shot, phase) whose coverage is outside the goal's range: the
     median observed / predicted ratio against the band's half width, the cell's unseen levels
     and, from the numbers, where the band's width comes from: the posterior-over-prior width of
-    an unseen level's factor scale (``scales``, :func:`factor_scales`) and the fit's noise scale
-    of the phase's class (``fits``)."""
+    an unseen level's factor scale (``scales``, :func:`factor_scales`), the one-shot fit's noise
+    scale of the phase's class (``fits``) against the population fit's (the fleet's other
+    Splitwise configurations) and the prior's mean (``noise_prior``: per phase, the scale ``s``
+    of the class's ``HalfNormal(s)`` prior, mean ``s sqrt(2 / pi)``)."""
     lo, hi = GOAL_COVERAGE
     unseen = cells.set_index("cell")["unseen"].to_dict() if len(cells) else {}
     out = []
@@ -260,15 +263,34 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
             ft = fits[(fits["cell"] == r["cell"])
                       & (fits["fit"] == f"{r['setting']}: {r['shot']}")]
             col = f"noise_sigma_{r['phase']}"
+            pf = fits[(fits["cell"] == r["cell"]) & fits["fit"].str.startswith("population")]
             if len(ft) and col in ft:
-                extra.append(f"the fit's {r['phase']} noise scale {float(ft[col].iloc[0]):.4f} "
-                             "(log scale, from one row)")
+                txt = (f"the fit's {r['phase']} noise scale {float(ft[col].iloc[0]):.4f} "
+                       "(log scale, from one row")
+                if noise_prior and r["phase"] in noise_prior:
+                    sp = noise_prior[r["phase"]]
+                    txt += f"; prior HalfNormal({sp:g}), mean {sp * math.sqrt(2 / math.pi):.3f}"
+                if len(pf) and col in pf:
+                    txt += (f"; the fleet's other Splitwise configurations "
+                            f"{float(pf[col].iloc[0]):.3f}")
+                extra.append(txt + ")")
         out.append(f"- `{cell_label(r['cell'])}` {r['setting']}"
                    f"{' (' + r['shot'] + ')' if r['shot'] else ''}, {r['phase']}: "
                    f"{r['coverage90']:.2f} inside; observed / predicted {ratio:.3f} against a "
                    f"band half width of {half:.3f} ({why}); unseen levels: {un}"
                    + ("; " + "; ".join(extra) if extra else "") + ".")
     return out
+
+
+def benchmark_noise_prior() -> dict[str, float]:
+    """Per phase, the scale of the ``HalfNormal`` prior of its benchmark noise class in
+    ``priors/default.yaml`` (the prior of both one-shot fits' noise)."""
+    from bayes_latency.model.design import prior_arrays
+    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.priors import load_priors
+
+    pa = prior_arrays(load_priors(None), tuple(DEFAULT_TERMS), [])
+    return {ph: float(pa.noise_sigma[k]) for ph, k in NOISE_CLASS.items() if k in pa.noise_sigma}
 
 
 def _fmt(v: Any, nd: int = 1, pct: bool = False) -> str:
@@ -334,7 +356,7 @@ def render(res: dict[str, Any], machine: str = "") -> str:
               "inside the 90% band; `band_rel_width`: median (q95 - q05) / median; "
               "`obs_over_pred`: median observed / predictive median.", "",
               _md(shown), ""]
-    miss = miss_lines(scores, cells, scales, fits)
+    miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:
         lines += [f"### Where the bands miss {GOAL_COVERAGE[0]:.2f}-{GOAL_COVERAGE[1]:.2f}", "",
                   *miss, ""]

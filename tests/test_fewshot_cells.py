@@ -113,8 +113,10 @@ def test_scores_by_phase_goals_and_misses_from_the_numbers():
     cells = pd.DataFrame([{"cell": "c1", "unseen": "model"}])
     scales = pd.DataFrame([{"cell": "c1", "scale": "sigma_model", "width_ratio": 0.97}])
     fits = pd.DataFrame([{"cell": "c1", "fit": "one-shot population: s",
-                          "noise_sigma_prefill": 0.0001, "noise_sigma_decode": 0.02}])
-    miss = fc.miss_lines(t, cells, scales, fits)
+                          "noise_sigma_prefill": 0.0001, "noise_sigma_decode": 0.02},
+                         {"cell": "c1", "fit": "population (fleet without the cell)",
+                          "noise_sigma_prefill": 0.135, "noise_sigma_decode": 0.4}])
+    miss = fc.miss_lines(t, cells, scales, fits, {"prefill": 0.3})
     # in score order: prefill one-shot misses (0.0), decode one-shot over-covers (1.0),
     # zero-shot decode misses (0.0)
     assert len(miss) == 3 and all("unseen levels: model" in m for m in miss)
@@ -122,7 +124,11 @@ def test_scores_by_phase_goals_and_misses_from_the_numbers():
                for m in miss)
     assert "outside the band's half width" in miss[0] and "noise scale 0.0001" in miss[0]
     assert "wider than the error needs" in miss[1] and "noise scale 0.0200" in miss[1]
+    assert "prior HalfNormal(0.3), mean 0.239; the fleet's other Splitwise configurations " \
+        "0.135)" in miss[0]
+    assert "prior HalfNormal" not in miss[1] and "configurations 0.400)" in miss[1]
     assert "noise scale" not in miss[2]
+    assert fc.benchmark_noise_prior().keys() == {"prefill", "decode"}
     summ = fc.summary_table(t).set_index(["setting", "phase"])
     assert summ.loc[("one-shot population", "decode"), "coverage90"] == 1.0
     assert summ.loc[("zero-shot", "decode"), "rows"] == 10

@@ -189,6 +189,26 @@ def score_table(held: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pooled_coverage(g: pd.DataFrame) -> float:
+    """Share of all rows of the score rows ``g`` inside their 90% band (row-weighted)."""
+    return float((g["coverage90"] * g["n"]).sum() / g["n"].sum())
+
+
+def with_gates(scores: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """``scores`` with ``passed``: whether the fit behind each row passed the convergence
+    gates (zero-shot rows: the population fit of the cell; one-shot rows: the fit named
+    ``"<setting>: <shot>"``)."""
+    if fits is None or fits.empty or "passed" not in fits:
+        return scores.assign(passed=True)
+    ok = {(r["cell"], r["fit"]): bool(r["passed"]) for _, r in fits.iterrows()}
+    pop = {r["cell"]: bool(r["passed"]) for _, r in fits.iterrows()
+           if str(r["fit"]).startswith("population")}
+    return scores.assign(passed=[
+        pop.get(r["cell"], True) if not r["shot"] else ok.get((r["cell"], f"{r['setting']}: "
+                                                               f"{r['shot']}"), True)
+        for _, r in scores.iterrows()])
+
+
 def goal_lines(scores: pd.DataFrame) -> list[str]:
     """The goals, met or not, from the one-shot population rows of :func:`score_table`:
     median over (cell, shot) of each phase's MdAPE against :data:`GOAL_MDAPE`, and the pooled
@@ -203,7 +223,7 @@ def goal_lines(scores: pd.DataFrame) -> list[str]:
         md = float(g["mdape_pct"].median())
         worst = float(g["mdape_pct"].max())
         n_ok = int((g["mdape_pct"] <= GOAL_MDAPE[ph]).sum())
-        cov = float((g["coverage90"] * g["n"]).sum() / g["n"].sum())
+        cov = pooled_coverage(g)
         lines.append(
             f"- one-shot {ph} MdAPE <= {GOAL_MDAPE[ph]:.0f}%: "
             f"**{'met' if md <= GOAL_MDAPE[ph] else 'not met'}** (median over {len(g)} "
@@ -211,6 +231,16 @@ def goal_lines(scores: pd.DataFrame) -> list[str]:
             f"90% band coverage {lo:.2f}-{hi:.2f}: **{'met' if lo <= cov <= hi else 'not met'}** "
             f"({cov:.3f} of {int(g['n'].sum())} rows; per fit "
             f"{g['coverage90'].min():.2f}-{g['coverage90'].max():.2f}).")
+    if "passed" in s and not s["passed"].all():
+        bad = s[~s["passed"].astype(bool)][["cell", "shot"]].drop_duplicates()
+        ok = s[s["passed"].astype(bool) & (s["n"] > 0)]
+        lines.append(f"- {len(bad)} of {len(s[['cell', 'shot']].drop_duplicates())} one-shot "
+                     "population fits fail the convergence gates ("
+                     + "; ".join(f"`{cell_label(c)}`, {sh}" for c, sh in bad.to_numpy())
+                     + "); over the fits that pass: "
+                     + ", ".join(f"{ph} MdAPE median {g['mdape_pct'].median():.1f}%, "
+                                 f"coverage {pooled_coverage(g):.3f}"
+                                 for ph in PHASES if len(g := ok[ok["phase"] == ph])) + ".")
     return lines
 
 
@@ -223,7 +253,7 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
         rows.append({"setting": setting, "phase": ph, "fits": len(g), "rows": int(g["n"].sum()),
                      "median_mdape_pct": float(g["mdape_pct"].median()),
                      "worst_mdape_pct": float(g["mdape_pct"].max()),
-                     "coverage90": float((g["coverage90"] * g["n"]).sum() / g["n"].sum()),
+                     "coverage90": pooled_coverage(g),
                      "coverage90_range": f"{g['coverage90'].min():.2f}-{g['coverage90'].max():.2f}",
                      "median_band_rel_width": float(g["band_rel_width"].median())})
     return pd.DataFrame(rows)
@@ -305,9 +335,9 @@ def render(res: dict[str, Any], machine: str = "") -> str:
     """The markdown report of a run (``res`` as :func:`summarise` returns it)."""
     from bayes_latency.study.markdown import _md
 
-    scores = pd.DataFrame(res["scores"])
     cells = pd.DataFrame(res["cells"])
     fits = pd.DataFrame(res["fits"])
+    scores = with_gates(pd.DataFrame(res["scores"]), fits)
     scales = pd.DataFrame(res.get("scales", []))
     arg = res.get("fleet_arg") or ""
     fleet_how = ("" if not arg or arg == "real" else
@@ -348,13 +378,15 @@ def render(res: dict[str, Any], machine: str = "") -> str:
               "width.", "", _md(summ), ""]
     shown = scores.copy()
     shown["cell"] = shown["cell"].map(cell_label)
+    shown["passed"] = shown["passed"].map(lambda v: "yes" if v else "**no**")
     for c, nd in (("mdape_pct", 1), ("coverage90", 2), ("band_rel_width", 3),
                   ("obs_over_pred", 3)):
         shown[c] = shown[c].map(lambda v, nd=nd: _fmt(float(v), nd))
     lines += ["## Per cell, setting and phase", "",
               "`mdape_pct`: MdAPE of the predictive median (%); `coverage90`: share of rows "
               "inside the 90% band; `band_rel_width`: median (q95 - q05) / median; "
-              "`obs_over_pred`: median observed / predictive median.", "",
+              "`obs_over_pred`: median observed / predictive median; `passed`: the fit behind "
+              "the row passed the convergence gates.", "",
               _md(shown), ""]
     miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:
@@ -622,6 +654,11 @@ def main() -> None:
         run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots)
     res = report(work, args.out)
     print(pd.DataFrame(res["scores"]).round(3).to_string())
+    failed = [f["fit"] + " (" + f["cell"] + ")" for f in res["fits"] if not f["passed"]]
+    if failed:
+        print(f"{len(failed)} of {len(res['fits'])} fits fail the convergence gates: "
+              + "; ".join(failed), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -160,3 +160,20 @@ def test_report_renders_every_section(tmp_path):
     for block in md.split("\n\n"):
         rows = [ln for ln in block.splitlines() if ln.startswith("|")]
         assert len({ln.count("|") for ln in rows}) <= 1, block
+
+
+def test_rows_carry_their_fit_gates_and_failed_fits_are_named_in_the_goals():
+    h = pd.concat([
+        _held(10, 1.02, 0.1, "decode", cell="c1", setting=st, shot=sh)
+        for st, sh in (("zero-shot", ""), ("one-shot population", "p1"),
+                       ("one-shot population", "p2"))], ignore_index=True)
+    fits = pd.DataFrame([{"cell": "c1", "fit": "population (fleet without the cell)",
+                          "passed": True},
+                         {"cell": "c1", "fit": "one-shot population: p1", "passed": True},
+                         {"cell": "c1", "fit": "one-shot population: p2", "passed": False}])
+    t = fc.with_gates(fc.score_table(h), fits)
+    got = t[t["phase"] == "decode"].set_index("shot")["passed"].to_dict()
+    assert got == {"": True, "p1": True, "p2": False}
+    goals = "\n".join(fc.goal_lines(t))
+    assert "1 of 2 one-shot population fits fail the convergence gates (`c1`, p2)" in goals
+    assert "over the fits that pass: decode MdAPE median" in goals

@@ -189,6 +189,46 @@ def score_table(held: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_of(rows: pd.DataFrame, centre: tuple[int, int, int]) -> np.ndarray:
+    """Which sweep of its cell each row (``prompt_size``, ``batch_size``, ``token_size``, -1 on
+    prefill rows) belongs to, from the centre point (:func:`choose_shots`' first): ``batch``
+    (another batch size), ``prompt`` (another prompt size at the centre's batch size),
+    ``tokens`` (a decode row at another token size) or ``centre``."""
+    p, b, t = centre
+    out = np.full(len(rows), "centre", dtype=object)
+    tok = rows["token_size"].to_numpy()
+    out[(tok >= 0) & (tok != t)] = "tokens"
+    out[rows["prompt_size"].to_numpy() != p] = "prompt"
+    out[rows["batch_size"].to_numpy() != b] = "batch"
+    return out
+
+
+def sweep_table(held: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, phase and sweep (:func:`sweep_of`, the centre of each cell from its
+    zero-shot rows) over every cell and shot: rows, MdAPE (%), 90% coverage and the median
+    observed / predictive median."""
+    parts = []
+    for _, g in held.groupby("cell", sort=False):
+        z = g[g["setting"] == "zero-shot"]
+        centre = choose_shots(z if len(z) else g, 1)
+        if centre:
+            parts.append(g.assign(sweep=sweep_of(g, centre[0])))
+    if not parts:
+        return pd.DataFrame()
+    h = pd.concat(parts, ignore_index=True)
+    rows = []
+    for (st, ph, sw), g in h.groupby(["setting", "phase", "sweep"], sort=False):
+        y, m = g["observed_us"].to_numpy(float), g["pred_median_us"].to_numpy(float)
+        rows.append({"setting": st, "phase": ph, "sweep": sw, "n": len(g),
+                     "mdape_pct": float(np.median(np.abs(m / y - 1)) * 100),
+                     "coverage90": float(g["in_90"].astype(float).mean()),
+                     "obs_over_pred": float(np.median(y / m))})
+    order = {s: i for i, s in enumerate(SETTINGS)}
+    t = pd.DataFrame(rows)
+    return t.sort_values(["setting", "phase", "sweep"], key=lambda c: c.map(order).fillna(0)
+                         if c.name == "setting" else c, kind="stable").reset_index(drop=True)
+
+
 def pooled_coverage(g: pd.DataFrame) -> float:
     """Share of all rows of the score rows ``g`` inside their 90% band (row-weighted)."""
     return float((g["coverage90"] * g["n"]).sum() / g["n"].sum())
@@ -388,6 +428,14 @@ def render(res: dict[str, Any], machine: str = "") -> str:
               "`obs_over_pred`: median observed / predictive median; `passed`: the fit behind "
               "the row passed the convergence gates.", "",
               _md(shown), ""]
+    sw = pd.DataFrame(res.get("sweeps", []))
+    if len(sw):
+        for c, nd in (("mdape_pct", 1), ("coverage90", 2), ("obs_over_pred", 3)):
+            sw[c] = sw[c].map(lambda v, nd=nd: _fmt(float(v), nd))
+        lines += ["### By sweep", "", "The rows of every cell and one-shot point by the sweep "
+                  "of the cell they belong to, from the centre point: `batch` (another batch "
+                  "size), `prompt` (another prompt size at batch 1), `tokens` (decode at another "
+                  "token count), `centre`.", "", _md(sw), ""]
     miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:
         lines += [f"### Where the bands miss {GOAL_COVERAGE[0]:.2f}-{GOAL_COVERAGE[1]:.2f}", "",
@@ -580,6 +628,7 @@ def summarise(work: Path) -> dict[str, Any]:
     scores = score_table(h)
     return {**meta, "cells_run": [c["cell"] for c in cells],
             "scores": scores.to_dict(orient="records"),
+            "sweeps": sweep_table(h).to_dict(orient="records"),
             "fits": pd.concat(fits, ignore_index=True).to_dict(orient="records"),
             "cells": cells,
             "scales": pd.concat(scales, ignore_index=True).to_dict(orient="records")

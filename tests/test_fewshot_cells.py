@@ -177,3 +177,21 @@ def test_rows_carry_their_fit_gates_and_failed_fits_are_named_in_the_goals():
     goals = "\n".join(fc.goal_lines(t))
     assert "1 of 2 one-shot population fits fail the convergence gates (`c1`, p2)" in goals
     assert "over the fits that pass: decode MdAPE median" in goals
+
+
+def test_rows_are_put_in_their_sweep_from_the_centre():
+    mb = _mb()
+    cell = fc.attach_points(_cell(mb), mb)
+    sw = pd.Series(fc.sweep_of(cell, (512, 1, 128)), index=cell.index)
+    key = list(zip(cell["phase"], cell["prompt_size"], cell["batch_size"], cell["token_size"],
+                   strict=True))
+    got = dict(zip(key, sw, strict=True))
+    assert got[("decode", 512, 1, 128)] == "centre" and got[("prefill", 512, 1, -1)] == "centre"
+    assert got[("decode", 512, 1, 256)] == "tokens"
+    assert got[("decode", 2048, 1, 128)] == "prompt" and got[("prefill", 2048, 1, -1)] == "prompt"
+    assert got[("decode", 512, 8, 128)] == "batch" and got[("prefill", 512, 8, -1)] == "batch"
+    held = cell.assign(setting="zero-shot", shot="", cell="c", observed_us=cell["value_us"],
+                       pred_median_us=cell["value_us"] / 1.1, in_90=1.0)
+    t = fc.sweep_table(held).set_index(["phase", "sweep"])
+    assert t.loc[("decode", "tokens"), "n"] == len(TOKENS) - 1
+    assert t.loc[("prefill", "batch"), "obs_over_pred"] == pytest.approx(1.1, rel=1e-9)

@@ -436,3 +436,37 @@ def test_stage_ttft_table_groups_stages_by_rate() -> None:
     text = "\n".join(_stage_ttft_lines(t, ["a/stage1/workload_ttft"]))
     assert "20 req/s: 1 stages, TTFT error -20.0%" in text
     assert "| a/stage1 | 20 | 50.0 | 40.0 | -20.0% | no |" in text
+
+
+def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
+    import time
+
+    from bayes_latency import MODEL_VERSION
+    from bayes_latency.study.client_blis import (
+        current_part,
+        part_record,
+        read_parts,
+        render,
+        write_part,
+    )
+
+    assert read_parts(tmp_path) == {}
+    rec = part_record(time.perf_counter() - 90.0, 1.0, complete=False, done=3)
+    assert rec["model_version"] == MODEL_VERSION and rec["done"] == 3
+    assert rec["wall_s"] >= 90.0 and " cores, 1-minute load average 1.0 at the start" in rec["machine"]
+    write_part(tmp_path, "loro", rec)
+    write_part(tmp_path, "lomo", {**rec, "model_version": "0", "complete": True})
+    parts = read_parts(tmp_path)
+    assert current_part(parts["loro"]) and not current_part(parts["lomo"])
+    assert not current_part(None)  # tables without a record are of an unknown version
+
+    hist = pd.DataFrame({"iteration": [1], "max_elasticity": [2.0]})
+    res = {"calibration": {"converged": True, "final_change": 0.001}, "history": hist,
+           "terms": ["per_step"], "n_draws": 20, "settings": "s", "cv_settings": "s",
+           "replay_s": 1.0, "calibrate_s": 10.0, "runtime_s": 60.0,
+           "fits": pd.DataFrame({"fit": ["calibrated (all)"], "model_version": [MODEL_VERSION]}),
+           "parts": {"loro": parts["loro"]}, "stale": ["`lomo.csv` (model version 0)"]}
+    text = render(res)
+    assert f"| loro | {MODEL_VERSION} | " in text and "| no (3 left out so far) |" in text
+    assert f"not made by model version {MODEL_VERSION}" in text
+    assert "`lomo.csv` (model version 0)" in text and "## Leave-one-model-out" not in text

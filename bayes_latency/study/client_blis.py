@@ -106,7 +106,8 @@ def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N
 def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
     c = model.convergence()
     post = model.result["posterior"]
-    return {"fit": label, "passed": bool(c.get("passed")), "max_rhat": c.get("max_rhat"),
+    return {"fit": label, "model_version": str(model.result.attrs.get("model_version", "")),
+            "passed": bool(c.get("passed")), "max_rhat": c.get("max_rhat"),
             "min_ess_bulk": c.get("min_ess_bulk"), "divergences": c.get("divergences"),
             "draws": int(post.sizes["draw"]),
             "target_accept": float(json.loads(model.result.attrs.get("sampler_settings", "{}"))
@@ -270,6 +271,7 @@ def render(res: dict[str, Any]) -> str:
     if res.get("reused"):
         lines += ["Parts read from tables written by another `--parts` process or an earlier run "
                   "(`--resume`; file times): " + ", ".join(res["reused"]) + ".", ""]
+    lines += _parts_lines(res.get("parts") or {}, res.get("stale") or [])
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -314,6 +316,84 @@ def render(res: dict[str, Any]) -> str:
 PARTS = ("insample", "loro", "lomo")
 #: Label prefix of each part's refits in ``fits.csv``.
 _FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
+#: Record of what made each part's tables (``OUT/client/parts.json``, :func:`part_record`).
+PARTS_FILE = "parts.json"
+
+
+def _load() -> float:
+    """1-minute load average (NaN where the platform has none)."""
+    import os
+
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def part_record(started: float, load_start: float, complete: bool,
+                done: int | None = None) -> dict[str, Any]:
+    """What made a part's tables: model and package version, when it finished, its wall time
+    (s, from ``started``, a :func:`time.perf_counter` reading) and the machine (CPU model, cores,
+    1-minute load average at the part's start and now); ``complete`` False while a part that
+    writes its tables after each left-out run or model is still running (``done``: how many
+    are in its tables)."""
+    import os
+
+    from bayes_latency import MODEL_VERSION, __version__
+    from bayes_latency.study.demo import cpu_model
+
+    load = _load()
+    rec: dict[str, Any] = {
+        "model_version": MODEL_VERSION, "package": __version__,
+        "finished_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "wall_s": round(time.perf_counter() - started, 1), "complete": bool(complete),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, 1-minute load average "
+                   f"{load_start:.1f} at the start, {load:.1f} at the end"}
+    if done is not None:
+        rec["done"] = int(done)
+    return rec
+
+
+def read_parts(out: Path) -> dict[str, dict[str, Any]]:
+    """The records of ``out/parts.json`` (empty when absent)."""
+    f = Path(out) / PARTS_FILE
+    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+
+
+def write_part(out: Path, key: str, record: dict[str, Any]) -> None:
+    """Set the record of part ``key`` in ``out/parts.json`` (atomically), keeping the others."""
+    parts = read_parts(out)
+    parts[key] = record
+    atomic_write_text(Path(out) / PARTS_FILE, json.dumps(parts, indent=1, sort_keys=True) + "\n")
+
+
+def current_part(record: dict[str, Any] | None) -> bool:
+    """Whether a part's tables were made by this package's model version (False without a
+    record: tables older than the record cannot be told apart)."""
+    from bayes_latency import MODEL_VERSION
+
+    return record is not None and str(record.get("model_version")) == MODEL_VERSION
+
+
+def _parts_lines(parts: dict[str, dict[str, Any]], stale: Sequence[str]) -> list[str]:
+    """The README's table of what made each part, and the tables left out."""
+    lines = []
+    if parts:
+        lines += ["## Parts", "", "What made each part's tables (`parts.json`).", "",
+                  "| part | model version | package | finished (UTC) | wall time | complete | "
+                  "machine |", "|---|---|---|---|---|---|---|"]
+        for key in ("calibration", *PARTS):
+            r = parts.get(key)
+            if r is None:
+                continue
+            done = "yes" if r.get("complete") else f"no ({r.get('done', 0)} left out so far)"
+            lines.append(f"| {key} | {r.get('model_version')} | {r.get('package')} | "
+                         f"{r.get('finished_utc')} | {float(r.get('wall_s', math.nan)) / 60:.1f} "
+                         f"min | {done} | {r.get('machine')} |")
+        lines.append("")
+    if stale:
+        from bayes_latency import MODEL_VERSION
+
+        lines += [f"Tables left out, not made by model version {MODEL_VERSION} (rerun the part "
+                  "with `--parts`): " + ", ".join(stale) + ".", ""]
+    return lines
 
 
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
@@ -379,7 +459,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         converged = bool(history["rows_moving"].iloc[-1] == 0) \
             if "rows_moving" in history else False
     else:
-        t = time.perf_counter()
+        t, load0 = time.perf_counter(), _load()
         cal = calibrated_fit(data.observations, stages, settings, terms,
                              start_settings=QUICK_FIT if quick else START_FIT, log=log)
         calibrate_s = time.perf_counter() - t
@@ -392,6 +472,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
         unfitted = list(cal.unfitted)
         atomic_write_text(out / "unfitted.json", json.dumps(unfitted) + "\n")
+        write_part(out, "calibration", part_record(t, load0, True))
     fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
     cv_settings = QUICK_FIT if quick else CV_FIT
     write_real_exports(model, out / "exports", posterior_path=post_path)
@@ -408,9 +489,17 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            else None,
                            "host": host_overhead(data.iterations)}
     part_fits: dict[str, list[dict[str, Any]]] = {}
+    records = read_parts(out)
+    shown = {"calibration"} if "calibration" in records else set()
     if resume:  # the tables of parts that ran in another process or an earlier run
         for key in PARTS:
             if key not in run_parts and (out / f"{key}.csv").is_file():
+                if not current_part(records.get(key)):
+                    v = records.get(key, {}).get("model_version", "not recorded")
+                    res.setdefault("stale", []).append(f"`{key}.csv` (model version {v})")
+                    log(f"[client] {key}: {out / f'{key}.csv'} is of model version {v}: left out")
+                    continue
+                shown.add(key)
                 res[key] = pd.read_csv(out / f"{key}.csv")
                 f_ = out / f"fits_{key}.csv"
                 if key in _FIT_PREFIX and f_.is_file() and f_.stat().st_size > 1:
@@ -434,21 +523,27 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                                                for f_ in part_fits.get(k, [])])
         res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
         res["runtime_s"] = time.perf_counter() - t0
+        res["parts"] = {k: v for k, v in read_parts(out).items() if k in shown}
         atomic_write_text(out / "README.md", render(res))
 
     write_readme()
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None and "insample" in run_parts:
         log("[client] in-sample: all runs in BLIS")
+        t, load0 = time.perf_counter(), _load()
         src = sources_for(model, configs, n_draws, replayed=pred)
         st = run_study(setup, runs, n_draws=n_draws, sources=src, progress=log)
         res["insample"] = st.table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
         if st.draws is not None:
             st.draws.to_csv(out / "insample_draws.csv", index=False, float_format="%.6g")
+        write_part(out, "insample", part_record(t, load0, True))
+        shown.add("insample")
         write_readme()
     if setup is not None and "loro" in run_parts:
         parts, draw_parts = [], []
+        t_part, load0 = time.perf_counter(), _load()
+        shown.add("loro")
         for r in normal:
             t = time.perf_counter()
             m, _ = fit(drop_run(observations, r.short_id))
@@ -462,11 +557,16 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                     out / "loro_draws.csv", index=False, float_format="%.6g")
             res["loro"] = pd.concat(parts, ignore_index=True)
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
+            write_part(out, "loro", part_record(t_part, load0, len(parts) == len(normal),
+                                                len(parts)))
             write_readme()
             log(f"[client] leave-one-run-out {r.short_id}: done")
     if setup is not None and "lomo" in run_parts:
         parts = []
-        for name in sorted({r.model for r in runs}):
+        models = sorted({r.model for r in runs})
+        t_part, load0 = time.perf_counter(), _load()
+        shown.add("lomo")
+        for name in models:
             t = time.perf_counter()
             m, _ = fit(drop_model(observations, name))
             fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
@@ -475,6 +575,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
             res["lomo"] = pd.concat(parts, ignore_index=True)
             res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
+            write_part(out, "lomo", part_record(t_part, load0, len(parts) == len(models),
+                                                len(parts)))
             write_readme()
             log(f"[client] leave-one-model-out {name}: done")
     write_readme()

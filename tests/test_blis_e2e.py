@@ -442,13 +442,8 @@ def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
     import time
 
     from bayes_latency import MODEL_VERSION
-    from bayes_latency.study.client_blis import (
-        current_part,
-        part_record,
-        read_parts,
-        render,
-        write_part,
-    )
+    from bayes_latency.study.client_blis import render
+    from bayes_latency.study.client_parts import current_part, part_record, read_parts, write_part
 
     assert read_parts(tmp_path) == {}
     rec = part_record(time.perf_counter() - 90.0, 1.0, complete=False, done=3)
@@ -470,3 +465,16 @@ def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
     assert f"| loro | {MODEL_VERSION} | " in text and "| no (3 left out so far) |" in text
     assert f"not made by model version {MODEL_VERSION}" in text
     assert "`lomo.csv` (model version 0)" in text and "## Leave-one-model-out" not in text
+
+
+def test_client_readme_names_the_failed_fits_of_a_part() -> None:
+    from bayes_latency.study.client_blis import _failed_fit_lines
+
+    fits = pd.DataFrame({"fit": ["calibrated (all)", "without run a", "without run b",
+                                 "without model m"],
+                         "passed": [True, True, False, False], "max_rhat": [1.0, 1.0, 1.83, 1.2],
+                         "min_ess_bulk": [500.0, 480.0, 2.9, 40.0]})
+    loro = " ".join(_failed_fit_lines(fits, "loro"))
+    assert "`without run b` (max R-hat 1.83, min bulk ESS 3)" in loro and "run a" not in loro
+    assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
+    assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []

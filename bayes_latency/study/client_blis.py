@@ -16,7 +16,9 @@ Outputs in ``OUT/client/``: ``README.md`` (tables and the study's numbers),
 ``insample.csv``, ``loro.csv``, ``lomo.csv`` (one row per run x source, as
 :mod:`~bayes_latency.study.blis.e2e` writes them), ``calibration.csv`` (iterations),
 ``package_replay.csv`` (the package's own replayed means at the posterior), ``fits.csv``
-(convergence of every fit), ``exports/`` (the in-sample BLIS exports) and ``posterior.nc``.
+(convergence and model version of every fit), ``parts.json`` (what made each part's tables:
+:mod:`~bayes_latency.study.client_parts`), ``exports/`` (the in-sample BLIS exports) and
+``posterior.nc``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis.spec import Coefficients
+from bayes_latency.study.client_parts import (
+    current_part,
+    load_average,
+    part_record,
+    parts_lines,
+    read_parts,
+    write_part,
+)
 from bayes_latency.study.markdown import _md
 from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 
@@ -230,6 +240,24 @@ def _run_table(t: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
+    """The part's fits that failed the convergence gates (the calibrated fit for ``insample``,
+    the refits for the leave-out parts): the runs simulated from them come from a posterior that
+    did not converge."""
+    if fits is None or not len(fits) or "passed" not in fits:
+        return []
+    label = fits["fit"].astype(str)
+    mine = label.str.startswith(_FIT_PREFIX[key]) if key in _FIT_PREFIX \
+        else label == "calibrated (all)"
+    bad = fits[mine & ~fits["passed"].astype(bool)]
+    if bad.empty:
+        return []
+    return ["Fits of this part that failed the convergence gates (the numbers of their runs come "
+            "from a posterior that did not converge): "
+            + "; ".join(f"`{r.fit}` (max R-hat {r.max_rhat:.3g}, min bulk ESS "
+                        f"{r.min_ess_bulk:.0f})" for r in bad.itertuples(index=False)) + "."]
+
+
 def render(res: dict[str, Any]) -> str:
     """The study's README."""
     cal, hist = res["calibration"], res["history"]
@@ -271,7 +299,7 @@ def render(res: dict[str, Any]) -> str:
     if res.get("reused"):
         lines += ["Parts read from tables written by another `--parts` process or an earlier run "
                   "(`--resume`; file times): " + ", ".join(res["reused"]) + ".", ""]
-    lines += _parts_lines(res.get("parts") or {}, res.get("stale") or [])
+    lines += parts_lines(res.get("parts") or {}, res.get("stale") or [], PARTS)
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -305,7 +333,7 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"BLIS's published coefficients on the same harness: E2E "
                          f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
                          f"decode interval {_apct(p['median_decode_interval'])}.")
-        lines += ["", *_run_table(_mine(t)), ""]
+        lines += [*_failed_fit_lines(res.get("fits"), key), "", *_run_table(_mine(t)), ""]
     if res.get("stage_ttft") is not None:
         lines += _stage_ttft_lines(res["stage_ttft"], res.get("unfitted", []), res.get("host"))
     lines += ["## Fits", "", _md(_round(res["fits"])), ""]
@@ -316,91 +344,13 @@ def render(res: dict[str, Any]) -> str:
 PARTS = ("insample", "loro", "lomo")
 #: Label prefix of each part's refits in ``fits.csv``.
 _FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
-#: Record of what made each part's tables (``OUT/client/parts.json``, :func:`part_record`).
-PARTS_FILE = "parts.json"
-
-
-def _load() -> float:
-    """1-minute load average (NaN where the platform has none)."""
-    import os
-
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-
-
-def part_record(started: float, load_start: float, complete: bool,
-                done: int | None = None) -> dict[str, Any]:
-    """What made a part's tables: model and package version, when it finished, its wall time
-    (s, from ``started``, a :func:`time.perf_counter` reading) and the machine (CPU model, cores,
-    1-minute load average at the part's start and now); ``complete`` False while a part that
-    writes its tables after each left-out run or model is still running (``done``: how many
-    are in its tables)."""
-    import os
-
-    from bayes_latency import MODEL_VERSION, __version__
-    from bayes_latency.study.demo import cpu_model
-
-    load = _load()
-    rec: dict[str, Any] = {
-        "model_version": MODEL_VERSION, "package": __version__,
-        "finished_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "wall_s": round(time.perf_counter() - started, 1), "complete": bool(complete),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, 1-minute load average "
-                   f"{load_start:.1f} at the start, {load:.1f} at the end"}
-    if done is not None:
-        rec["done"] = int(done)
-    return rec
-
-
-def read_parts(out: Path) -> dict[str, dict[str, Any]]:
-    """The records of ``out/parts.json`` (empty when absent)."""
-    f = Path(out) / PARTS_FILE
-    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-
-
-def write_part(out: Path, key: str, record: dict[str, Any]) -> None:
-    """Set the record of part ``key`` in ``out/parts.json`` (atomically), keeping the others."""
-    parts = read_parts(out)
-    parts[key] = record
-    atomic_write_text(Path(out) / PARTS_FILE, json.dumps(parts, indent=1, sort_keys=True) + "\n")
-
-
-def current_part(record: dict[str, Any] | None) -> bool:
-    """Whether a part's tables were made by this package's model version (False without a
-    record: tables older than the record cannot be told apart)."""
-    from bayes_latency import MODEL_VERSION
-
-    return record is not None and str(record.get("model_version")) == MODEL_VERSION
-
-
-def _parts_lines(parts: dict[str, dict[str, Any]], stale: Sequence[str]) -> list[str]:
-    """The README's table of what made each part, and the tables left out."""
-    lines = []
-    if parts:
-        lines += ["## Parts", "", "What made each part's tables (`parts.json`).", "",
-                  "| part | model version | package | finished (UTC) | wall time | complete | "
-                  "machine |", "|---|---|---|---|---|---|---|"]
-        for key in ("calibration", *PARTS):
-            r = parts.get(key)
-            if r is None:
-                continue
-            done = "yes" if r.get("complete") else f"no ({r.get('done', 0)} left out so far)"
-            lines.append(f"| {key} | {r.get('model_version')} | {r.get('package')} | "
-                         f"{r.get('finished_utc')} | {float(r.get('wall_s', math.nan)) / 60:.1f} "
-                         f"min | {done} | {r.get('machine')} |")
-        lines.append("")
-    if stale:
-        from bayes_latency import MODEL_VERSION
-
-        lines += [f"Tables left out, not made by model version {MODEL_VERSION} (rerun the part "
-                  "with `--parts`): " + ", ".join(stale) + ".", ""]
-    return lines
-
-
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print,
          parts: Sequence[str] | None = None) -> int:
-    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
+    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent,
+    1 when a fit it ran failed the convergence gates (after writing every table and the README,
+    which names the failed fits in their part's section).
 
     ``resume``: reuse ``posterior.nc``, ``observations.parquet`` and ``calibration.csv`` of an
     earlier run in ``OUT/client`` instead of calibrating again, and the tables of the parts not
@@ -459,7 +409,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         converged = bool(history["rows_moving"].iloc[-1] == 0) \
             if "rows_moving" in history else False
     else:
-        t, load0 = time.perf_counter(), _load()
+        t, load0 = time.perf_counter(), load_average()
         cal = calibrated_fit(data.observations, stages, settings, terms,
                              start_settings=QUICK_FIT if quick else START_FIT, log=log)
         calibrate_s = time.perf_counter() - t
@@ -497,7 +447,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                 if not current_part(records.get(key)):
                     v = records.get(key, {}).get("model_version", "not recorded")
                     res.setdefault("stale", []).append(f"`{key}.csv` (model version {v})")
-                    log(f"[client] {key}: {out / f'{key}.csv'} is of model version {v}: left out")
+                    log(f"[client] {key}: {out / f'{key}.csv'} left out (model version {v})")
                     continue
                 shown.add(key)
                 res[key] = pd.read_csv(out / f"{key}.csv")
@@ -530,7 +480,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None and "insample" in run_parts:
         log("[client] in-sample: all runs in BLIS")
-        t, load0 = time.perf_counter(), _load()
+        t, load0 = time.perf_counter(), load_average()
         src = sources_for(model, configs, n_draws, replayed=pred)
         st = run_study(setup, runs, n_draws=n_draws, sources=src, progress=log)
         res["insample"] = st.table
@@ -542,7 +492,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         write_readme()
     if setup is not None and "loro" in run_parts:
         parts, draw_parts = [], []
-        t_part, load0 = time.perf_counter(), _load()
+        t_part, load0 = time.perf_counter(), load_average()
         shown.add("loro")
         for r in normal:
             t = time.perf_counter()
@@ -564,7 +514,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if setup is not None and "lomo" in run_parts:
         parts = []
         models = sorted({r.model for r in runs})
-        t_part, load0 = time.perf_counter(), _load()
+        t_part, load0 = time.perf_counter(), load_average()
         shown.add("lomo")
         for name in models:
             t = time.perf_counter()
@@ -581,4 +531,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             log(f"[client] leave-one-model-out {name}: done")
     write_readme()
     log(f"[client] wrote {out} in {res['runtime_s'] / 60:.1f} min")
+    failed = [str(f_["fit"]) for f_ in fits if not f_["passed"]]
+    if failed:  # the tables are written; a fit that did not converge fails the command
+        log(f"[client] fits that failed the convergence gates: {', '.join(failed)}")
+        return 1
     return 0

@@ -478,3 +478,24 @@ def test_client_readme_names_the_failed_fits_of_a_part() -> None:
     assert "`without run b` (max R-hat 1.83, min bulk ESS 3)" in loro and "run a" not in loro
     assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
     assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []
+
+
+def test_resumed_calibrated_fit_keeps_the_sampled_fits_gate_decision() -> None:
+    from types import SimpleNamespace
+
+    from bayes_latency.study.client_blis import _resumed_conv_row
+
+    class _Result(dict):
+        attrs = {"thinned_by": 25, "sampler_settings": '{"target_accept": 0.995}',
+                 "extension": '[{"draws": 9000, "decision": "continue"}, '
+                              '{"draws": 10000, "decision": "pass"}]'}
+
+    thinned = SimpleNamespace(  # the saved file's own diagnostics fail the ESS gate
+        result=_Result(posterior=SimpleNamespace(sizes={"draw": 400})),
+        convergence=lambda: {"passed": False, "max_rhat": 1.011, "min_ess_bulk": 329.0,
+                             "divergences": 0})
+    row = _resumed_conv_row(thinned, None, 161.0)
+    assert row["passed"] and row["fit"] == "calibrated (all; saved file, every 25th draw)"
+    assert row["min_ess_bulk"] == 329.0 and row["draws"] == 400
+    sampled = {"fit": "calibrated (all)", "passed": True, "min_ess_bulk": 407.0}
+    assert _resumed_conv_row(thinned, {"fit": sampled}, 161.0) == sampled

@@ -437,3 +437,66 @@ def test_stage_ttft_table_groups_stages_by_rate() -> None:
     text = "\n".join(_stage_ttft_lines(t, ["a/stage1/workload_ttft"]))
     assert "20 req/s: 1 stages, TTFT error -20.0%" in text
     assert "| a/stage1 | 20 | 50.0 | 40.0 | -20.0% | no |" in text
+
+
+def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
+    import time
+
+    from bayes_latency import MODEL_VERSION
+    from bayes_latency.study.client_blis import render
+    from bayes_latency.study.client_parts import current_part, part_record, read_parts, write_part
+
+    assert read_parts(tmp_path) == {}
+    rec = part_record(time.perf_counter() - 90.0, 1.0, complete=False, done=3)
+    assert rec["model_version"] == MODEL_VERSION and rec["done"] == 3
+    assert rec["wall_s"] >= 90.0 and " cores, 1-minute load average 1.0 at the start" in rec["machine"]
+    write_part(tmp_path, "loro", rec)
+    write_part(tmp_path, "lomo", {**rec, "model_version": "0", "complete": True})
+    parts = read_parts(tmp_path)
+    assert current_part(parts["loro"]) and not current_part(parts["lomo"])
+    assert not current_part(None)  # tables without a record are of an unknown version
+
+    hist = pd.DataFrame({"iteration": [1], "max_elasticity": [2.0]})
+    res = {"calibration": {"converged": True, "final_change": 0.001}, "history": hist,
+           "terms": ["per_step"], "n_draws": 20, "settings": "s", "cv_settings": "s",
+           "replay_s": 1.0, "calibrate_s": 10.0, "runtime_s": 60.0,
+           "fits": pd.DataFrame({"fit": ["calibrated (all)"], "model_version": [MODEL_VERSION]}),
+           "parts": {"loro": parts["loro"]}, "stale": ["`lomo.csv` (model version 0)"]}
+    text = render(res)
+    assert f"| loro | {MODEL_VERSION} | " in text and "| no (3 left out so far) |" in text
+    assert f"not made by model version {MODEL_VERSION}" in text
+    assert "`lomo.csv` (model version 0)" in text and "## Leave-one-model-out" not in text
+
+
+def test_client_readme_names_the_failed_fits_of_a_part() -> None:
+    from bayes_latency.study.client_blis import _failed_fit_lines
+
+    fits = pd.DataFrame({"fit": ["calibrated (all)", "without run a", "without run b",
+                                 "without model m"],
+                         "passed": [True, True, False, False], "max_rhat": [1.0, 1.0, 1.83, 1.2],
+                         "min_ess_bulk": [500.0, 480.0, 2.9, 40.0]})
+    loro = " ".join(_failed_fit_lines(fits, "loro"))
+    assert "`without run b` (max R-hat 1.83, min bulk ESS 3)" in loro and "run a" not in loro
+    assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
+    assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []
+
+
+def test_resumed_calibrated_fit_keeps_the_sampled_fits_gate_decision() -> None:
+    from types import SimpleNamespace
+
+    from bayes_latency.study.client_blis import _resumed_conv_row
+
+    class _Result(dict):
+        attrs = {"thinned_by": 25, "sampler_settings": '{"target_accept": 0.995}',
+                 "extension": '[{"draws": 9000, "decision": "continue"}, '
+                              '{"draws": 10000, "decision": "pass"}]'}
+
+    thinned = SimpleNamespace(  # the saved file's own diagnostics fail the ESS gate
+        result=_Result(posterior=SimpleNamespace(sizes={"draw": 400})),
+        convergence=lambda: {"passed": False, "max_rhat": 1.011, "min_ess_bulk": 329.0,
+                             "divergences": 0})
+    row = _resumed_conv_row(thinned, None, 161.0)
+    assert row["passed"] and row["fit"] == "calibrated (all; saved file, every 25th draw)"
+    assert row["min_ess_bulk"] == 329.0 and row["draws"] == 400
+    sampled = {"fit": "calibrated (all)", "passed": True, "min_ess_bulk": 407.0}
+    assert _resumed_conv_row(thinned, {"fit": sampled}, 161.0) == sampled

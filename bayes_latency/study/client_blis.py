@@ -16,7 +16,9 @@ Outputs in ``OUT/client/``: ``README.md`` (tables and the study's numbers),
 ``insample.csv``, ``loro.csv``, ``lomo.csv`` (one row per run x source, as
 :mod:`~bayes_latency.study.blis.e2e` writes them), ``calibration.csv`` (iterations),
 ``package_replay.csv`` (the package's own replayed means at the posterior), ``fits.csv``
-(convergence of every fit), ``exports/`` (the in-sample BLIS exports) and ``posterior.nc``.
+(convergence and model version of every fit), ``parts.json`` (what made each part's tables:
+:mod:`~bayes_latency.study.client_parts`), ``exports/`` (the in-sample BLIS exports) and
+``posterior.nc``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis.spec import Coefficients
+from bayes_latency.study.client_parts import (
+    current_part,
+    load_average,
+    part_record,
+    parts_lines,
+    read_parts,
+    write_part,
+)
 from bayes_latency.study.markdown import _md
 from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 
@@ -102,12 +112,31 @@ def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N
 def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
     c = model.convergence()
     post = model.result["posterior"]
-    return {"fit": label, "passed": bool(c.get("passed")), "max_rhat": c.get("max_rhat"),
+    return {"fit": label, "model_version": str(model.result.attrs.get("model_version", "")),
+            "passed": bool(c.get("passed")), "max_rhat": c.get("max_rhat"),
             "min_ess_bulk": c.get("min_ess_bulk"), "divergences": c.get("divergences"),
             "draws": int(post.sizes["draw"]),
             "target_accept": float(json.loads(model.result.attrs.get("sampler_settings", "{}"))
                                    .get("target_accept", math.nan)),
             "fit_s": fit_s}
+
+
+def _resumed_conv_row(model: Any, record: dict[str, Any] | None, fit_s: float
+                      ) -> dict[str, Any]:
+    """The calibrated fit's row of ``fits.csv`` in a ``--resume`` process: the one recorded when
+    it was sampled (``parts.json``), else the diagnostics of the saved file, which keeps at most
+    800 draws (``LatencyModel.save``: thinned, so its bulk ESS is below the sampled fit's), with
+    ``passed`` the sampler's own gate decision when the file records it (attrs ``extension``)."""
+    if record is not None and isinstance(record.get("fit"), dict):
+        return dict(record["fit"])
+    row = _conv_row(model, "calibrated (all)", fit_s)
+    thin = int(model.result.attrs.get("thinned_by", 1) or 1)
+    if thin > 1:
+        row["fit"] = f"calibrated (all; saved file, every {thin}th draw)"
+        ext = json.loads(model.result.attrs.get("extension") or "[]")
+        if ext:
+            row["passed"] = ext[-1].get("decision") == "pass"
+    return row
 
 
 def stage_ttft_table(pred: pd.DataFrame, stages: Sequence[Any]) -> pd.DataFrame:
@@ -225,6 +254,24 @@ def _run_table(t: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
+    """The part's fits that failed the convergence gates (the calibrated fit for ``insample``,
+    the refits for the leave-out parts): the runs simulated from them come from a posterior that
+    did not converge."""
+    if fits is None or not len(fits) or "passed" not in fits:
+        return []
+    label = fits["fit"].astype(str)
+    mine = label.str.startswith(_FIT_PREFIX[key]) if key in _FIT_PREFIX \
+        else label.str.startswith("calibrated (all")
+    bad = fits[mine & ~fits["passed"].astype(bool)]
+    if bad.empty:
+        return []
+    return ["Fits of this part that failed the convergence gates (the numbers of their runs come "
+            "from a posterior that did not converge): "
+            + "; ".join(f"`{r.fit}` (max R-hat {r.max_rhat:.3g}, min bulk ESS "
+                        f"{r.min_ess_bulk:.0f})" for r in bad.itertuples(index=False)) + "."]
+
+
 def render(res: dict[str, Any]) -> str:
     """The study's README."""
     cal, hist = res["calibration"], res["history"]
@@ -266,6 +313,7 @@ def render(res: dict[str, Any]) -> str:
     if res.get("reused"):
         lines += ["Parts read from tables written by another `--parts` process or an earlier run "
                   "(`--resume`; file times): " + ", ".join(res["reused"]) + ".", ""]
+    lines += parts_lines(res.get("parts") or {}, res.get("stale") or [], PARTS)
     for key, title in (("insample", "In-sample (all 12 normal runs in the fit)"),
                        ("loro", "Leave-one-run-out (the run's client rows out of the fit)"),
                        ("lomo", "Leave-one-model-out (every row of the model out of the fit)")):
@@ -299,7 +347,7 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"BLIS's published coefficients on the same harness: E2E "
                          f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
                          f"decode interval {_apct(p['median_decode_interval'])}.")
-        lines += ["", *_run_table(_mine(t)), ""]
+        lines += [*_failed_fit_lines(res.get("fits"), key), "", *_run_table(_mine(t)), ""]
     if res.get("stage_ttft") is not None:
         lines += _stage_ttft_lines(res["stage_ttft"], res.get("unfitted", []), res.get("host"))
     lines += ["## Fits", "", _md(_round(res["fits"])), ""]
@@ -310,13 +358,13 @@ def render(res: dict[str, Any]) -> str:
 PARTS = ("insample", "loro", "lomo")
 #: Label prefix of each part's refits in ``fits.csv``.
 _FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
-
-
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print,
          parts: Sequence[str] | None = None) -> int:
-    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
+    """Run the study (see the module docstring); 0 on success or when data / BLIS are absent,
+    1 when a fit it ran failed the convergence gates (after writing every table and the README,
+    which names the failed fits in their part's section).
 
     ``resume``: reuse ``posterior.nc``, ``observations.parquet`` and ``calibration.csv`` of an
     earlier run in ``OUT/client`` instead of calibrating again, and the tables of the parts not
@@ -356,8 +404,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         f"{len(data.observations)} step and benchmark rows")
     post_path, obs_path = out / "posterior.nc", out / "observations.parquet"
     settings_label = settings.describe()
-    if resume and post_path.is_file() and obs_path.is_file() \
-            and (out / "calibration.csv").is_file():
+    resumed = resume and post_path.is_file() and obs_path.is_file() \
+        and (out / "calibration.csv").is_file()
+    if resumed:
         from bayes_latency.model.estimator import LatencyModel
 
         log(f"[client] resuming from {post_path}")
@@ -375,7 +424,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         converged = bool(history["rows_moving"].iloc[-1] == 0) \
             if "rows_moving" in history else False
     else:
-        t = time.perf_counter()
+        t, load0 = time.perf_counter(), load_average()
         cal = calibrated_fit(data.observations, stages, settings, terms,
                              start_settings=QUICK_FIT if quick else START_FIT, log=log)
         calibrate_s = time.perf_counter() - t
@@ -388,7 +437,12 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
         unfitted = list(cal.unfitted)
         atomic_write_text(out / "unfitted.json", json.dumps(unfitted) + "\n")
-    fits = [_conv_row(model, "calibrated (all)", float(history["fit_s"].iloc[-1]))]
+    fit_s = float(history["fit_s"].iloc[-1])
+    if resumed:
+        fits = [_resumed_conv_row(model, read_parts(out).get("calibration"), fit_s)]
+    else:
+        fits = [_conv_row(model, "calibrated (all)", fit_s)]
+        write_part(out, "calibration", {**part_record(t, load0, True), "fit": fits[0]})
     cv_settings = QUICK_FIT if quick else CV_FIT
     write_real_exports(model, out / "exports", posterior_path=post_path)
     res: dict[str, Any] = {"calibration": {"converged": converged,
@@ -404,9 +458,17 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            else None,
                            "host": host_overhead(data.iterations)}
     part_fits: dict[str, list[dict[str, Any]]] = {}
+    records = read_parts(out)
+    shown = {"calibration"} if "calibration" in records else set()
     if resume:  # the tables of parts that ran in another process or an earlier run
         for key in PARTS:
             if key not in run_parts and (out / f"{key}.csv").is_file():
+                if not current_part(records.get(key)):
+                    v = records.get(key, {}).get("model_version", "not recorded")
+                    res.setdefault("stale", []).append(f"`{key}.csv` (model version {v})")
+                    log(f"[client] {key}: {out / f'{key}.csv'} left out (model version {v})")
+                    continue
+                shown.add(key)
                 res[key] = pd.read_csv(out / f"{key}.csv")
                 f_ = out / f"fits_{key}.csv"
                 if key in _FIT_PREFIX and f_.is_file() and f_.stat().st_size > 1:
@@ -430,21 +492,27 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                                                for f_ in part_fits.get(k, [])])
         res["fits"].to_csv(out / "fits.csv", index=False, float_format="%.6g")
         res["runtime_s"] = time.perf_counter() - t0
+        res["parts"] = {k: v for k, v in read_parts(out).items() if k in shown}
         atomic_write_text(out / "README.md", render(res))
 
     write_readme()
     configs = sorted({(r.model, r.tp) for r in runs})
     if setup is not None and "insample" in run_parts:
         log("[client] in-sample: all runs in BLIS")
+        t, load0 = time.perf_counter(), load_average()
         src = sources_for(model, configs, n_draws, replayed=pred)
         st = run_study(setup, runs, n_draws=n_draws, sources=src, progress=log)
         res["insample"] = st.table
         res["insample"].to_csv(out / "insample.csv", index=False, float_format="%.6g")
         if st.draws is not None:
             st.draws.to_csv(out / "insample_draws.csv", index=False, float_format="%.6g")
+        write_part(out, "insample", part_record(t, load0, True))
+        shown.add("insample")
         write_readme()
     if setup is not None and "loro" in run_parts:
         parts, draw_parts = [], []
+        t_part, load0 = time.perf_counter(), load_average()
+        shown.add("loro")
         for r in normal:
             t = time.perf_counter()
             m, _ = fit(drop_run(observations, r.short_id))
@@ -458,11 +526,16 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                     out / "loro_draws.csv", index=False, float_format="%.6g")
             res["loro"] = pd.concat(parts, ignore_index=True)
             res["loro"].to_csv(out / "loro.csv", index=False, float_format="%.6g")
+            write_part(out, "loro", part_record(t_part, load0, len(parts) == len(normal),
+                                                len(parts)))
             write_readme()
             log(f"[client] leave-one-run-out {r.short_id}: done")
     if setup is not None and "lomo" in run_parts:
         parts = []
-        for name in sorted({r.model for r in runs}):
+        models = sorted({r.model for r in runs})
+        t_part, load0 = time.perf_counter(), load_average()
+        shown.add("lomo")
+        for name in models:
             t = time.perf_counter()
             m, _ = fit(drop_model(observations, name))
             fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
@@ -471,8 +544,14 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
             res["lomo"] = pd.concat(parts, ignore_index=True)
             res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
+            write_part(out, "lomo", part_record(t_part, load0, len(parts) == len(models),
+                                                len(parts)))
             write_readme()
             log(f"[client] leave-one-model-out {name}: done")
     write_readme()
     log(f"[client] wrote {out} in {res['runtime_s'] / 60:.1f} min")
+    failed = [str(f_["fit"]) for f_ in fits[int(resumed):] if not f_["passed"]]
+    if failed:  # the tables are written; a fit that did not converge fails the command
+        log(f"[client] fits that failed the convergence gates: {', '.join(failed)}")
+        return 1
     return 0

@@ -51,7 +51,7 @@ from bayes_latency.study.client_parts import (
     read_parts,
     write_part,
 )
-from bayes_latency.study.markdown import _md
+from bayes_latency.study.markdown import _md, pct, signed_pct
 from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 
 __all__ = ["main", "sources_for"]
@@ -193,21 +193,13 @@ def _stage_ttft_lines(t: pd.DataFrame, unfitted: Sequence[str],
     uf = {u.rsplit("/", 1)[0] for u in unfitted}
     for _, r in t.iterrows():
         lines.append(f"| {r['experiment_id']} | {r['rate']:g} | {r['real_ttft_ms']:.1f} | "
-                     f"{r['replay_ttft_ms']:.1f} | {_pct(r['error'])} | "
+                     f"{r['replay_ttft_ms']:.1f} | {signed_pct(r['error'])} | "
                      f"{'no' if r['experiment_id'] in uf else 'yes'} |")
     return lines + [""]
 
 
 def _round(df: pd.DataFrame) -> pd.DataFrame:
     return df.apply(lambda c: c.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
-
-
-def _pct(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
-
-
-def _apct(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
 def _mine(t: pd.DataFrame) -> pd.DataFrame:
@@ -244,12 +236,12 @@ def _run_table(t: pd.DataFrame) -> list[str]:
         for m in ("e2e_mean", "ttft_mean"):
             if f"{m}_in_band" in r and math.isfinite(r.get(f"{m}_in_band", math.nan)):
                 band.append(f"{'yes' if r[f'{m}_in_band'] else 'no'} "
-                            f"({_apct(r[f'band_{m}_width'])})")
+                            f"({pct(r[f'band_{m}_width'])})")
             else:
                 band.append("n/a")
         stress = " (stress)" if r["stress"] else ""
-        sd = _apct(float(r.get("ttft_mean_seed_sd", math.nan)))
-        lines.append(f"| {r[cols[0]]}{stress} | " + " | ".join(_pct(r[c]) for c in cols[1:])
+        sd = pct(float(r.get("ttft_mean_seed_sd", math.nan)))
+        lines.append(f"| {r[cols[0]]}{stress} | " + " | ".join(signed_pct(r[c]) for c in cols[1:])
                      + f" | {band[0]} | {band[1]} | {sd} |")
     return lines
 
@@ -301,7 +293,7 @@ def render(res: dict[str, Any]) -> str:
              "TTFT over them.", "",
              "## Calibration", "",
              f"{len(hist)} fits; converged: {cal['converged']}; final largest change of a "
-             f"replayed client mean: {_apct(cal['final_change'])}; largest elasticity of a row "
+             f"replayed client mean: {pct(cal['final_change'])}; largest elasticity of a row "
              f"{hist['max_elasticity'].iloc[-1]:.2f}. Replaying the 20 stages once takes "
              f"{res['replay_s']:.0f} s; the calibration {res['calibrate_s']:.0f} s in all.", "",
              _md(_round(hist)), ""]
@@ -323,30 +315,30 @@ def render(res: dict[str, Any]) -> str:
         s = summary(_mine(t))
         lines += [f"## {title}", "",
                   f"Over the {int(s['runs'])} normal runs, median |error| (worst run): "
-                  f"E2E mean {_apct(s['median_e2e_mean'])} ({_apct(s['max_e2e_mean'])}), "
-                  f"TTFT mean {_apct(s['median_ttft_mean'])} ({_apct(s['max_ttft_mean'])}), "
-                  f"decode interval {_apct(s['median_decode_interval'])} "
-                  f"({_apct(s['max_decode_interval'])}), E2E P90 {_apct(s['median_e2e_p90'])}, "
-                  f"TTFT P90 {_apct(s['median_ttft_p90'])}."]
+                  f"E2E mean {pct(s['median_e2e_mean'])} ({pct(s['max_e2e_mean'])}), "
+                  f"TTFT mean {pct(s['median_ttft_mean'])} ({pct(s['max_ttft_mean'])}), "
+                  f"decode interval {pct(s['median_decode_interval'])} "
+                  f"({pct(s['max_decode_interval'])}), E2E P90 {pct(s['median_e2e_p90'])}, "
+                  f"TTFT P90 {pct(s['median_ttft_p90'])}."]
         if "in_band_e2e_mean" in s:
             lines.append(f"90% bands of the simulated means contain the real mean E2E in "
                          f"{int(s['in_band_e2e_mean'])} of {int(s['runs'])} runs (median width "
-                         f"{_apct(s['width_e2e_mean'])}) and the real mean TTFT in "
+                         f"{pct(s['width_e2e_mean'])}) and the real mean TTFT in "
                          f"{int(s['in_band_ttft_mean'])} (median width "
-                         f"{_apct(s['width_ttft_mean'])}).")
+                         f"{pct(s['width_ttft_mean'])}).")
         if "median_ttft_mean_draw_median" in s:
             lines.append("The draws' median (a point over posterior draws, run-to-run scatter and "
                          "arrival realizations) misses by: E2E mean "
-                         f"{_apct(s['median_e2e_mean_draw_median'])} "
-                         f"({_apct(s['max_e2e_mean_draw_median'])}), TTFT mean "
-                         f"{_apct(s['median_ttft_mean_draw_median'])} "
-                         f"({_apct(s['max_ttft_mean_draw_median'])}).")
+                         f"{pct(s['median_e2e_mean_draw_median'])} "
+                         f"({pct(s['max_e2e_mean_draw_median'])}), TTFT mean "
+                         f"{pct(s['median_ttft_mean_draw_median'])} "
+                         f"({pct(s['max_ttft_mean_draw_median'])}).")
         pub = t[(t["source"] == "blis-published") & ~t["stress"].astype(bool)]
         if len(pub) and key == "insample":
             p = summary(pub.reset_index(drop=True))
             lines.append(f"BLIS's published coefficients on the same harness: E2E "
-                         f"{_apct(p['median_e2e_mean'])}, TTFT {_apct(p['median_ttft_mean'])}, "
-                         f"decode interval {_apct(p['median_decode_interval'])}.")
+                         f"{pct(p['median_e2e_mean'])}, TTFT {pct(p['median_ttft_mean'])}, "
+                         f"decode interval {pct(p['median_decode_interval'])}.")
         lines += [*_failed_fit_lines(res.get("fits"), key), "", *_run_table(_mine(t)), ""]
     if res.get("stage_ttft") is not None:
         lines += _stage_ttft_lines(res["stage_ttft"], res.get("unfitted", []), res.get("host"))

@@ -1,9 +1,11 @@
 """Markdown pieces of the study's README: number cells, tables, and the sentences computed from
-the identifiability table and the cross-validation results."""
+the identifiability table and the cross-validation results; :func:`pct`, the share cell of the
+client studies, and :func:`signed_pct`, their signed errors."""
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,18 @@ from bayes_latency.study.settings import (
     METHODS,
     REAL_TERMS,
 )
+
+
+def pct(x: Any) -> str:
+    """``x`` (a share or an unsigned relative error) as a percentage with one decimal, ``n/a``
+    when it is not a finite number."""
+    return "n/a" if not (isinstance(x, numbers.Real) and math.isfinite(x)) else f"{100 * x:.1f}%"
+
+
+def signed_pct(x: float) -> str:
+    """A signed relative error ``x`` as a percentage with its sign and one decimal, ``n/a`` when
+    it is not finite."""
+    return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
 
 
 # --------------------------------------------------------------------------------- README

@@ -33,6 +33,7 @@ from bayes_latency.study.blis.spec import (
     find_runs,
     real_data_dir,
 )
+from bayes_latency.study.markdown import signed_pct
 
 __all__ = ["METRICS", "main", "render_markdown", "summarize_errors", "write_outputs"]
 
@@ -56,10 +57,6 @@ def summarize_errors(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _pct(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}%"
-
-
 def _runs_table(g: pd.DataFrame) -> list[str]:
     lines = ["| run | E2E mean real / sim (s) | err | E2E P90 err | TTFT mean real / sim (s) | "
              "err | TTFT P90 err | decode interval real / sim (ms) | err |",
@@ -67,11 +64,11 @@ def _runs_table(g: pd.DataFrame) -> list[str]:
     for _, r in g.iterrows():
         lines.append(
             f"| {r['run']} | {r['real_e2e_mean_s']:.3f} / {r['sim_e2e_mean_s']:.3f} | "
-            f"{_pct(r['err_e2e_mean'])} | {_pct(r['err_e2e_p90'])} | "
+            f"{signed_pct(r['err_e2e_mean'])} | {signed_pct(r['err_e2e_p90'])} | "
             f"{r['real_ttft_mean_s']:.3f} / {r['sim_ttft_mean_s']:.3f} | "
-            f"{_pct(r['err_ttft_mean'])} | {_pct(r['err_ttft_p90'])} | "
+            f"{signed_pct(r['err_ttft_mean'])} | {signed_pct(r['err_ttft_p90'])} | "
             f"{1e3 * r['real_decode_interval_s']:.2f} / {1e3 * r['sim_decode_interval_s']:.2f} | "
-            f"{_pct(r['err_decode_interval'])} |")
+            f"{signed_pct(r['err_decode_interval'])} |")
     return lines
 
 

@@ -110,7 +110,7 @@ def quote(sec: dict) -> str:
     ests = [idle_estimate(r) for r in runs if "sampling_cpu_s" in r["timings"] and "cpu_s" in r]
     loads = [x for r in runs for x in (r.get("load_before"), r.get("load_after")) if x is not None]
     est = f", idle-machine estimate {med(ests):.1f} s" if ests else ""
-    load = f"1-minute load {min(loads):.1f}-{max(loads):.1f}" if loads else "load not recorded"
+    load = f"1-minute load average {min(loads):.1f}-{max(loads):.1f}" if loads else "load not recorded"
     cpus = [r["cpu_s"] for r in runs if "cpu_s" in r]
     cpu = f"{med(cpus):.1f} CPU s" if cpus else "CPU time not recorded"
     return (f"Demo fit, {mode} caches, median of {len(runs)} run(s): "

@@ -224,16 +224,6 @@ def skip_value(b, i, stack):
 
 
 @njit(cache=True, nogil=True)
-def equals(b, s, e, lit):
-    if e - s != len(lit):
-        return False
-    for k in range(len(lit)):
-        if b[s + k] != lit[k]:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
 def starts_with(b, i, lit):
     """Whether ``lit`` is at ``b[i:]`` (stops at the first difference: the end's zero bytes
     differ from every literal)."""
@@ -241,6 +231,12 @@ def starts_with(b, i, lit):
         if b[i + k] != lit[k]:
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def equals(b, s, e, lit):
+    """Whether ``b[s:e]`` is exactly ``lit``."""
+    return e - s == len(lit) and starts_with(b, s, lit)
 
 
 @njit(cache=True, nogil=True)

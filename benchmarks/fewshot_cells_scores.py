@@ -107,6 +107,16 @@ def point_label(point: tuple[int, int, int]) -> str:
     return f"prompt {point[0]}, batch {point[1]}, {point[2]} tokens"
 
 
+def _metrics(g: pd.DataFrame) -> dict[str, float]:
+    """``n``, ``mdape_pct``, ``coverage90`` and ``obs_over_pred`` of the predicted rows ``g``
+    (at least one; :func:`score`)."""
+    y, m = g["observed_us"].to_numpy(float), g["pred_median_us"].to_numpy(float)
+    return {"n": int(len(g)),
+            "mdape_pct": float(np.median(np.abs(m / y - 1.0)) * 100.0),
+            "coverage90": float(g["in_90"].astype(float).mean()),
+            "obs_over_pred": float(np.median(y / m))}
+
+
 def score(held: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per phase of the predicted rows (``phase``, ``observed_us``, ``pred_median_us``,
     ``q05_us``, ``q95_us``, ``in_90``): ``n``, ``mdape_pct`` (median of
@@ -120,12 +130,10 @@ def score(held: pd.DataFrame) -> dict[str, dict[str, float]]:
             out[ph] = {"n": 0, "mdape_pct": math.nan, "coverage90": math.nan,
                        "band_rel_width": math.nan, "obs_over_pred": math.nan}
             continue
-        y, m = g["observed_us"].to_numpy(float), g["pred_median_us"].to_numpy(float)
-        out[ph] = {"n": int(len(g)),
-                   "mdape_pct": float(np.median(np.abs(m / y - 1.0)) * 100.0),
-                   "coverage90": float(g["in_90"].astype(float).mean()),
-                   "band_rel_width": float(np.median((g["q95_us"] - g["q05_us"]) / m)),
-                   "obs_over_pred": float(np.median(y / m))}
+        width = (g["q95_us"] - g["q05_us"]) / g["pred_median_us"]
+        s = _metrics(g)
+        out[ph] = {k: s[k] for k in ("n", "mdape_pct", "coverage90")} | {
+            "band_rel_width": float(np.median(width)), "obs_over_pred": s["obs_over_pred"]}
     return out
 
 
@@ -168,11 +176,7 @@ def sweep_table(held: pd.DataFrame) -> pd.DataFrame:
     h = pd.concat(parts, ignore_index=True)
     rows = []
     for (st, ph, sw), g in h.groupby(["setting", "phase", "sweep"], sort=False):
-        y, m = g["observed_us"].to_numpy(float), g["pred_median_us"].to_numpy(float)
-        rows.append({"setting": st, "phase": ph, "sweep": sw, "n": len(g),
-                     "mdape_pct": float(np.median(np.abs(m / y - 1)) * 100),
-                     "coverage90": float(g["in_90"].astype(float).mean()),
-                     "obs_over_pred": float(np.median(y / m))})
+        rows.append({"setting": st, "phase": ph, "sweep": sw, **_metrics(g)})
     order = {s: i for i, s in enumerate(SETTINGS)}
     t = pd.DataFrame(rows)
     return t.sort_values(["setting", "phase", "sweep"], key=lambda c: c.map(order).fillna(0)

@@ -350,6 +350,8 @@ def render(res: dict[str, Any]) -> str:
 PARTS = ("insample", "loro", "lomo")
 #: Label prefix of each part's refits in ``fits.csv``.
 _FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
+
+
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print,

@@ -37,17 +37,10 @@ def machine() -> dict:
     """The machine a run measured on: CPU model, cores, 1-minute load average now, and the code
     (:func:`code_provenance`)."""
     import os
-    import platform
 
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 1),
+    from bayes_latency.study.machine import cpu_model, load_average
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "load": round(load_average(), 1),
             "code": code_provenance()}
 
 

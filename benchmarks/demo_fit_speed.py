@@ -43,7 +43,8 @@ from pathlib import Path
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bayes_latency.study.demo import DEMO_DRAWS, DEMO_FIT, cpu_model
+from bayes_latency.study.demo import DEMO_DRAWS, DEMO_FIT
+from bayes_latency.study.machine import cpu_model
 
 CHILD = r"""
 import json, os, sys, time

@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bayes_latency.study.machine import cpu_model  # noqa: E402
 from benchmarks._provenance import code_provenance  # noqa: E402
-from benchmarks.demo_fit_speed import cpu_model  # noqa: E402
 
 SECTIONS = {"warm": "Warm caches", "cold": "Cold caches"}
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

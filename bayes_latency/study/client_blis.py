@@ -45,12 +45,12 @@ from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis.spec import Coefficients
 from bayes_latency.study.client_parts import (
     current_part,
-    load_average,
     part_record,
     parts_lines,
     read_parts,
     write_part,
 )
+from bayes_latency.study.machine import load_average
 from bayes_latency.study.markdown import _md, pct, signed_pct
 from bayes_latency.study.settings import CLI_FIT, REAL_TERMS, FitSettings
 

@@ -17,19 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from bayes_latency.io import atomic_write_text
+from bayes_latency.study.machine import machine_line
 
-__all__ = ["PARTS_FILE", "current_part", "load_average", "part_record", "parts_lines", "read_parts",
+__all__ = ["PARTS_FILE", "current_part", "part_record", "parts_lines", "read_parts",
            "write_part"]
 
 #: Record of what made each part's tables (``OUT/client/parts.json``, :func:`part_record`).
 PARTS_FILE = "parts.json"
-
-
-def load_average() -> float:
-    """1-minute load average (NaN where the platform has none)."""
-    import os
-
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
 
 
 def part_record(started: float, load_start: float, complete: bool,
@@ -39,18 +33,13 @@ def part_record(started: float, load_start: float, complete: bool,
     1-minute load average at the part's start and now); ``complete`` False while a part that
     writes its tables after each left-out run or model is still running (``done``: how many
     are in its tables)."""
-    import os
-
     from bayes_latency import MODEL_VERSION, __version__
-    from bayes_latency.study.demo import cpu_model
 
-    load = load_average()
     rec: dict[str, Any] = {
         "model_version": MODEL_VERSION, "package": __version__,
         "finished_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "wall_s": round(time.perf_counter() - started, 1), "complete": bool(complete),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, 1-minute load average "
-                   f"{load_start:.1f} at the start, {load:.1f} at the end"}
+        "machine": machine_line(load_start)}
     if done is not None:
         rec["done"] = int(done)
     return rec

@@ -9,7 +9,6 @@ and the held-out one) -> ``README.md`` summary. Exits 1 when a convergence gate 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from bayes_latency.checks.recovery import (
 )
 from bayes_latency.data.observations.build import config_id
 from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.study.machine import load_average, machine_line
 from bayes_latency.textfiles import load_yaml, read_text
 
 #: Configuration left out of the fit, to show what the posterior says about an unseen one
@@ -46,37 +46,16 @@ DEMO_FIT = {"tune": 500, "chains": 2, "target_accept": 0.99, "adaptation": "diag
 DEMO_DRAWS = 2000
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:  # pragma: no cover - platforms without a load average
-        return float("nan")
-
-
 class _Progress:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.marks: dict[str, float] = {}
         self._last = self.t0
-        self.load_before = _load()
+        self.load_before = load_average()
 
     def machine(self) -> str:
         """The machine a run was measured on: CPU model, cores, 1-minute load before and now."""
-        return (f"{cpu_model()}, {os.cpu_count()} cores, 1-minute load average "
-                f"{self.load_before:.1f} at the start and {_load():.1f} at the end")
+        return machine_line(self.load_before)
 
     def step(self, name: str, msg: str = "") -> None:
         now = time.perf_counter()

@@ -27,7 +27,9 @@ Usage::
     python benchmarks/ingest_scale.py [--work /work/tmp-scale/bench] [--factor 20] [--seed 0]
         [--draws 1000] [--keep] [--out results/benchmarks/ingest_scale]
 
-Outputs ``OUT.md`` and ``OUT.json`` (one current file per benchmark).
+Outputs ``OUT.md`` and ``OUT.json`` (one current file per benchmark). Part 1's measurements are
+in ``benchmarks/ingest_costs.py``, the report in ``benchmarks/ingest_scale_report.py``
+(``python benchmarks/ingest_scale_report.py`` re-renders ``OUT.md`` from ``OUT.json``).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ import yaml
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.ingest_costs import json_path  # noqa: E402
+from benchmarks.ingest_scale_report import MEM_BUDGET_GB, markdown  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-MEM_BUDGET_GB = 3.0
-TARGET_MB_S_PER_CORE = 50.0
 
 
 class MemorySampler:
@@ -186,262 +189,6 @@ def _stage1(obs: pd.DataFrame, scheduler) -> tuple[list, float, int]:
     t0 = time.perf_counter()
     s = summarize(rows, m.coefs, m._scale(), noise_prior=prior, scheduler=scheduler)
     return s, time.perf_counter() - t0, len(rows)
-
-
-# ------------------------------------------------------------------------------- part 1
-def _stage_cpu(demo: list[Path], out: Path, chunk_bytes: int | None = None) -> dict:
-    """CPU seconds per ingest stage of an inline ingest of ``demo`` (best of 2 by total);
-    ``chunk_bytes`` 0 reads every trace line by line (no columnar path)."""
-    import functools
-    from collections import defaultdict
-
-    import bayes_latency.data.client.lifecycle as lcm
-    import bayes_latency.data.experiment as ex
-    import bayes_latency.data.otlp.read as otlp
-
-    acc: dict[str, float] = defaultdict(float)
-    patched = []
-
-    def wrap(mod, name: str, label: str) -> None:
-        f = getattr(mod, name)
-
-        @functools.wraps(f)
-        def g(*a, **k):
-            t = time.process_time()
-            try:
-                return f(*a, **k)
-            finally:
-                acc[label] += time.process_time() - t
-
-        patched.append((mod, name, f))
-        setattr(mod, name, g)
-
-    for mod, name, label in ((otlp, "read_otlp", "read_otlp"),
-                             (ex, "reconstruct_batches", "reconstruct"),
-                             (ex, "build_observations", "observations"),
-                             (ex, "build_iterations", "iterations"),
-                             (ex, "write_partition", "write_parquet"),
-                             (lcm, "read_lifecycle_dir", "lifecycle")):
-        wrap(mod, name, label)
-    best: dict = {}
-    default_chunk = otlp.CHUNK_BYTES
-    if chunk_bytes is not None:
-        otlp.CHUNK_BYTES = chunk_bytes
-    try:
-        ex.ingest(demo[:1], out / "warm", scheduler="inline")
-        for k in range(2):
-            acc.clear()
-            c0 = time.process_time()
-            ex.ingest(demo, out / f"stages{k}", scheduler="inline")
-            total = time.process_time() - c0
-            if not best or total < best["total"]:
-                best = {"total": total, **acc, "other": total - sum(acc.values())}
-    finally:
-        otlp.CHUNK_BYTES = default_chunk
-        for mod, name, f in patched:
-            setattr(mod, name, f)
-    return {k: round(v, 3) for k, v in best.items()}
-
-
-def json_path(demo: list[Path], work: Path) -> dict:
-    """Decoding speeds, ``read_otlp`` on the typed and the generic path, CPU per stage."""
-    import msgspec
-
-    import bayes_latency.data.otlp.read as otlp
-
-    files = [f / "traces.jsonl" for f in demo]
-    mb = sum(f.stat().st_size for f in files) / 1e6
-    res: dict = {"trace_mb": round(mb, 1)}
-    lines = [ln for f in files for ln in f.read_bytes().splitlines(keepends=True)]
-    # CPU time (process_time) as well as wall time: the machine is shared, and waiting for a
-    # core inflates wall time but not CPU time; best of 3
-    decoders = [("json.loads", json.loads), ("msgspec", msgspec.json.Decoder().decode),
-                ("msgspec typed", otlp._decode_typed)]
-    try:  # not a dependency: measured when installed
-        import orjson
-
-        decoders.insert(2, ("orjson", orjson.loads))
-    except ImportError:
-        pass
-    for name, fn in decoders:
-        best_c = best_w = float("inf")
-        for _ in range(3):
-            c0, w0 = time.process_time(), time.perf_counter()
-            for line in lines:
-                fn(line)
-            best_c = min(best_c, time.process_time() - c0)
-            best_w = min(best_w, time.perf_counter() - w0)
-        res[f"decode_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
-        res[f"decode_mb_s[{name}]"] = round(mb / best_w, 1)
-    del lines
-    blobs = [f.read_bytes() for f in files]
-    # the compiled scanner of the default path (data/otlp/scan.py) over whole files
-    import numpy as np
-
-    from bayes_latency.data.otlp import chunks as oc
-    from bayes_latency.data.otlp import scan as otlp_scan
-
-    best_c = best_w = float("inf")
-    for _ in range(3):
-        c0, w0 = time.process_time(), time.perf_counter()
-        for b in blobs:
-            n = len(b)
-            arr = np.frombuffer(b + bytes(8), dtype=np.uint8)
-            ws = [np.empty((w, n // d + 1), dtype=np.int64) for w, d in (
-                (otlp_scan.SP_WIDTH, 26), (otlp_scan.EV_WIDTH, 11), (otlp_scan.KV_WIDTH, 16),
-                (otlp_scan.KV_WIDTH, 16))]
-            assert otlp_scan.scan_kernel(arr, n, *ws, np.zeros(4, dtype=np.int64),
-                                         *oc._scan_tables(),
-                                         np.empty(otlp_scan.MAX_DEPTH, dtype=np.uint8)) > 0
-        best_c = min(best_c, time.process_time() - c0)
-        best_w = min(best_w, time.perf_counter() - w0)
-    res["decode_mb_per_cpu_s[scanner]"] = round(mb / best_c, 1)
-    res["decode_mb_s[scanner]"] = round(mb / best_w, 1)
-    del blobs
-
-    def refuse(raw: bytes) -> None:
-        raise ValueError("generic path")
-
-    tabs = {}
-    typed = otlp._decode_typed
-    try:
-        for name, fn, chunk in (("generic", refuse, 0), ("typed", typed, 0),
-                                ("columnar", typed, None)):
-            otlp._decode_typed = fn
-            best_c = best_w = float("inf")
-            for _ in range(2):
-                c0, w0 = time.process_time(), time.perf_counter()
-                tabs[name] = [otlp.read_otlp(f, chunk_bytes=chunk) for f in files]
-                best_c = min(best_c, time.process_time() - c0)
-                best_w = min(best_w, time.perf_counter() - w0)
-            res[f"read_otlp_mb_per_cpu_s[{name}]"] = round(mb / best_c, 1)
-            res[f"read_otlp_mb_s[{name}]"] = round(mb / best_w, 1)
-    finally:
-        otlp._decode_typed = typed
-    for other in ("typed", "columnar"):
-        for a, b in zip(tabs["generic"], tabs[other], strict=True):
-            for t in ("steps", "journey_events", "requests", "snapshots", "api_spans"):
-                pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t), check_exact=True)
-            assert a.report.to_dict() == b.report.to_dict()
-    res["tables_identical"] = True
-    del tabs
-    res["stage_cpu_s"] = _stage_cpu(demo, work / "stages")
-    res["stage_cpu_s_line_path"] = _stage_cpu(demo, work / "stages_lines", chunk_bytes=0)
-    res["parquet"] = parquet_options(demo, work)
-    res["numba"] = numba_costs(demo, work)
-    res["load_average"] = round(os.getloadavg()[0], 2)
-    return res
-
-
-def _first_experiments_in(pkg: Path, demo: list[Path], out: Path, env: dict) -> dict:
-    """CPU seconds of the import, the first and the second experiment's inline ingest in a
-    fresh process importing ``bayes_latency`` from ``pkg``."""
-    import subprocess
-
-    code = ("import json, sys, time\n"
-            "sys.path.insert(0, sys.argv[1])\n"
-            "from pathlib import Path\n"
-            "c0 = time.process_time()\n"
-            "from bayes_latency.data.experiment import ingest\n"
-            "import bayes_latency; assert bayes_latency.__file__.startswith(sys.argv[1])\n"
-            "demo = [Path(x) for x in json.loads(sys.argv[2])]\n"
-            "c1 = time.process_time()\n"
-            "ingest(demo[:1], Path(sys.argv[3]) / 'a', scheduler='inline')\n"
-            "c2 = time.process_time()\n"
-            "ingest(demo[1:2], Path(sys.argv[3]) / 'b', scheduler='inline')\n"
-            "c3 = time.process_time()\n"
-            "print(json.dumps({'import': round(c1 - c0, 3), 'first': round(c2 - c1, 3), "
-            "'second': round(c3 - c2, 3), 'numba': 'numba' in sys.modules}))\n")
-    run = subprocess.run([sys.executable, "-c", code, str(pkg),
-                          json.dumps([str(d) for d in demo[:2]]), str(out)],
-                         capture_output=True, text=True, env=env, cwd=str(pkg), check=True)
-    shutil.rmtree(out, ignore_errors=True)
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def numba_costs(demo: list[Path], work: Path) -> dict:
-    """What the compiled batch rebuild (``data/rebuild/kernel.py``) costs a fresh process:
-    the first experiment's ingest with an empty numba cache (compilation) and with the cache
-    filled (numba's import and start-up, loading the cached code), each in a fresh process; the
-    second experiment shows the steady state."""
-    cache = work / "numba_cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    res = {"cold_cache": _first_experiments_in(REPO, demo, work / "nb_cold", env),
-           "warm_cache": []}
-    for k in range(2):
-        res["warm_cache"].append(_first_experiments_in(REPO, demo, work / f"nb_warm{k}", env))
-    shutil.rmtree(cache, ignore_errors=True)
-    return res
-
-
-#: Parquet writer options compared by :func:`parquet_options` (``pq.write_table`` keywords; the
-#: first is what ``tables._write_parquet`` writes).
-PARQUET_VARIANTS = {
-    "lz4, no dictionary, no statistics (written)": {"compression": "lz4"},
-    "uncompressed": {"compression": "none"},
-    "snappy": {"compression": "snappy"},
-    "zstd level 1": {"compression": "zstd", "compression_level": 1},
-    "zstd level 3": {"compression": "zstd", "compression_level": 3},
-    "lz4 + dictionary encoding": {"compression": "lz4", "use_dictionary": True},
-    "lz4 + statistics": {"compression": "lz4", "write_statistics": True},
-    "lz4, 1M-row write batches and 8 MB pages": {"compression": "lz4", "data_page_size": 8 << 20,
-                                                  "write_batch_size": 1 << 20},
-    "lz4, one row group per file (2^24 rows)": {"compression": "lz4", "row_group_size": 1 << 24},
-    "lz4, no Arrow schema in the file (store_schema=False)": {"compression": "lz4",
-                                                              "store_schema": False},
-}
-
-
-def parquet_options(demo: list[Path], work: Path, rounds: int = 3) -> dict:
-    """CPU seconds and bytes of writing the demo fleet's partitions (the frames one inline
-    ingest writes) with each of :data:`PARQUET_VARIANTS`, best of ``rounds``, and whether every
-    file reads back (``pd.read_parquet``) exactly as the written variant's does; the Arrow
-    conversion (``tables._arrow_table``, shared by all) separately."""
-    import pyarrow.parquet as pq
-
-    from bayes_latency.data import tables as tbl
-    from bayes_latency.data.experiment import _inputs, ingest_experiment
-
-    frames = []
-    for trace, cfg, folder, eid in _inputs(demo, None):
-        tabs, _, _ = ingest_experiment(trace, cfg, experiment_id=eid, folder=folder)
-        frames += [df.reset_index(drop=True) for df in tabs.values()
-                   if df is not None and len(df)]
-    conv = float("inf")
-    for _ in range(rounds):
-        c0 = time.process_time()
-        arrow = [tbl._arrow_table(df) for df in frames]
-        conv = min(conv, time.process_time() - c0)
-    res: dict = {"files": len(frames), "arrow_conversion_cpu_s": round(conv, 3), "variants": {}}
-    ref = None
-    for name, kw in PARQUET_VARIANTS.items():
-        opts = {"use_dictionary": False, "write_statistics": False, **kw}
-        d = work / "parquet_options"
-        best = float("inf")
-        for _ in range(rounds):
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
-            c0 = time.process_time()
-            for i, t in enumerate(arrow):
-                pq.write_table(t, d / f"{i}.parquet", **opts)
-            best = min(best, time.process_time() - c0)
-        size = sum((d / f"{i}.parquet").stat().st_size for i in range(len(arrow)))
-        back = [pd.read_parquet(d / f"{i}.parquet") for i in range(len(arrow))]
-        if ref is None:
-            ref = back
-        same = True
-        for x, y in zip(ref, back, strict=True):
-            try:
-                pd.testing.assert_frame_equal(x, y, check_exact=True)
-            except AssertionError:
-                same = False
-        res["variants"][name] = {"cpu_s": round(best, 3), "mb": round(size / 1e6, 2),
-                                 "reads_back_identical": same}
-        del back
-    shutil.rmtree(work / "parquet_options", ignore_errors=True)
-    res["load_average"] = round(os.getloadavg()[0], 2)
-    return res
 
 
 # ------------------------------------------------------------------------------- part 2
@@ -625,245 +372,6 @@ def scale(demo: list[Path], work: Path, factor: int) -> dict:
     return res
 
 
-def _numba_lines(j: dict) -> list[str]:
-    """Section 1's start-up and compile costs of the compiled batch rebuild (when measured)."""
-    nb = j.get("numba")
-    if not nb:
-        return []
-    cold, warm = nb["cold_cache"], nb["warm_cache"]
-
-    def rng(runs: list[dict], k: str) -> str:
-        lo, hi = f"{min(r[k] for r in runs):.2f}", f"{max(r[k] for r in runs):.2f}"
-        return lo if lo == hi else f"{lo}-{hi}"
-
-    return [
-        "The batch rebuild's loops (`data/rebuild/kernel.py`) and "
-        "the OTLP scanner (`data/otlp/scan.py`) run compiled by numba, "
-        "loaded on the first trace read. What that "
-        "costs a fresh process, CPU seconds of the import of `data.experiment`, then of the "
-        "inline ingest of the first and of the second demo experiment, each in a fresh process "
-        "(an empty numba cache: compilation; the cache filled, 2 runs):",
-        "",
-        "| | import | first experiment | second experiment | numba loaded |",
-        "|---|---|---|---|---|",
-        f"| empty cache (compiles) | {cold['import']:.2f} | {cold['first']:.2f} | "
-        f"{cold['second']:.2f} | {cold['numba']} |",
-        f"| cache filled | {rng(warm, 'import')} | {rng(warm, 'first')} | "
-        f"{rng(warm, 'second')} | {warm[0]['numba']} |",
-        "",
-    ]
-
-
-def _parquet_lines(j: dict) -> list[str]:
-    """Section 1's table of Parquet writer options (when measured)."""
-    pq_ = j.get("parquet")
-    if not pq_:
-        return []
-    conv = pq_["arrow_conversion_cpu_s"]
-    return [
-        f"Parquet writer options: the demo fleet's {pq_['files']} partitions written with "
-        "`pyarrow.parquet.write_table` (best of 3, CPU seconds; the Arrow conversion "
-        f"`tables._arrow_table`, {conv:.3f} CPU-s, is shared by all and not included; load "
-        f"average {pq_['load_average']}); MB of traces per CPU-s of conversion + write; "
-        "\"reads back identical\": every file read with `pd.read_parquet` equals the written "
-        "variant's (exact).",
-        "",
-        "| options | write CPU s | MB of traces per CPU-s | files MB | reads back identical |",
-        "|---|---|---|---|---|",
-        *[f"| {name} | {v['cpu_s']:.3f} | {j['trace_mb'] / (conv + v['cpu_s']):.0f} | "
-          f"{v['mb']:.2f} | {v['reads_back_identical']} |"
-          for name, v in pq_["variants"].items()],
-        "",
-    ]
-
-
-def _defaults_lines(c: dict) -> list[str]:
-    """Section 3's comparison of Dask's default worker settings with ``local_cluster``'s."""
-    ab = c.get("dask_defaults_ab")
-    if not ab:
-        return []
-    d, lc = ab["dask_defaults"], ab["local_cluster"]
-    return [
-        f"- One worker with Dask's default settings against `parallel.local_cluster`'s (no "
-        f"`MALLOC_TRIM_THRESHOLD_`, no profiler), on the first {ab['experiments']} experiments "
-        f"({ab['trace_mb']} MB), alternating {ab['rounds']} times, best of each (load average "
-        f"{ab['load_average']}): {d['cpu_s']} against {lc['cpu_s']} worker CPU-s "
-        f"({d['mb_per_cpu_s']} against {lc['mb_per_cpu_s']} MB per CPU-s), of which system "
-        f"{d['system_cpu_s']} against {lc['system_cpu_s']}; peak RSS {d['peak_rss_gb']} against "
-        f"{lc['peak_rss_gb']} GB.",
-    ]
-
-
-def _target_lines(c: dict) -> list[str]:
-    """Section 3's verdict on the 50 MB/s per core target, for 1 and for 2 workers."""
-    r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
-    out = []
-    for n, r in ((1, r1), (2, r2)):
-        per = r["ingest_mb_s_per_core"]
-        warm = r.get("warm_up")
-        with_warm = (c["fleet_trace_mb"] / (r["ingest_s"] + warm["s"]) / n) if warm else None
-        target_s = c["fleet_trace_mb"] / TARGET_MB_S_PER_CORE / n
-        out.append(
-            f"- Target {TARGET_MB_S_PER_CORE:.0f} MB/s per core, {n} worker{'s' * (n > 1)} "
-            f"({target_s:.1f} s wall): {'met' if per >= TARGET_MB_S_PER_CORE else 'NOT met'} "
-            f"({per} MB/s per core in {r['ingest_s']} s"
-            + (f"; {with_warm:.1f} counting the warm-up" if with_warm is not None else "")
-            + f"; {r['ingest_mb_per_cpu_s']} MB per worker CPU-second; load average "
-            f"{r['load_average_at_start']} at the start, {r['load_average_at_end']} at the end).")
-    return out
-
-
-def _markdown(r: dict) -> str:
-    j, s, c = r["json"], r["same"], r["scale"]
-    r1, r2 = c["runs"]["1_workers"], c["runs"]["2_workers"]
-    stages = j["stage_cpu_s"]
-    stage_text = (
-        "Ingest of the demo fleet inline, CPU per stage (best of 2): with the columnar path "
-        "(the default) and with every line read line by line (tables, observations and Parquet "
-        "included); MB per CPU-s.")
-    lines = [
-        "# Ingest and stage 1 on Dask distributed (`benchmarks/ingest_scale.py`)",
-        "",
-        f"Machine: {r['machine']}. Runs: "
-        f"{', '.join(f'{k} {v}' for k, v in r.get('dates', {}).items()) or r.get('date')}; load average "
-        f"{r1['load_average_at_start']}-{r2['load_average_at_end']} during the scale runs "
-        "(the 2 cores are shared with other jobs, so wall-time figures are pessimistic; "
-        "MB per worker CPU-second is not affected by waiting for a core).",
-        "",
-        *([f"`uptime` at the start of the run: `{r['uptime'].get('start')}`; at the end: "
-           f"`{r['uptime'].get('end')}`.", ""] if r.get("uptime") else []),
-        "## 1. Where ingest time goes (demo fleet traces, one process)",
-        "",
-        f"{j['trace_mb']} MB of OTLP JSON Lines; MB per CPU-second of this process (wall-time "
-        f"MB/s in brackets); load average {j.get('load_average')} at the end.",
-        "",
-        "| decoding the lines only (best of 3) | MB per CPU-s (MB/s) |",
-        "|---|---|",
-        *[f"| {name} | {j[f'decode_mb_per_cpu_s[{name}]']} ({j[f'decode_mb_s[{name}]']}) |"
-          for name in ("json.loads", "msgspec", "orjson", "msgspec typed")
-          if f"decode_mb_per_cpu_s[{name}]" in j],
-        *([f"| compiled scanner of the OTLP fields (`data/otlp/scan.py`, whole files) | "
-           f"{j['decode_mb_per_cpu_s[scanner]']} ({j['decode_mb_s[scanner]']}) |"]
-          if "decode_mb_per_cpu_s[scanner]" in j else []),
-        f"| `read_otlp` end to end, generic path (msgspec to dicts, dict walk) | "
-        f"{j['read_otlp_mb_per_cpu_s[generic]']} ({j['read_otlp_mb_s[generic]']}) |",
-        f"| `read_otlp` end to end, typed path (msgspec Structs, numpy tables) | "
-        f"{j['read_otlp_mb_per_cpu_s[typed]']} ({j['read_otlp_mb_s[typed]']}) |",
-        f"| `read_otlp` end to end, columnar path with the compiled scanner (the default) | "
-        f"{j['read_otlp_mb_per_cpu_s[columnar]']} ({j['read_otlp_mb_s[columnar]']}) |",
-        "",
-        f"Tables and reports of the three paths identical: {j['tables_identical']}. "
-        "\"msgspec typed\" decodes each line straight into Structs of the OTLP schema; a line "
-        "the schema refuses takes the generic path. The columnar path reads 4 MB chunks of "
-        "lines with the compiled scanner (numba; spans, events and attributes as flat tables, "
-        "keys matched, integers parsed in the scan) and builds the columns with numpy; a "
-        "chunk the scanner refuses is read line by line.",
-        "",
-        stage_text,
-        "",
-        "| stage | CPU s | share | MB per CPU-s | line by line: CPU s (MB per CPU-s) |",
-        "|---|---|---|---|---|",
-        *[f"| {k} | {v:.2f} | {100 * v / stages['total']:.0f}% | "
-          f"{j['trace_mb'] / v:.1f} | "
-          f"{lp:.2f} ({j['trace_mb'] / lp:.1f}) |"
-          for k, v in sorted(stages.items(), key=lambda kv: -kv[1]) if v > 0
-          for lp in [max(j.get("stage_cpu_s_line_path", {}).get(k, float("nan")), 1e-9)]],
-        "",
-        *_numba_lines(j),
-        *_parquet_lines(j),
-        "## 2. Same results (demo fleet)",
-        "",
-        f"- Ingest inline {s['ingest_inline_s']} s, on LocalCluster(2 workers) "
-        f"{s['ingest_2_workers_s']} s (cluster already running); all tables identical "
-        f"(`assert_frame_equal`, exact): {s['tables_identical']} "
-        f"({', '.join(f'{k} {v:,}' for k, v in s['table_rows'].items())} rows).",
-        f"- Stage 1 ({s['stage1_configs']} configurations, {s['stage1_rows']:,} rows): inline "
-        f"{s['stage1_inline_s']} s, 2 workers {s['stage1_2_workers_s']} s; largest relative "
-        f"difference of theta_hat / grad / info / loglik: {s['stage1_max_rel_diff']:.1e} "
-        "(limit 1e-12).",
-        f"- Demo fit (training rows, DEMO_FIT settings, {s['posterior_draws']}): stage 1 inline "
-        f"{s['fit_inline']} vs on the cluster {s['fit_2_workers']}; largest absolute "
-        f"difference of the posterior draws: "
-        f"{', '.join(f'{k} {v:.1e}' for k, v in s['posterior_max_abs_diff'].items())} "
-        "(the point is equality; the demo itself draws 4000 per chain to pass its gates).",
-        "",
-        f"## 3. Scale: {c['experiments']} experiments, {c['fleet_trace_mb']:,} MB of traces "
-        f"({c['factor_bytes']}x the demo fleet's {c['demo_trace_mb']} MB)",
-        "",
-        "Copies of the demo fleet's experiments under new ids (`<id>-rNN`), generated in "
-        f"{c['generate_s']} s outside the repository and deleted afterwards. One run, a local "
-        "cluster of 1 then 2 worker processes (1 thread each); ingest = read + rebuild + "
-        "observations + Parquet partitions of every experiment, in tasks of several "
-        "experiments (`run_units(batch=True)`: largest first, tasks of decreasing size); "
-        "stage 1 = one task per configuration."
-        + (" Each cluster's workers were warmed when it started (imports, and the compiled "
-           "kernels loaded by ingesting one demo experiment in memory; not in the ingest "
-           "times, its cost is the warm-up row)." if "warm_up" in r1 else ""),
-        "",
-        "| | 1 worker | 2 workers |",
-        "|---|---|---|",
-        f"| ingest wall time | {r1['ingest_s']} s | {r2['ingest_s']} s |",
-        f"| ingest MB/s | {r1['ingest_mb_s']} | {r2['ingest_mb_s']} |",
-        f"| ingest MB/s per core | {r1['ingest_mb_s_per_core']} | {r2['ingest_mb_s_per_core']} |",
-        f"| ingest MB per worker CPU-second | {r1['ingest_mb_per_cpu_s']} | "
-        f"{r2['ingest_mb_per_cpu_s']} |",
-        f"| ingest worker CPU-s (of which system) | {r1['ingest_worker_cpu_s']} "
-        f"({r1.get('ingest_worker_system_cpu_s', '')}) | {r2['ingest_worker_cpu_s']} "
-        f"({r2.get('ingest_worker_system_cpu_s', '')}) |",
-        *([f"| ingest CPU-s of the client process (client, scheduler, nannies) | "
-           f"{r1['ingest_client_cpu_s']} | {r2['ingest_client_cpu_s']} |",
-           f"| ingest idle core-s (workers x wall - worker CPU) | {r1['ingest_idle_core_s']} | "
-           f"{r2['ingest_idle_core_s']} |"] if "ingest_client_cpu_s" in r1 else []),
-        *([f"| warm-up at cluster start: s (worker CPU-s) | {r1['warm_up']['s']} "
-           f"({r1['warm_up']['worker_cpu_s']}) | {r2['warm_up']['s']} "
-           f"({r2['warm_up']['worker_cpu_s']}) |",
-           f"| ingest MB/s per core, warm-up included | "
-           f"{c['fleet_trace_mb'] / (r1['ingest_s'] + r1['warm_up']['s']):.1f} | "
-           f"{c['fleet_trace_mb'] / (r2['ingest_s'] + r2['warm_up']['s']) / 2:.1f} |",
-           f"| load average at start / end of the ingest | {r1['load_average_at_start']} / "
-           f"{r1['load_average_at_end']} | {r2['load_average_at_start']} / "
-           f"{r2['load_average_at_end']} |"] if "warm_up" in r1 else []),
-        f"| ingest peak RSS per worker (GB) | {max(r1['ingest_peak_rss_gb'].values())} | "
-        f"{max(r2['ingest_peak_rss_gb'].values())} |",
-        f"| stage 1 ({r1['stage1_configs']} configurations, {r1['stage1_rows']:,} rows) | "
-        f"{r1['stage1_s']} s | {r2['stage1_s']} s |",
-        f"| stage 1 peak RSS per worker (GB) | {max(r1['stage1_peak_rss_gb'].values())} | "
-        f"{max(r2['stage1_peak_rss_gb'].values())} |",
-        "",
-        f"- Per-core ingest throughput ratio 2 workers / 1 worker: {c['per_core_ratio_2_over_1']} "
-        f"(speed-up {c['speedup_2_over_1']}x; stage 1 {c['stage1_speedup_2_over_1']}x).",
-        f"- Peak RSS of any worker: {c['peak_rss_per_worker_gb']} GB (budget {MEM_BUDGET_GB} GB: "
-        f"{'met' if c['within_memory_budget'] else 'NOT met'}).",
-        *_target_lines(c),
-        *([f"- Inline against the workers: the demo fleet inline takes {stages['total']:.2f} "
-           f"CPU-s (section 1, {j['trace_mb'] / stages['total']:.1f} MB per CPU-s), "
-           f"{c['factor_bytes'] * stages['total']:.1f} CPU-s for this fleet's "
-           f"{c['factor_bytes']}x the bytes; the workers spent {r1['ingest_worker_cpu_s']} / "
-           f"{r2['ingest_worker_cpu_s']} CPU-s, so "
-           f"{r1['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} / "
-           f"{r2['ingest_worker_cpu_s'] - c['factor_bytes'] * stages['total']:.1f} CPU-s "
-           "(1 / 2 workers) more than inline (a negative figure: less; the workers were "
-           "warmed first; CPU time per unit of work also grows with the load of the shared "
-           "machine)."]
-          if "factor_bytes" in c else []),
-        *_defaults_lines(c),
-        "- Where the rest goes (section 1, inline): "
-        + ", ".join(f"{k} {100 * v / stages['total']:.0f}%"
-                    for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
-                    if k != "total" and v > 0)
-        + (f". The compiled scanner runs at {j['decode_mb_per_cpu_s[scanner]']} MB per CPU-s "
-           f"({j['trace_mb'] / j['decode_mb_per_cpu_s[scanner]']:.2f} CPU-s of the "
-           f"{stages['total']:.2f}); 50 MB per CPU-s is "
-           f"{j['trace_mb'] / TARGET_MB_S_PER_CORE:.2f} CPU-s for the demo fleet."
-           if "decode_mb_per_cpu_s[scanner]" in j else "."),
-        f"- 1-worker and 2-worker tables identical (exact): "
-        f"{', '.join(f'{k} {v:,}' for k, v in c['tables_1w_vs_2w'].items())} rows; stage 1 "
-        f"largest relative difference {c['stage1_1w_vs_2w_max_rel_diff']:.1e}.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="/work/tmp-scale/bench")
@@ -877,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     out = Path(args.out)
+    from bayes_latency.study.machine import cpu_model
     from bayes_latency.synth.fleet import simulate_fleet
 
     work = Path(args.work)
@@ -896,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         prev = out.with_suffix(".json")
         r = json.loads(prev.read_text()) if prev.is_file() and parts != {"json", "same", "scale"} \
             else {}
-        r["machine"] = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        r["machine"] = (f"{cpu_model()}, {os.cpu_count()} cores, "
                         f"Python {platform.python_version()}")
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         r.setdefault("dates", {})
@@ -919,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(r, indent=2, default=str))
-    out.with_suffix(".md").write_text(_markdown(r))
-    print(_markdown(r))
+    out.with_suffix(".md").write_text(markdown(r))
+    print(markdown(r))
     return 0
 
 

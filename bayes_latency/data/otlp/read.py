@@ -136,11 +136,9 @@ def _default_experiment_id(path: Path) -> str:
 CHUNK_BYTES = 4 << 20
 #: Traces in all below which ``ingest`` reads every line line by line (``chunk_bytes=0``) and
 #: never loads the byte scanner. Loading it costs a process its Numba compilation on empty caches
-#: (a first run on a fresh machine), which the scanner pays back only on large inputs. Measured
-#: on the demo fleet (86 MB, ``results/benchmarks/ingest_scale.md``): the line path reads 55 MB
-#: per CPU-s against the scanner's 141, so it costs 1 CPU-s more per 86 MB on warm caches; on
-#: empty caches the whole ingest takes 14.7 CPU-s line by line against 32.0 with the scanner.
-#: At 256 MB the line path costs about 3 CPU-s more on warm caches.
+#: (a first run on a fresh machine), which the scanner pays back only on large inputs: its MB per
+#: CPU-s against the line path's, and the compilation's CPU seconds, are measured in
+#: ``results/benchmarks/ingest_scale.md`` (section 1).
 SCANNER_MIN_INPUT_BYTES = 256 << 20
 
 

@@ -40,14 +40,18 @@ def prediction_findings(label: str, observed: Any, predicted: Any) -> list[str]:
         return []
     pred = pred.reshape(-1, obs.size) if pred.size % obs.size == 0 else pred.reshape(1, -1)
     out: list[str] = []
-    nonfinite = ~np.isfinite(pred).all(axis=0)
+    finite = np.isfinite(pred)
+    nonfinite = ~finite.all(axis=0)
     if nonfinite.any():
         out.append(f"{label}: {int(nonfinite.sum())} of {obs.size} predictions are not finite "
                    f"(NaN or inf): the posterior is unusable for these rows")
     if pred.shape[1] == obs.size:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: reported above
-            centre = np.nanmedian(np.where(np.isfinite(pred), pred, np.nan), axis=0)
+            # np.median where every draw is finite (the same value; 0.15 against 1.4 CPU s on
+            # the demo's 200 x 51,000 step draws), else the median of the finite draws
+            centre = (np.median(pred, axis=0) if not nonfinite.any()
+                      else np.nanmedian(np.where(finite, pred, np.nan), axis=0))
             ratio = centre / obs
         ok = np.isfinite(ratio) & (obs > 0)
         absurd = ok & ((ratio > ABSURD_FACTOR) | (ratio < 1.0 / ABSURD_FACTOR))

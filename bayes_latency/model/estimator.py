@@ -225,6 +225,7 @@ class LatencyModel:
         self._settings: dict[str, object] = {}
         self._rows: pd.DataFrame | None = None
         self._data_hash: str | None = None
+        self._post_cache: tuple | None = None
 
     # ------------------------------------------------------------------ state
     def _scale(self) -> np.ndarray:
@@ -364,7 +365,17 @@ class LatencyModel:
         draws, as the model has them (:func:`~.persistence.posterior_with_fixed`)."""
         if self.result is None:
             raise BayesLatencyError("the model is not fitted; call fit() or load()")
-        return _persistence.posterior_with_fixed(self.result)
+        # built once per posterior (predictions call this per configuration): kept while the
+        # result, its posterior and constant_data are the same objects with the same variables
+        node = self.result["posterior"]
+        const = self.result.children.get("constant_data")
+        key = (self.result, node, tuple(node.data_vars), const)
+        cached = getattr(self, "_post_cache", None)
+        if cached is None or len(cached[0]) != len(key) or any(
+                a is not b if not isinstance(a, tuple) else a != b
+                for a, b in zip(cached[0], key, strict=True)):
+            self._post_cache = (key, _persistence.posterior_with_fixed(self.result))
+        return self._post_cache[1]
 
     def noise(self, cfg: str, kind: str) -> NoiseParams:
         """Noise parameters of (configuration, kind); the fleet median for unseen ones."""

@@ -19,6 +19,10 @@ to compile in Numba for this model; a JAX implementation serves the numpyro samp
 
 The Numba implementation is registered with a cache key, so PyTensor's on-disk Numba cache can
 reuse the compiled graph in later processes (the key hashes the kernel's source).
+Tried, not kept: the gradient from the diagonal of ``A^-1`` alone (``(A^-1 D I)_kk =
+(1 - (A^-1)_kk) / d_k``): 18% less kernel time and 10% less per gradient of the demo fit, the same
+posterior means, but other chains (rounding), one of which diverged once where this kernel's do
+not.
 The JAX implementation is registered only when the numpyro sampler asks for it
 (:func:`register_jax`): importing JAX costs ~2.7 s that nutpie fits should not pay.
 """

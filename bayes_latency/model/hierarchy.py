@@ -289,9 +289,10 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
 
     ``theta`` integrated out on the fast path (:func:`marginal_loglik`), sampled on the full
     path, as in the hierarchy; on the full path the noise scale of every class the fleet fitted
-    takes the fleet's lognormal prior (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_prior`):
+    takes the lognormal of the fleet's configurations' scales ``s_f``
+    (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_prior`):
 
-        noise_sigma[c, k] ~ LogNormal(log s_fleet[k], sd_fleet[k])
+        noise_sigma[c, k] ~ LogNormal(mean_f log s_f[k], max(sd_f log s_f[k], 0.25))
 
     the other classes keep the prior file's half-normal.
     """

@@ -6,13 +6,15 @@ For each Splitwise (model, GPU, TP) cell of the real fleet in turn:
    (:func:`~bayes_latency.model.fleet.leave_out` ``config=<id>``); the rest fitted as
    ``bayes-latency fit`` does (the 11 default terms, 2 x 2000 draws after 1000 tuning steps,
    sampling on until the convergence gates pass) and its population kept
-   (:func:`~bayes_latency.model.fleet.population_from_result`);
+   (:func:`~bayes_latency.model.fleet.population_from_result`, with the fleet's noise scale of
+   every noise class, :func:`~bayes_latency.model.fleet.fleet_noise`);
 2. **zero-shot**: every benchmark row of the cell predicted by that fit, the configuration drawn
    as an unseen one (its levels the fleet saw take their fitted effects, an unseen level its
    factor's population draw);
 3. **one-shot population**: ONE benchmark point of the cell (its prefill row and its decode row)
-   fitted under the population as the prior (``LatencyModel(population=...)``), the cell's other
-   rows predicted; each point of :func:`choose_shots` in turn;
+   fitted under the population as the prior (``LatencyModel(population=...)``: the
+   configuration's coefficients and its benchmark noise scales take the fleet's priors), the
+   cell's other rows predicted; each point of :func:`choose_shots` in turn;
 4. **one-shot roofline**: the same point fitted with the roofline priors
    (``priors/default.yaml``) and no population.
 
@@ -129,7 +131,28 @@ def _fit(rows: pd.DataFrame, settings: Any, terms: tuple[str, ...], population: 
            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
     for ph, kind in NOISE_CLASS.items():
         row[f"noise_sigma_{ph}"] = float(np.median([m.noise(c, kind).sigma for c in noise_of]))
+    row.update(noise_prior_text(population))
     return m, row
+
+
+def noise_prior_text(population: Any) -> dict[str, str]:
+    """Per phase, ``noise_prior_<phase>``: the prior of the fit's benchmark noise scale of the
+    phase, as text: the fleet's lognormal under a population that fitted the class
+    (:meth:`~bayes_latency.model.fleet.Population.config_prior`), else the priors file's
+    half-normal (:func:`benchmark_noise_prior`)."""
+    from bayes_latency.model.fleet import noise_lognormal
+
+    fleet = population.fleet_noise if population is not None else {}
+    hn = benchmark_noise_prior()
+    out = {}
+    for ph, kind in NOISE_CLASS.items():
+        if kind in fleet and float(fleet[kind].get("sigma") or 0) > 0:
+            mu, sd = noise_lognormal(fleet[kind])
+            out[f"noise_prior_{ph}"] = f"LogNormal(median {np.exp(mu):.3f}, sd {sd:.2f})"
+        elif ph in hn:
+            out[f"noise_prior_{ph}"] = (f"HalfNormal({hn[ph]:g}), mean "
+                                        f"{hn[ph] * np.sqrt(2 / np.pi):.3f}")
+    return out
 
 
 def _predict(m: Any, rows: pd.DataFrame) -> pd.DataFrame:
@@ -179,7 +202,7 @@ def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, setting
              terms: tuple[str, ...], n_shots: int, log: Any = print) -> None:
     """Fit and predict one cell (see the module docstring); writes ``work/<cell>/held.csv``,
     ``fits.csv``, ``cell.json`` and ``scales.csv``."""
-    from bayes_latency.model.fleet import leave_out, population_from_result
+    from bayes_latency.model.fleet import fleet_noise, leave_out, population_from_result
 
     d = work / cell.replace("|", "_")
     d.mkdir(parents=True, exist_ok=True)
@@ -191,7 +214,8 @@ def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, setting
                         others)
     fits = [f_pop]
     log(f"[cells]   population fit {f_pop['wall_s']:.0f} s, passed {f_pop['passed']}")
-    pop = population_from_result(m_pop.result, left_out=f"config={cell}", source="real fleet")
+    pop = population_from_result(m_pop.result, left_out=f"config={cell}", source="real fleet",
+                                 noise=fleet_noise(m_pop))
     c = rows.iloc[0]
     cfg = pd.DataFrame({"model": [c["model"]], "gpu": [c["gpu"]], "tp": [int(c["tp"])],
                         "stack": [c.get("stack", "vllm")]}, index=pd.Index([cell], name="config_id"))

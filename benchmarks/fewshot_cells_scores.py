@@ -261,8 +261,9 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
     and, from the numbers, where the band's width comes from: the posterior-over-prior width of
     an unseen level's factor scale (``scales``, :func:`factor_scales`), the one-shot fit's noise
     scale of the phase's class (``fits``) against the population fit's (the fleet's other
-    Splitwise configurations) and the prior's mean (``noise_prior``: per phase, the scale ``s``
-    of the class's ``HalfNormal(s)`` prior, mean ``s sqrt(2 / pi)``)."""
+    Splitwise configurations) and its prior: the fit's own ``noise_prior_<phase>`` (text, the
+    fleet's lognormal under a population) when ``fits`` records it, else ``noise_prior`` (per
+    phase, the scale ``s`` of the class's ``HalfNormal(s)`` prior, mean ``s sqrt(2 / pi)``)."""
     lo, hi = GOAL_COVERAGE
     unseen = cells.set_index("cell")["unseen"].to_dict() if len(cells) else {}
     out = []
@@ -291,7 +292,11 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
             if len(ft) and col in ft:
                 txt = (f"the fit's {r['phase']} noise scale {float(ft[col].iloc[0]):.4f} "
                        "(log scale, from one row")
-                if noise_prior and r["phase"] in noise_prior:
+                own = ft.get(f"noise_prior_{r['phase']}")
+                own = own.iloc[0] if own is not None else None
+                if isinstance(own, str) and own:
+                    txt += f"; prior {own}"
+                elif noise_prior and r["phase"] in noise_prior:
                     sp = noise_prior[r["phase"]]
                     txt += f"; prior HalfNormal({sp:g}), mean {sp * math.sqrt(2 / math.pi):.3f}"
                 if len(pf) and col in pf:

@@ -195,3 +195,27 @@ def test_rows_are_put_in_their_sweep_from_the_centre():
     t = fc.sweep_table(held).set_index(["phase", "sweep"])
     assert t.loc[("decode", "tokens"), "n"] == len(TOKENS) - 1
     assert t.loc[("prefill", "batch"), "obs_over_pred"] == pytest.approx(1.1, rel=1e-9)
+
+
+def test_a_fits_own_noise_prior_is_what_the_report_names():
+    """A fit under a population names the fleet's lognormal prior of its benchmark noise; a fit
+    without one, the priors file's half-normal; the miss lines quote the fit's own prior."""
+    from types import SimpleNamespace
+
+    pop = SimpleNamespace(fleet_noise={"benchmark_mean_prefill": {
+        "sigma": 0.18, "rows": 78, "configs": 6, "log_mean": float(np.log(0.163)),
+        "log_sd": 0.38}})
+    own = fc.noise_prior_text(pop)
+    assert own["noise_prior_prefill"] == "LogNormal(median 0.163, sd 0.38)"
+    assert own["noise_prior_decode"].startswith("HalfNormal(")
+    assert fc.noise_prior_text(None)["noise_prior_prefill"].startswith("HalfNormal(")
+    h = pd.DataFrame({"cell": "c1", "setting": "one-shot population", "shot": "s",
+                      "phase": "prefill", "obs_id": ["a", "b"], "observed_us": [100.0, 100.0],
+                      "pred_median_us": [150.0, 150.0], "q05_us": [140.0, 140.0],
+                      "q95_us": [160.0, 160.0], "in_90": [False, False]})
+    fits = pd.DataFrame([{"cell": "c1", "fit": "one-shot population: s",
+                          "noise_sigma_prefill": 0.15, **own}])
+    miss = fc.miss_lines(fc.score_table(h), pd.DataFrame([{"cell": "c1", "unseen": "none"}]),
+                         None, fits, {"prefill": 0.3})
+    assert len(miss) == 1 and "prior LogNormal(median 0.163, sd 0.38)" in miss[0]
+    assert "HalfNormal" not in miss[0]

@@ -15,7 +15,10 @@ import xarray as xr
 from bayes_latency.cli.main import main
 from bayes_latency.errors import ConfigError, ModelMismatchError
 from bayes_latency.model.fleet import (
+    NOISE_LOG_SD_DEFAULT,
+    NOISE_LOG_SD_MIN,
     Population,
+    fleet_noise,
     leave_out,
     load_population,
     parse_leave_out,
@@ -28,7 +31,12 @@ def pop_file(tiny_posterior, tmp_path_factory) -> tuple[Population, object]:
     from bayes_latency.model.persistence import read_result
 
     _, post = tiny_posterior
-    noise = {"workload_e2e": {"sigma": 0.02, "rows": 12}}
+    noise = {"workload_e2e": {"sigma": 0.02, "rows": 12, "configs": 3, "log_mean": -4.1,
+                              "log_sd": 0.4},
+             "iteration": {"sigma": 0.05, "rows": 300, "configs": 3, "log_mean": -3.0,
+                           "log_sd": 0.1},
+             "benchmark_mean_prefill": {"sigma": 0.13, "rows": 60, "configs": 1,
+                                        "log_mean": None, "log_sd": None}}
     pop = population_from_result(read_result(post).result, n_samples=100, source="tiny fleet",
                                  noise=noise)
     path = tmp_path_factory.mktemp("pop") / "population.nc"
@@ -45,7 +53,10 @@ def test_round_trip_keeps_draws_levels_and_provenance(pop_file):
     pop, path = pop_file
     d = pop.describe()
     assert d["n_samples"] == 100 and d["source"] == "tiny fleet" and d["configs"]
-    assert d["client_noise"]["workload_e2e"] == {"sigma": 0.02, "rows": 12}
+    assert d["client_noise"] == {"workload_e2e": {"sigma": 0.02, "rows": 12}}
+    assert set(d["fleet_noise"]) == {"workload_e2e", "iteration", "benchmark_mean_prefill"}
+    assert d["fleet_noise"]["iteration"] == {"sigma": 0.05, "rows": 300, "configs": 3,
+                                             "log_mean": -3.0, "log_sd": 0.1}
     assert path.stat().st_size < 400_000
     assert set(pop.draws["mu"].dims) == {"coef", "sample"}
     assert all(str(v.dtype) == "float32" for v in pop.draws.data_vars.values())
@@ -59,8 +70,14 @@ def test_seen_levels_give_a_tighter_prior_than_an_unseen_model(pop_file):
     prior = pop.config_prior(_configs(pop, [(m0, g0, int(t0)), ("bloom-176b", g0, t1),
                                             ("bloom-176b", g0, t2)]), n_draws=1000)
     assert prior.unseen["c0"] == [] and "model" in prior.unseen["c1"]
-    # the client kinds' noise prior: a half-normal whose mean is the fleet's scale
-    assert prior.noise_sigma["workload_e2e"] == pytest.approx(0.02 / np.sqrt(2 / np.pi))
+    # every noise class the fleet fitted: the lognormal of its configurations' scales (sd at
+    # least NOISE_LOG_SD_MIN; at the RMS with NOISE_LOG_SD_DEFAULT without a spread); other
+    # classes: none
+    assert prior.noise_prior["workload_e2e"] == pytest.approx((-4.1, 0.4))
+    assert prior.noise_prior["iteration"] == pytest.approx((-3.0, NOISE_LOG_SD_MIN))
+    assert prior.noise_prior["benchmark_mean_prefill"] == pytest.approx(
+        (np.log(0.13), NOISE_LOG_SD_DEFAULT))
+    assert "benchmark_mean" not in prior.noise_prior
     sd = prior.sd
     assert np.median(sd[0]) < 0.5 * np.median(sd[1]), sd
     # the two configurations of the unseen model share its drawn effect: correlated priors
@@ -84,6 +101,52 @@ def test_a_file_of_another_model_version_or_format_is_refused(pop_file, tmp_path
             load_population(p)
     with pytest.raises(ModelMismatchError, match="terms"):
         load_population(path, terms=("per_step",))
+
+
+def test_a_file_with_the_client_kinds_noise_only_still_loads(pop_file, tmp_path):
+    """A population file that records only ``client_noise`` (no ``fleet_noise`` attribute)
+    loads; its client kinds get the lognormal prior with the default spread, no other class."""
+    pop, path = pop_file
+    ds = xr.open_dataset(path, engine="h5netcdf").load()
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k != "fleet_noise"}
+    p = tmp_path / "client_only.nc"
+    ds.to_netcdf(p, engine="h5netcdf")
+    old = load_population(p)
+    assert old.fleet_noise == {"workload_e2e": {"sigma": 0.02, "rows": 12, "configs": None,
+                                                "log_mean": None, "log_sd": None}}
+    m0, g0, t0 = old.configs.iloc[0][["model", "gpu", "tp"]]
+    prior = old.config_prior(_configs(old, [(m0, g0, int(t0))]), n_draws=200)
+    assert list(prior.noise_prior) == ["workload_e2e"]
+    assert prior.noise_prior["workload_e2e"] == pytest.approx((np.log(0.02),
+                                                               NOISE_LOG_SD_DEFAULT))
+
+
+def test_fleet_noise_has_every_noise_class_of_the_fitted_rows():
+    """Per noise class (prefill steps apart): the row-weighted RMS of the configurations'
+    scales, the rows, configurations and the sd of the log scales; ppc rows not counted."""
+    from types import SimpleNamespace
+
+    from bayes_latency.model.likelihood import NoiseParams
+
+    rows = pd.DataFrame({
+        "config_id": ["a"] * 3 + ["b"] * 1 + ["a", "b", "b"] + ["a"],
+        "kind": ["benchmark_mean"] * 4 + ["benchmark_mean"] * 3 + ["workload_e2e"],
+        "x_prefill_compute": [0.0] * 4 + [1.0] * 3 + [0.0],
+        "role": ["beta"] * 7 + ["ppc"]})
+    sig = {("a", "benchmark_mean"): 0.3, ("b", "benchmark_mean"): 0.5,
+           ("a", "benchmark_mean_prefill"): 0.1, ("b", "benchmark_mean_prefill"): 0.2}
+    model = SimpleNamespace(_rows=rows,
+                            noise=lambda c, k: NoiseParams(sigma=sig[(c, k)], tau=0.0, nu=5.0))
+    fn = fleet_noise(model)
+    assert set(fn) == {"benchmark_mean", "benchmark_mean_prefill"}
+    d = fn["benchmark_mean"]
+    assert d["rows"] == 4 and d["configs"] == 2
+    assert d["sigma"] == pytest.approx(np.sqrt((3 * 0.3**2 + 0.5**2) / 4), rel=1e-9)
+    assert d["log_sd"] == pytest.approx(np.std(np.log([0.3, 0.5]), ddof=1), rel=1e-9)
+    assert d["log_mean"] == pytest.approx(np.log(np.sqrt(0.3 * 0.5)), rel=1e-9)
+    p = fn["benchmark_mean_prefill"]
+    assert p["rows"] == 3 and p["sigma"] == pytest.approx(np.sqrt((0.01 + 2 * 0.04) / 3))
+    assert fleet_noise(SimpleNamespace(_rows=None)) == {}
 
 
 def test_leave_out_keys_are_checked():
@@ -123,6 +186,10 @@ def test_fit_under_the_population_speaks_for_its_configurations(pop_file, tiny_p
     one = obs[obs["config_id"] == cid].head(40).reset_index(drop=True)
     m = LatencyModel(population=pop, sampler="laplace").fit(one, draws=100, chains=2)
     assert m.variant == "population" and m.terms == pop.terms
+    # the fleet's classes take its lognormal noise prior, the others the priors file's
+    post = m.result["posterior"]
+    assert "noise_sigma" in post and (post["noise_sigma"].values > 0).all()
+    assert "iteration" in list(post["fleet_kind"].values)
     info = json.loads(m.result.attrs["population"])
     assert info["source"] == "tiny fleet" and cid in info["unseen_levels"]
     c = one.iloc[0]

@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="joint posterior draws kept in the file (default %(default)s)")
     s.add_argument("--rows", default=None,
                    help="(with a posterior) the observation table it was fitted on, checked "
-                        "against its data hash: the fleet's scatter of client means is kept")
+                        "against its data hash: the fleet's noise scale of every noise class "
+                        "is kept")
     s.add_argument("--label", default=None,
                    help="what the data are, recorded in the file (default: the source path)")
     s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
@@ -54,7 +55,7 @@ def population_command(args: argparse.Namespace) -> int:
     from bayes_latency.cli.fit import _check_sampler_args, _max_draws, parse_terms
     from bayes_latency.io import check_output_path
     from bayes_latency.model.fleet import (
-        client_noise,
+        fleet_noise,
         leave_out,
         parse_leave_out,
         population_from_result,
@@ -116,7 +117,7 @@ def population_command(args: argparse.Namespace) -> int:
             report.raise_if_failed()  # ConvergenceError / AdequacyError: exit 1
         result = m.result
     pop = population_from_result(result, n_samples=args.samples, left_out=left, source=label,
-                                 noise=client_noise(m))
+                                 noise=fleet_noise(m))
     pop.save(out)
     d = pop.describe()
     print(f"population of {len(d['configs'])} configurations (models {d['models']}, GPUs "

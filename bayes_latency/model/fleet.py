@@ -21,7 +21,13 @@ once: it keeps the correlations between terms (the members of a sum-only group s
 ``per_layer`` + ``per_step`` share their factor effects, so only their sum moves between
 configurations) and between configurations of the same new level. The configuration residual
 keeps its form, ``theta ~ N(m, (m sigma_config)^2)``, with ``sigma_config`` given a lognormal
-prior fitted to the population's draws of it (:class:`ConfigPrior`). The PyMC model of a fit
+prior fitted to the population's draws of it (:class:`ConfigPrior`). The noise of every class
+the fleet fitted (:func:`fleet_noise`: per noise class, the row-weighted RMS of the fitted
+configurations' scales, the mean and sd of their logs, attrs ``fleet_noise``) gives a new
+configuration's noise scale of that class a lognormal prior fitted to the fleet's
+configurations' scales (:attr:`ConfigPrior.noise_prior`): a configuration seen in one or two
+rows per class cannot tell its noise from its coefficients, and the fleet's configurations say
+what a configuration's noise is. A class the fleet did not fit keeps the priors file's prior. The PyMC model of a fit
 with this prior is :func:`~bayes_latency.model.hierarchy.build_model`'s variant
 ``"population"``.
 
@@ -49,9 +55,9 @@ from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
 from bayes_latency.model.design import Design, level_dim, prior_arrays
 
-__all__ = ["DEFAULT_PRIOR_DRAWS", "DEFAULT_SAMPLES", "LEAVE_OUT_KEYS", "POPULATION_FORMAT",
-           "SHIPPED_POPULATION", "ConfigPrior", "Population", "client_noise", "leave_out",
-           "load_population",
+__all__ = ["DEFAULT_PRIOR_DRAWS", "DEFAULT_SAMPLES", "LEAVE_OUT_KEYS", "NOISE_LOG_SD_DEFAULT",
+           "NOISE_LOG_SD_MIN", "POPULATION_FORMAT", "SHIPPED_POPULATION", "ConfigPrior",
+           "Population", "client_noise", "fleet_noise", "leave_out", "load_population",
            "parse_leave_out", "population_from_result", "resolve_population"]
 
 #: Version of the population file's layout (attrs ``population_format``).
@@ -67,6 +73,13 @@ MIN_LOG_SIGMA_SD = 0.1
 #: Added to the variances of the fitted covariance (log scale) so that it is positive definite
 #: when two log-locations move together exactly (members of a sum-only group share effects).
 COV_JITTER = 1e-6
+#: Smallest sd of the log noise scale in a fleet noise prior (:meth:`Population.config_prior`):
+#: a class whose fitted configurations happen to agree closely still leaves a new configuration
+#: room (0.25: its scale within a factor 1.5 of the fleet's at 1.645 sd).
+NOISE_LOG_SD_MIN = 0.25
+#: sd of the log noise scale of a class the fleet fitted in one configuration (no spread to
+#: measure), and of every class of a population file that records only the client kinds' scale.
+NOISE_LOG_SD_DEFAULT = 0.5
 #: The keys of ``--leave-out KEY=VALUE``.
 LEAVE_OUT_KEYS = ("model", "gpu", "tp", "config")
 #: The population the package ships: the real H100 fleet (see :meth:`Population.describe`).
@@ -91,10 +104,13 @@ class ConfigPrior:
         Per configuration id, the levels the population did not see.
     configs
         The configuration ids in the order of ``mean``'s rows.
-    noise_sigma
-        Per client kind, the half-normal scale of its noise prior from the fleet's scatter of
-        client means (:func:`client_noise`; its mean is the fleet's scale), replacing the prior
-        file's for those kinds.
+    noise_prior
+        Per noise class the fleet fitted (:func:`fleet_noise`), ``(log median, sd)`` of the
+        lognormal prior of a new configuration's noise scale of that class: the lognormal of the
+        fleet's configurations' scales (sd at least :data:`NOISE_LOG_SD_MIN`; centred on the
+        fleet's scale with sd :data:`NOISE_LOG_SD_DEFAULT` without a spread,
+        :func:`noise_lognormal`). It replaces the prior file's half-normal for those classes;
+        the other classes keep it.
     """
 
     mean: np.ndarray
@@ -102,7 +118,7 @@ class ConfigPrior:
     log_sigma_config: tuple[np.ndarray, np.ndarray]
     unseen: dict[str, list[str]]
     configs: tuple[str, ...]
-    noise_sigma: dict[str, float] = field(default_factory=dict)
+    noise_prior: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def sd(self) -> np.ndarray:
@@ -153,6 +169,18 @@ class Population:
         return Design(self.coefs, tuple(self.terms), tuple(self.alpha_terms), self.configs)
 
     @property
+    def fleet_noise(self) -> dict[str, dict[str, Any]]:
+        """Per noise class the fleet fitted, its scale, rows, configurations and the mean and sd
+        of the log scales across them (:func:`fleet_noise`). A file that records only the client
+        kinds (attrs ``client_noise``) gives those, without a spread; empty when the population
+        was made without the fit's rows."""
+        v = self.attrs.get("fleet_noise")
+        if v is None:
+            return {k: {**d, "configs": None, "log_mean": None, "log_sd": None}
+                    for k, d in self.client_noise.items()}
+        return json.loads(v) if isinstance(v, str) else dict(v)
+
+    @property
     def client_noise(self) -> dict[str, dict[str, float]]:
         """Per client kind, the fleet's scale of the scatter of client means and its row count
         (:func:`client_noise`; empty when the population was made without the fit's rows)."""
@@ -174,7 +202,7 @@ class Population:
                 "models": d.models, "gpus": d.gpus, "tps": d.tps, "stacks": d.stacks,
                 "configs": list(self.configs.index), "terms": list(self.terms),
                 "n_samples": int(self.draws.sizes["sample"]),
-                "client_noise": self.client_noise,
+                "client_noise": self.client_noise, "fleet_noise": self.fleet_noise,
                 "model_version": self.attrs.get("model_version"),
                 "priors_hash": self.attrs.get("priors_hash"),
                 "data_hash": self.attrs.get("data_hash")}
@@ -219,7 +247,8 @@ class Population:
     def config_prior(self, configs: pd.DataFrame, n_draws: int = DEFAULT_PRIOR_DRAWS,
                      seed: int = 0) -> ConfigPrior:
         """The prior of ``configs`` (see the module docstring): a multivariate normal fitted to
-        :meth:`location_draws`, and a lognormal for ``sigma_config``."""
+        :meth:`location_draws`, a lognormal for ``sigma_config`` and, per noise class the fleet
+        fitted, a lognormal for the noise scale (:attr:`ConfigPrior.noise_prior`)."""
         draws, unseen = self.location_draws(configs, n_draws, seed)
         n, C, K = draws.shape
         flat = draws.reshape(n, C * K)
@@ -229,13 +258,13 @@ class Population:
         chol = np.linalg.cholesky(cov)
         sc = self.draws["sigma_config"].transpose("coef", "sample").values.astype(float)
         ls = np.log(np.maximum(sc, 1e-6))
-        noise = {k: float(v["sigma"]) / np.sqrt(2.0 / np.pi)
-                 for k, v in self.client_noise.items()}
+        noise = {k: noise_lognormal(v) for k, v in self.fleet_noise.items()
+                 if float(v.get("sigma") or 0.0) > 0}
         return ConfigPrior(mean=mean.reshape(C, K), chol=chol,
                            log_sigma_config=(ls.mean(axis=1),
                                              np.maximum(ls.std(axis=1), MIN_LOG_SIGMA_SD)),
                            unseen=unseen, configs=tuple(str(c) for c in configs.index),
-                           noise_sigma=noise)
+                           noise_prior=noise)
 
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:
@@ -282,28 +311,66 @@ _KEEP = ("mu", "sigma_config", "sigma_config_common",
          *(f"sigma_{f}" for f in _FACTORS))
 
 
-def client_noise(model: Any) -> dict[str, dict[str, float]]:
-    """Per client kind (``workload_ttft``, ``workload_e2e``), the fleet's scale of the scatter of
-    a run's client means around the model: the row-weighted RMS of the fitted configurations'
-    noise scales of the kind, ``sqrt(sum_c n_c s_c^2 / sum_c n_c)``, with the row count
-    ``sum_c n_c``. ``model`` is a fitted
-    :class:`~bayes_latency.model.estimator.LatencyModel` with its rows (after ``fit``, or
-    ``attach_rows`` after ``load``); empty without them."""
-    from bayes_latency.schedule.replay import WORKLOAD_KINDS
+def noise_lognormal(entry: dict[str, Any]) -> tuple[float, float]:
+    """``(log median, sd)`` of the lognormal noise prior of a fleet noise class ``entry``
+    (:func:`fleet_noise`): the lognormal of the configurations' scales, median
+    ``exp(log_mean)`` and sd ``max(log_sd, NOISE_LOG_SD_MIN)``; an entry without them (one
+    configuration, or a file that records the client kinds only) is centred on ``sigma`` with
+    sd :data:`NOISE_LOG_SD_DEFAULT`.
+
+    The RMS ``sigma`` is not the median: it is the scale of the pooled squared noise, above the
+    configurations' typical scale when they differ (a lognormal's mean square is
+    ``exp(2 sd^2)`` times its median's square: 2.6 for sd 0.69)."""
+    sd, mu = entry.get("log_sd"), entry.get("log_mean")
+    if sd is None or mu is None or not np.isfinite(sd) or not np.isfinite(mu):
+        return float(np.log(float(entry["sigma"]))), NOISE_LOG_SD_DEFAULT
+    return float(mu), max(float(sd), NOISE_LOG_SD_MIN)
+
+
+def fleet_noise(model: Any) -> dict[str, dict[str, Any]]:
+    """Per noise class (:func:`~bayes_latency.model.likelihood.noise_kind`) of a fitted model's
+    rows, the fleet's noise scale of that class:
+
+    * ``sigma``: the row-weighted RMS of the configurations' fitted scales,
+      ``sqrt(sum_c n_c s_c^2 / sum_c n_c)`` (log scale, per step at the reference load);
+    * ``rows``: ``sum_c n_c``; ``configs``: the configurations with rows of the class;
+    * ``log_mean``, ``log_sd``: the mean and sd of ``log s_c`` across those configurations
+      (each configuration once; None for one configuration): the lognormal of a
+      configuration's scale (:func:`noise_lognormal`).
+
+    ``model`` is a fitted :class:`~bayes_latency.model.estimator.LatencyModel` with its rows
+    (after ``fit``, or ``attach_rows`` after ``load``); empty without them. Posterior-predictive
+    rows (role ``ppc``) are not counted.
+    """
+    from bayes_latency.model.likelihood import noise_kind
 
     rows = getattr(model, "_rows", None)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     if rows is None or not len(rows):
         return out
-    for kind in WORKLOAD_KINDS[:2]:
-        r = rows[(rows["kind"] == kind) & (rows["role"] != "ppc")]
-        counts = r.groupby("config_id").size()
-        if counts.empty:
+    rows = rows[rows["role"] != "ppc"]
+    cls = pd.Series(noise_kind(rows), index=rows.index)
+    for kind in sorted(cls.unique()):
+        counts = rows[cls == kind].groupby("config_id").size()
+        s = np.asarray([float(model.noise(str(c), kind).sigma) for c in counts.index])
+        n = counts.to_numpy(dtype=float)
+        if not len(s) or not np.all(s > 0):
             continue
-        var = sum(int(n) * float(model.noise(str(c), kind).sigma) ** 2
-                  for c, n in counts.items())
-        out[kind] = {"sigma": float(np.sqrt(var / counts.sum())), "rows": int(counts.sum())}
+        out[str(kind)] = {"sigma": float(np.sqrt(np.sum(n * s**2) / n.sum())),
+                          "rows": int(n.sum()), "configs": int(len(s)),
+                          "log_mean": float(np.mean(np.log(s))) if len(s) > 1 else None,
+                          "log_sd": float(np.std(np.log(s), ddof=1)) if len(s) > 1 else None}
     return out
+
+
+def client_noise(noise: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The client kinds (``workload_ttft``, ``workload_e2e``) of a :func:`fleet_noise` table as
+    ``{kind: {"sigma", "rows"}}``: the fleet's scatter of a run's client means, which
+    :func:`~bayes_latency.calibrate.predict.run_level_sigma` pools into the bands."""
+    from bayes_latency.schedule.replay import WORKLOAD_KINDS
+
+    return {k: {"sigma": float(v["sigma"]), "rows": int(v["rows"])}
+            for k, v in noise.items() if k in WORKLOAD_KINDS[:2]}
 
 
 def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMPLES,
@@ -314,7 +381,8 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
 
     ``n_samples``: joint posterior draws kept, evenly thinned; ``left_out``: what the fit's
     data left out (recorded, e.g. ``model=llama-2-7b``); ``source``: what the fit was made on;
-    ``noise``: the fleet's scatter of client means (:func:`client_noise` of the fitted model).
+    ``noise``: the fleet's noise scale per noise class (:func:`fleet_noise` of the fitted
+    model), recorded as attrs ``fleet_noise`` and, for the client kinds, ``client_noise``.
 
     Raises
     ------
@@ -354,7 +422,8 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
                "bayes_latency_version": __version__, "data_hash": str(a.get("data_hash", "")),
                "variant": variant, "left_out": left_out, "source": source,
                "n_samples": int(draws.sizes["sample"]),
-               "client_noise": json.dumps(noise or {})})
+               "fleet_noise": json.dumps(noise or {}),
+               "client_noise": json.dumps(client_noise(noise or {}))})
     return pop
 
 

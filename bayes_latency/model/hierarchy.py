@@ -92,7 +92,6 @@ its lognormal one, and the configuration residual and likelihood are those above
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -289,8 +288,13 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
         theta[c, k] ~ N(m[c, k], (m[c, k] sigma_config[k])^2)
 
     ``theta`` integrated out on the fast path (:func:`marginal_loglik`), sampled on the full
-    path, as in the hierarchy; on the full path the client kinds' noise scales take the fleet's
-    (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_sigma`).
+    path, as in the hierarchy; on the full path the noise scale of every class the fleet fitted
+    takes the lognormal of the fleet's configurations' scales ``s_f``
+    (:attr:`~bayes_latency.model.fleet.ConfigPrior.noise_prior`):
+
+        noise_sigma[c, k] ~ LogNormal(mean_f log s_f[k], max(sd_f log s_f[k], 0.25))
+
+    the other classes keep the prior file's half-normal.
     """
     if tuple(prior.configs) != tuple(str(c) for c in design.configs.index):
         raise ValueError(f"population prior of configurations {prior.configs}, the design has "
@@ -306,12 +310,39 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
     if rows is None:
         pm.Potential("loglik_marginal",
                      marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
-    else:  # the client kinds' noise prior from the fleet's scatter of client means
-        pa = dataclasses.replace(pa, noise_sigma={**pa.noise_sigma, **prior.noise_sigma})
+    else:
         eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
         theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
         _theta_deterministics(theta, design)
-        _row_likelihood(theta, design, rows, pa, noise_load)
+        _row_likelihood(theta, design, rows, pa, noise_load, noise_prior=prior.noise_prior)
+
+
+def _noise_sigma(kinds: list[str], n_configs: int, pa: PriorArrays,
+                 noise_prior: dict[str, tuple[float, float]]) -> pt.TensorVariable:
+    """``noise_sigma (config, kind)``: ``HalfNormal(pa.noise_sigma[k])`` (0.5 for a class the
+    prior file lacks), or ``LogNormal(mu_k, sd_k)`` for a class of ``noise_prior``. Without
+    ``noise_prior`` it is one free variable; with it, the half-normal classes
+    (``noise_sigma_free``) and the lognormal ones (``noise_sigma_fleet``) are two, assembled in
+    the deterministic ``noise_sigma``."""
+    ones = np.ones((n_configs, 1))
+    hn = [i for i, k in enumerate(kinds) if k not in noise_prior]
+    ln = [i for i, k in enumerate(kinds) if k in noise_prior]
+    hn_sd = np.asarray([pa.noise_sigma.get(kinds[i], 0.5) for i in hn])
+    if not ln:
+        return pm.HalfNormal("noise_sigma", sigma=hn_sd[None, :] * ones, dims=("config", "kind"))
+    model = pm.modelcontext(None)
+    model.add_coords({"fleet_kind": [kinds[i] for i in ln]})
+    mu, sd = (np.asarray([noise_prior[kinds[i]][j] for i in ln]) for j in (0, 1))
+    out = pt.zeros((n_configs, len(kinds)))
+    out = pt.set_subtensor(out[:, ln], pm.LogNormal("noise_sigma_fleet", mu=mu[None, :] * ones,
+                                                    sigma=sd[None, :] * ones,
+                                                    dims=("config", "fleet_kind")))
+    if hn:
+        model.add_coords({"free_kind": [kinds[i] for i in hn]})
+        out = pt.set_subtensor(out[:, hn], pm.HalfNormal("noise_sigma_free",
+                                                         sigma=hn_sd[None, :] * ones,
+                                                         dims=("config", "free_kind")))
+    return pm.Deterministic("noise_sigma", out, dims=("config", "kind"))
 
 
 def _n_active(design: Design, summaries: list[ConfigSummary] | None,
@@ -370,7 +401,15 @@ SUMMARY_DATA = ("summary_theta_hat", "summary_grad", "summary_info")
 
 
 def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame,
-                    pa: PriorArrays, noise_load: str = DEFAULT_NOISE_LOAD) -> None:
+                    pa: PriorArrays, noise_load: str = DEFAULT_NOISE_LOAD,
+                    noise_prior: dict[str, tuple[float, float]] | None = None) -> None:
+    """Every row in a Student-t likelihood on the log scale (:mod:`.likelihood`), with noise
+    ``sigma, tau, nu`` (and the load growth ``gamma``) per (configuration, noise class).
+
+    ``noise_prior``: per noise class, ``(log median, sd)`` of a lognormal prior of its scale (a
+    fleet's, :attr:`~bayes_latency.model.fleet.ConfigPrior.noise_prior`); the other classes
+    take ``HalfNormal(pa.noise_sigma[k])``.
+    """
     row_kind = noise_kind(rows)  # noise per (configuration, noise class)
     kinds = sorted(set(row_kind))
     cfg_idx = np.asarray([list(design.configs.index).index(c) for c in rows["config_id"]])
@@ -379,9 +418,7 @@ def _row_likelihood(theta: pt.TensorVariable, design: Design, rows: pd.DataFrame
     n = np.maximum(rows["n_steps"].to_numpy(dtype=float), 1.0)
     model = pm.modelcontext(None)
     model.add_coords({"kind": kinds, "obs": rows["obs_id"].astype(str).to_list()})
-    sig_prior = np.asarray([pa.noise_sigma.get(k, 0.5) for k in kinds])
-    sigma = pm.HalfNormal("noise_sigma", sigma=sig_prior[None, :] * np.ones((len(design.configs), 1)),
-                          dims=("config", "kind"))
+    sigma = _noise_sigma(kinds, len(design.configs), pa, noise_prior or {})
     win = np.asarray([k in WINDOW_KINDS for k in kinds], dtype=float)
     tau = pm.HalfNormal("noise_tau", sigma=0.05, dims=("config", "kind"))
     # dof per (configuration, kind), as stage 1 of the fast path estimates it: the two paths are

@@ -202,7 +202,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     n_draws = 4 if quick else n_draws
     stages = client_stages(runs)
     parts, fits, cal_s = [], [], []
-    from bayes_latency.model.fleet import client_noise, population_from_result
+    from bayes_latency.model.fleet import fleet_noise, population_from_result
 
     def simulate(model: Any, mine: list, setting: str, shot: str, replayed: Any) -> None:
         cfgs = sorted({(r.model, r.tp) for r in mine})
@@ -239,7 +239,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         m_pop, _ = fit_ours(drop_model(observations, name), settings, terms=terms)
         fits.append(_conv(m_pop, f"population without {name}", time.perf_counter() - t))
         pop = population_from_result(m_pop.result, left_out=f"model={name}", source=POP_LABEL,
-                                     noise=client_noise(m_pop))
+                                     noise=fleet_noise(m_pop))
         log(f"[fewshot] {name}: population fitted ({fits[-1]['fit_s']:.0f} s, passed "
             f"{fits[-1]['passed']}); zero-shot in BLIS")
         simulate(m_pop, mine, "zero-shot", "", None)

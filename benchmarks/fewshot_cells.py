@@ -140,14 +140,14 @@ def noise_prior_text(population: Any) -> dict[str, str]:
     phase, as text: the fleet's lognormal under a population that fitted the class
     (:meth:`~bayes_latency.model.fleet.Population.config_prior`), else the priors file's
     half-normal (:func:`benchmark_noise_prior`)."""
-    from bayes_latency.model.fleet import noise_lognormal
+    from bayes_latency.model.fleet import noise_priors
 
-    fleet = population.fleet_noise if population is not None else {}
+    fleet = noise_priors(population.fleet_noise) if population is not None else {}
     hn = benchmark_noise_prior()
     out = {}
     for ph, kind in NOISE_CLASS.items():
-        if kind in fleet and float(fleet[kind].get("sigma") or 0) > 0:
-            mu, sd = noise_lognormal(fleet[kind])
+        if kind in fleet:
+            mu, sd = fleet[kind]
             out[f"noise_prior_{ph}"] = f"LogNormal(median {np.exp(mu):.3f}, sd {sd:.2f})"
         elif ph in hn:
             out[f"noise_prior_{ph}"] = (f"HalfNormal({hn[ph]:g}), mean "

@@ -18,6 +18,7 @@ from bayes_latency.model.fleet import (
     NOISE_LOG_SD_DEFAULT,
     NOISE_LOG_SD_MIN,
     Population,
+    client_noise,
     fleet_noise,
     leave_out,
     load_population,
@@ -108,7 +109,8 @@ def test_a_file_with_the_client_kinds_noise_only_still_loads(pop_file, tmp_path)
     loads; its client kinds get the lognormal prior with the default spread, no other class."""
     pop, path = pop_file
     ds = xr.open_dataset(path, engine="h5netcdf").load()
-    ds.attrs = {k: v for k, v in ds.attrs.items() if k != "fleet_noise"}
+    # the writer of such files kept the client kinds only, as attrs ``client_noise``
+    ds.attrs["client_noise"] = json.dumps(client_noise(json.loads(ds.attrs.pop("fleet_noise"))))
     p = tmp_path / "client_only.nc"
     ds.to_netcdf(p, engine="h5netcdf")
     old = load_population(p)

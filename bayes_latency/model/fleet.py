@@ -58,6 +58,7 @@ from bayes_latency.model.design import Design, level_dim, prior_arrays
 __all__ = ["DEFAULT_PRIOR_DRAWS", "DEFAULT_SAMPLES", "LEAVE_OUT_KEYS", "NOISE_LOG_SD_DEFAULT",
            "NOISE_LOG_SD_MIN", "POPULATION_FORMAT", "SHIPPED_POPULATION", "ConfigPrior",
            "Population", "client_noise", "fleet_noise", "leave_out", "load_population",
+           "noise_lognormal", "noise_priors",
            "parse_leave_out", "population_from_result", "resolve_population"]
 
 #: Version of the population file's layout (attrs ``population_format``).
@@ -175,17 +176,26 @@ class Population:
         kinds (attrs ``client_noise``) gives those, without a spread; empty when the population
         was made without the fit's rows."""
         v = self.attrs.get("fleet_noise")
-        if v is None:
-            return {k: {**d, "configs": None, "log_mean": None, "log_sd": None}
-                    for k, d in self.client_noise.items()}
-        return json.loads(v) if isinstance(v, str) else dict(v)
+        if v is not None:
+            return json.loads(v) if isinstance(v, str) else dict(v)
+        old = self.attrs.get("client_noise") or {}
+        old = json.loads(old) if isinstance(old, str) else dict(old)
+        return {k: {**d, "configs": None, "log_mean": None, "log_sd": None}
+                for k, d in old.items()}
 
     @property
     def client_noise(self) -> dict[str, dict[str, float]]:
         """Per client kind, the fleet's scale of the scatter of client means and its row count
-        (:func:`client_noise`; empty when the population was made without the fit's rows)."""
-        v = self.attrs.get("client_noise") or {}
-        return json.loads(v) if isinstance(v, str) else dict(v)
+        (:func:`client_noise` of :attr:`fleet_noise`; empty when the population was made without
+        the fit's rows)."""
+        return client_noise(self.fleet_noise)
+
+    @property
+    def noise_prior(self) -> dict[str, tuple[float, float]]:
+        """Per noise class the fleet fitted with a positive scale, ``(log median, sd)`` of the
+        lognormal prior of a new configuration's noise scale of that class
+        (:func:`noise_priors` of :attr:`fleet_noise`): :attr:`ConfigPrior.noise_prior`."""
+        return noise_priors(self.fleet_noise)
 
     @property
     def name(self) -> str:
@@ -258,13 +268,11 @@ class Population:
         chol = np.linalg.cholesky(cov)
         sc = self.draws["sigma_config"].transpose("coef", "sample").values.astype(float)
         ls = np.log(np.maximum(sc, 1e-6))
-        noise = {k: noise_lognormal(v) for k, v in self.fleet_noise.items()
-                 if float(v.get("sigma") or 0.0) > 0}
         return ConfigPrior(mean=mean.reshape(C, K), chol=chol,
                            log_sigma_config=(ls.mean(axis=1),
                                              np.maximum(ls.std(axis=1), MIN_LOG_SIGMA_SD)),
                            unseen=unseen, configs=tuple(str(c) for c in configs.index),
-                           noise_prior=noise)
+                           noise_prior=self.noise_prior)
 
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:
@@ -327,6 +335,12 @@ def noise_lognormal(entry: dict[str, Any]) -> tuple[float, float]:
     return float(mu), max(float(sd), NOISE_LOG_SD_MIN)
 
 
+def noise_priors(noise: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per class of a :func:`fleet_noise` table with a positive scale, ``(log median, sd)`` of
+    its lognormal noise prior (:func:`noise_lognormal`)."""
+    return {k: noise_lognormal(v) for k, v in noise.items() if float(v.get("sigma") or 0.0) > 0}
+
+
 def fleet_noise(model: Any) -> dict[str, dict[str, Any]]:
     """Per noise class (:func:`~bayes_latency.model.likelihood.noise_kind`) of a fitted model's
     rows, the fleet's noise scale of that class:
@@ -382,7 +396,8 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
     ``n_samples``: joint posterior draws kept, evenly thinned; ``left_out``: what the fit's
     data left out (recorded, e.g. ``model=llama-2-7b``); ``source``: what the fit was made on;
     ``noise``: the fleet's noise scale per noise class (:func:`fleet_noise` of the fitted
-    model), recorded as attrs ``fleet_noise`` and, for the client kinds, ``client_noise``.
+    model), recorded as attrs ``fleet_noise`` (:attr:`Population.client_noise` reads its client
+    kinds; files that record only ``client_noise`` still load).
 
     Raises
     ------
@@ -422,8 +437,7 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
                "bayes_latency_version": __version__, "data_hash": str(a.get("data_hash", "")),
                "variant": variant, "left_out": left_out, "source": source,
                "n_samples": int(draws.sizes["sample"]),
-               "fleet_noise": json.dumps(noise or {}),
-               "client_noise": json.dumps(client_noise(noise or {}))})
+               "fleet_noise": json.dumps(noise or {})})
     return pop
 
 

@@ -368,14 +368,13 @@ class LatencyModel:
         # built once per posterior (predictions call this per configuration): kept while the
         # result, its posterior and constant_data are the same objects with the same variables
         node = self.result["posterior"]
-        const = self.result.children.get("constant_data")
-        key = (self.result, node, tuple(node.data_vars), const)
-        cached = getattr(self, "_post_cache", None)
-        if cached is None or len(cached[0]) != len(key) or any(
-                a is not b if not isinstance(a, tuple) else a != b
-                for a, b in zip(cached[0], key, strict=True)):
-            self._post_cache = (key, _persistence.posterior_with_fixed(self.result))
-        return self._post_cache[1]
+        nodes = (self.result, node, self.result.children.get("constant_data"))
+        names = tuple(node.data_vars)
+        cached = self._post_cache
+        if (cached is None or cached[1] != names
+                or any(a is not b for a, b in zip(cached[0], nodes, strict=True))):
+            self._post_cache = (nodes, names, _persistence.posterior_with_fixed(self.result))
+        return self._post_cache[2]
 
     def noise(self, cfg: str, kind: str) -> NoiseParams:
         """Noise parameters of (configuration, kind); the fleet median for unseen ones."""

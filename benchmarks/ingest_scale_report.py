@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 #: Peak RSS a worker may reach (GB).
@@ -256,10 +255,16 @@ def markdown(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
     import json
 
-    out = Path((argv if argv is not None else sys.argv[1:])[0] if (argv or sys.argv[1:]) else
-               Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ingest_scale")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", type=Path,
+                    default=Path(__file__).resolve().parents[1] / "results" / "benchmarks"
+                    / "ingest_scale", help="OUT of the benchmark (reads OUT.json, writes OUT.md)")
+    out = ap.parse_args(argv).out
+    if not out.with_suffix(".json").is_file():
+        ap.error(f"{out.with_suffix('.json')}: no such result file")
     out.with_suffix(".md").write_text(markdown(json.loads(out.with_suffix(".json").read_text())))
     return 0
 

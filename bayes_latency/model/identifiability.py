@@ -409,22 +409,26 @@ def near_pairs(rows: pd.DataFrame, coefs: Sequence[str], exclude: Sequence[str] 
     X = rows[[f"x_{c}" for c in coefs]].to_numpy(dtype=float)
     cfg = rows["config_id"].to_numpy()
     K = len(coefs)
+    # each configuration's rows and their non-zero masks, computed once for every pair
+    per_cfg = []
+    for c in np.unique(cfg):
+        Xc = X[cfg == c]
+        per_cfg.append((c, Xc, Xc != 0))
     cand = []
     for i in range(K):
         for j in range(i + 1, K):
             if coefs[i] in exclude or coefs[j] in exclude:
                 continue
             ok, logs, shared, cw = True, [], 0, {}
-            for c in np.unique(cfg):
-                Xc = X[cfg == c]
-                both = (Xc[:, i] != 0) & (Xc[:, j] != 0)
+            for c, Xc, nz in per_cfg:
+                both = nz[:, i] & nz[:, j]
                 if not both.any():
-                    if (Xc[:, i] != 0).any() and (Xc[:, j] != 0).any():
+                    if nz[:, i].any() and nz[:, j].any():
                         ok = False  # both active, never together: not a sum there
                         break
                     continue
                 r = Xc[both, j] / Xc[both, i]
-                either = (Xc[:, i] != 0) | (Xc[:, j] != 0)
+                either = nz[:, i] | nz[:, j]
                 if not (np.all(r > 0) and np.std(r) <= tol * np.mean(r)
                         and both.sum() >= NEAR_PAIR_SHARE * either.sum()):
                     ok = False

@@ -206,18 +206,40 @@ def _mine(t: pd.DataFrame) -> pd.DataFrame:
     return t[t["source"] == "export-mean"].reset_index(drop=True)
 
 
+def error_stats(t: pd.DataFrame, metrics: Sequence[str]) -> dict[str, float]:
+    """``median_M`` and ``max_M``: the median and largest |relative error| (``err_M``) over the
+    runs of ``t``, for each metric ``M`` (NaN when ``t`` has no runs)."""
+    out: dict[str, float] = {}
+    for m in metrics:
+        e = np.abs(t[f"err_{m}"].to_numpy(float)) if len(t) else np.array([])
+        out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
+        out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
+    return out
+
+
+def band_stats(t: pd.DataFrame, metrics: Sequence[str] = ("e2e_mean", "ttft_mean")
+               ) -> dict[str, float]:
+    """For each metric ``M`` with a 90% band: ``in_band_M`` (runs inside), ``cover_M`` (their
+    share of the runs with a band) and ``width_M`` (median relative band width)."""
+    out: dict[str, float] = {}
+    for m in metrics:
+        col = f"{m}_in_band"
+        if col in t and t[col].notna().any():
+            ok = t[col].dropna().astype(float)
+            out[f"in_band_{m}"] = float(ok.sum())
+            out[f"cover_{m}"] = float(ok.mean())
+            out[f"width_{m}"] = float(np.nanmedian(t[f"band_{m}_width"].to_numpy(float)))
+    return out
+
+
 def summary(t: pd.DataFrame) -> dict[str, float]:
     """Median |error| over the normal runs, worst run, and band coverage / width."""
     n = t[~t["stress"].astype(bool)]
-    out: dict[str, float] = {"runs": float(len(n))}
-    for m in ("e2e_mean", "ttft_mean", "decode_interval", "e2e_p90", "ttft_p90"):
-        e = np.abs(n[f"err_{m}"].to_numpy(float))
-        out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
-        out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
+    out: dict[str, float] = {"runs": float(len(n)),
+                             **error_stats(n, ("e2e_mean", "ttft_mean", "decode_interval",
+                                               "e2e_p90", "ttft_p90")),
+                             **band_stats(n)}
     for m in ("e2e_mean", "ttft_mean"):
-        if f"{m}_in_band" in n and n[f"{m}_in_band"].notna().any():
-            out[f"in_band_{m}"] = float(np.nansum(n[f"{m}_in_band"]))
-            out[f"width_{m}"] = float(np.nanmedian(n[f"band_{m}_width"]))
         if f"err_{m}_draw_median" in n and n[f"err_{m}_draw_median"].notna().any():
             e = np.abs(n[f"err_{m}_draw_median"].to_numpy(float))
             out[f"median_{m}_draw_median"] = float(np.nanmedian(e))

@@ -48,18 +48,10 @@ POP_LABEL = "real H100 fleet: step rows, Splitwise benchmark rows, client rows o
 
 def _summ(t: pd.DataFrame) -> dict[str, float]:
     """Median |error| of the means and band coverage / width over the runs of ``t``."""
-    out: dict[str, float] = {"runs": float(len(t))}
-    for m in ("e2e_mean", "ttft_mean", "decode_interval"):
-        e = np.abs(t[f"err_{m}"].to_numpy(float)) if len(t) else np.array([])
-        out[f"median_{m}"] = float(np.nanmedian(e)) if e.size else math.nan
-        out[f"max_{m}"] = float(np.nanmax(e)) if e.size else math.nan
-    for m in ("e2e_mean", "ttft_mean"):
-        col = f"{m}_in_band"
-        if col in t and t[col].notna().any():
-            ok = t[col].dropna().astype(float)
-            out[f"cover_{m}"] = float(ok.mean())
-            out[f"width_{m}"] = float(np.nanmedian(t[f"band_{m}_width"].to_numpy(float)))
-    return out
+    from bayes_latency.study.client_blis import band_stats, error_stats
+
+    return {"runs": float(len(t)),
+            **error_stats(t, ("e2e_mean", "ttft_mean", "decode_interval")), **band_stats(t)}
 
 
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:

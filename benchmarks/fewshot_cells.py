@@ -73,6 +73,7 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
     cell_label,
     choose_shots,
     goal_lines,
+    half_normal_text,
     miss_lines,
     point_label,
     pooled_coverage,
@@ -150,8 +151,7 @@ def noise_prior_text(population: Any) -> dict[str, str]:
             mu, sd = fleet[kind]
             out[f"noise_prior_{ph}"] = f"LogNormal(median {np.exp(mu):.3f}, sd {sd:.2f})"
         elif ph in hn:
-            out[f"noise_prior_{ph}"] = (f"HalfNormal({hn[ph]:g}), mean "
-                                        f"{hn[ph] * np.sqrt(2 / np.pi):.3f}")
+            out[f"noise_prior_{ph}"] = half_normal_text(hn[ph])
     return out
 
 

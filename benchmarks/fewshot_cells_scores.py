@@ -253,6 +253,11 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+
+def half_normal_text(s: float) -> str:
+    """A ``HalfNormal(s)`` prior as text, with its mean ``s sqrt(2 / pi)``."""
+    return f"HalfNormal({s:g}), mean {s * math.sqrt(2 / math.pi):.3f}"
+
 def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame | None = None,
                fits: pd.DataFrame | None = None,
                noise_prior: dict[str, float] | None = None) -> list[str]:
@@ -297,8 +302,7 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
                 if isinstance(own, str) and own:
                     txt += f"; prior {own}"
                 elif noise_prior and r["phase"] in noise_prior:
-                    sp = noise_prior[r["phase"]]
-                    txt += f"; prior HalfNormal({sp:g}), mean {sp * math.sqrt(2 / math.pi):.3f}"
+                    txt += f"; prior {half_normal_text(noise_prior[r['phase']])}"
                 if len(pf) and col in pf:
                     txt += (f"; the fleet's other Splitwise configurations "
                             f"{float(pf[col].iloc[0]):.3f}")

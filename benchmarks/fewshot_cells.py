@@ -69,6 +69,7 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
     PHASES,
     SETTINGS,
     attach_points,
+    batch_sweep_table,
     benchmark_noise_prior,
     cell_label,
     choose_shots,
@@ -80,6 +81,7 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
     render,
     score,
     score_table,
+    shape_lines,
     shot_mask,
     summary_table,
     sweep_of,
@@ -265,6 +267,7 @@ def summarise(work: Path) -> dict[str, Any]:
     return {**meta, "cells_run": [c["cell"] for c in cells],
             "scores": scores.to_dict(orient="records"),
             "sweeps": sweep_table(h).to_dict(orient="records"),
+            "batch_sweeps": batch_sweep_table(h).to_dict(orient="records"),
             "fits": pd.concat(fits, ignore_index=True).to_dict(orient="records"),
             "cells": cells,
             "scales": pd.concat(scales, ignore_index=True).to_dict(orient="records")

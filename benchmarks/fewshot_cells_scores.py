@@ -183,6 +183,51 @@ def sweep_table(held: pd.DataFrame) -> pd.DataFrame:
                          if c.name == "setting" else c, kind="stable").reset_index(drop=True)
 
 
+def batch_sweep_table(held: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, its prefill batch sweep as measured (the zero-shot rows hold every point).
+
+    The sweep is the prefill rows at the prompt size its batches above 1 share. Columns:
+    ``prompt_size``; ``batches`` measured; ``ms_per_ktok_b1`` / ``ms_per_ktok_max``: prefill
+    milliseconds per thousand prompt tokens at batch 1 and at the batch where it is highest;
+    ``faster_than_smaller_batch``: batch sizes whose prefill took less time than a smaller batch
+    of the same prompt size (one prefill of more tokens cannot be faster: a failed measurement);
+    ``best_line_mdape_pct``: the lowest MdAPE, over the other points, of a line ``a + c b``
+    (``a, c >= 0``) through two of them or through one with ``a = 0`` or ``c = 0``. At a fixed
+    prompt size the default terms are affine in the batch size ``b`` (the weight, per-layer and
+    per-step terms constant; the compute, KV, TP and per-request terms proportional to ``b``),
+    so this is about the best any coefficients can predict the sweep.
+    """
+    from itertools import combinations
+
+    rows = []
+    z = held[(held["setting"] == "zero-shot") & (held["phase"] == "prefill")]
+    for cell, g in z.groupby("cell", sort=False):
+        g = g.drop_duplicates(["prompt_size", "batch_size"])
+        multi = g[g["batch_size"] > 1]
+        if multi.empty:
+            continue
+        p0 = int(multi["prompt_size"].mode().iloc[0])
+        sw = g[g["prompt_size"] == p0].sort_values("batch_size")
+        b = sw["batch_size"].to_numpy(float)
+        y = sw["observed_us"].to_numpy(float)
+        slower = np.array([not np.any(y[:i] > y[i]) for i in range(len(y))])
+        bb, yy = b[slower], y[slower]
+        lines = [(yy[i] - (yy[j] - yy[i]) / (bb[j] - bb[i]) * bb[i], (yy[j] - yy[i]) / (bb[j] - bb[i]))
+                 for i, j in combinations(range(len(bb)), 2)]
+        lines += [(0.0, yy[i] / bb[i]) for i in range(len(bb))] + [(yy[i], 0.0) for i in range(len(bb))]
+        best = min((float(np.median(np.abs((a + c * bb) / yy - 1))) for a, c in lines
+                    if a >= 0 and c >= 0), default=math.nan)
+        per_ktok = y / (b * p0) * 1e3 / 1e3  # us per token -> ms per 1000 tokens
+        rows.append({"cell": cell, "prompt_size": p0,
+                     "batches": ", ".join(str(int(v)) for v in b),
+                     "ms_per_ktok_b1": float(per_ktok[0]),
+                     "ms_per_ktok_max": float(per_ktok[slower].max()),
+                     "at_batch": int(b[slower][np.argmax(per_ktok[slower])]),
+                     "faster_than_smaller_batch": ", ".join(str(int(v)) for v in b[~slower]),
+                     "best_line_mdape_pct": 100 * best})
+    return pd.DataFrame(rows)
+
+
 def pooled_coverage(g: pd.DataFrame) -> float:
     """Share of all rows of the score rows ``g`` inside their 90% band (row-weighted)."""
     return float((g["coverage90"] * g["n"]).sum() / g["n"].sum())
@@ -201,6 +246,33 @@ def with_gates(scores: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
         pop.get(r["cell"], True) if not r["shot"] else ok.get((r["cell"], f"{r['setting']}: "
                                                                f"{r['shot']}"), True)
         for _, r in scores.iterrows()])
+
+
+def shape_lines(batch_sweeps: list[dict[str, Any]]) -> list[str]:
+    """A goal line on the prefill batch sweeps no line fits within the prefill goal (see
+    :func:`batch_sweep_table`), and on the points measured faster than a smaller batch."""
+    t = pd.DataFrame(batch_sweeps)
+    if t.empty:
+        return []
+    out = []
+    hard = t[t["best_line_mdape_pct"] > GOAL_MDAPE["prefill"]]
+    if len(hard):
+        out.append("- prefill batch sweeps no coefficients of the default terms follow within "
+                   f"{GOAL_MDAPE['prefill']:.0f}% (a line's best MdAPE): "
+                   + ", ".join(f"`{cell_label(c)}` {v:.1f}%" for c, v in
+                               hard[["cell", "best_line_mdape_pct"]].to_numpy())
+                   + f"; {len(t) - len(hard)} of {len(t)} sweeps a line follows within "
+                   + ", ".join(f"{v:.1f}%" for v in
+                               t.loc[t["best_line_mdape_pct"] <= GOAL_MDAPE["prefill"],
+                                     "best_line_mdape_pct"])
+                   + " (\"What the terms can represent of the prefill batch sweeps\" below).")
+    odd = t[t["faster_than_smaller_batch"].astype(str) != ""]
+    if len(odd):
+        out.append("- prefill points measured faster than a smaller batch of the same prompt "
+                   "size (kept in the fits and the scores): "
+                   + ", ".join(f"`{cell_label(c)}` batch {b}" for c, b in
+                               odd[["cell", "faster_than_smaller_batch"]].to_numpy()) + ".")
+    return out
 
 
 def goal_lines(scores: pd.DataFrame) -> list[str]:
@@ -370,7 +442,7 @@ def render(res: dict[str, Any], machine: str = "") -> str:
              "point whose prompt, batch and token sizes the most points share), then the median "
              "batch size of the batch sweep, then the median prompt size of the prompt sweep. "
              "Scores are over the cell's rows not fitted (zero-shot: all rows).", "",
-             "## Goals", "", *goal_lines(scores), ""]
+             "## Goals", "", *goal_lines(scores), *shape_lines(res.get("batch_sweeps", [])), ""]
     summ = summary_table(scores)
     for c, nd in (("median_mdape_pct", 1), ("worst_mdape_pct", 1), ("coverage90", 3),
                   ("median_band_rel_width", 3)):
@@ -399,6 +471,23 @@ def render(res: dict[str, Any], machine: str = "") -> str:
                   "of the cell they belong to, from the centre point: `batch` (another batch "
                   "size), `prompt` (another prompt size at batch 1), `tokens` (decode at another "
                   "token count), `centre`.", "", _md(sw), ""]
+    bs = pd.DataFrame(res.get("batch_sweeps", []))
+    if len(bs):
+        bs["cell"] = bs["cell"].map(cell_label)
+        for c, nd in (("ms_per_ktok_b1", 1), ("ms_per_ktok_max", 1), ("best_line_mdape_pct", 1)):
+            bs[c] = bs[c].map(lambda v, nd=nd: _fmt(float(v), nd))
+        lines += ["### What the terms can represent of the prefill batch sweeps", "",
+                  "At a fixed prompt size the default terms are affine in the batch size (the "
+                  "weight, per-layer and per-step terms constant, the compute, KV, TP and "
+                  "per-request terms proportional to it); the measured prefill cost per token "
+                  "is not constant along the sweeps. `best_line_mdape_pct`: the lowest MdAPE "
+                  "of a line `a + c b` (`a, c >= 0`) through the sweep's points, about the best "
+                  "any coefficients predict it; `ms_per_ktok_b1` / `ms_per_ktok_max`: "
+                  "milliseconds per thousand prompt tokens at batch 1 and at its highest "
+                  "(`at_batch`); `faster_than_smaller_batch`: batch sizes measured faster than "
+                  "a smaller batch of the same prompt size (impossible for a prefill of more "
+                  "tokens; left out of the line), which the fits keep and the scores count.",
+                  "", _md(bs), ""]
     miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:
         lines += [f"### Where the bands miss {GOAL_COVERAGE[0]:.2f}-{GOAL_COVERAGE[1]:.2f}", "",

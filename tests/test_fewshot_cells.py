@@ -219,3 +219,35 @@ def test_a_fits_own_noise_prior_is_what_the_report_names():
                          None, fits, {"prefill": 0.3})
     assert len(miss) == 1 and "prior LogNormal(median 0.163, sd 0.38)" in miss[0]
     assert "HalfNormal" not in miss[0]
+
+
+def _sweep_rows(times: dict[int, float], cell: str = "a|A100|tp4|splitwise") -> pd.DataFrame:
+    """Zero-shot prefill rows of a batch sweep at prompt 512 (times in us) and one prompt-sweep
+    row at batch 1."""
+    rows = [{"cell": cell, "setting": "zero-shot", "phase": "prefill", "prompt_size": 512,
+             "batch_size": b, "observed_us": y} for b, y in times.items()]
+    rows.append({"cell": cell, "setting": "zero-shot", "phase": "prefill", "prompt_size": 1024,
+                 "batch_size": 1, "observed_us": 9e4})
+    return pd.DataFrame(rows)
+
+
+def test_batch_sweep_table_finds_what_a_line_cannot_follow_and_impossible_points():
+    affine = {b: 2e4 + 5e4 * b for b in (1, 2, 4, 8, 16, 32)}
+    t = fc.batch_sweep_table(_sweep_rows(affine))
+    assert t["prompt_size"].tolist() == [512]
+    assert t["best_line_mdape_pct"].iloc[0] == pytest.approx(0.0, abs=1e-9)
+    assert t["faster_than_smaller_batch"].iloc[0] == ""
+    # per-token cost rising with the batch: no line through the points follows it
+    convex = {b: 5e4 * b ** 1.3 for b in (1, 2, 4, 8, 16, 32)}
+    t = fc.batch_sweep_table(_sweep_rows(convex))
+    assert t["best_line_mdape_pct"].iloc[0] > 5.0
+    assert t["at_batch"].iloc[0] == 32
+    # a batch measured faster than a smaller one is named and left out of the line
+    broken = {**affine, 64: 1e5}
+    t = fc.batch_sweep_table(_sweep_rows(broken))
+    assert t["faster_than_smaller_batch"].iloc[0] == "64"
+    assert t["best_line_mdape_pct"].iloc[0] == pytest.approx(0.0, abs=1e-9)
+    lines = fc.shape_lines(t.to_dict(orient="records"))
+    assert len(lines) == 1 and "batch 64" in lines[0]
+    lines = fc.shape_lines(fc.batch_sweep_table(_sweep_rows(convex)).to_dict(orient="records"))
+    assert "follow within 10%" in lines[0]

@@ -92,6 +92,17 @@ def test_netcdf_of_another_tool_is_not_a_posterior(tmp_path, capsys):
     assert "is not a bayes_latency posterior" in err and "model version" not in err
 
 
+def test_a_population_file_where_a_posterior_belongs_is_named_as_such(tmp_path, capsys):
+    from bayes_latency.model.fleet import SHIPPED_POPULATION
+
+    for cmd in (["check", str(SHIPPED_POPULATION)],
+                ["export", str(SHIPPED_POPULATION), "--model", "llama-2-7b", "--gpu", "H100",
+                 "--tp", "1", "--out", str(tmp_path / "a.json")]):
+        err = one_line_error(capsys, cmd)
+        assert "is a population file" in err and "--population" in err
+    assert not (tmp_path / "a.json").exists()
+
+
 def _bench(tmp_path: Path, **kw) -> dict:
     from bayes_latency.synth.client_result import synthetic_vllm_bench
 

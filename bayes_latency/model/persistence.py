@@ -286,6 +286,12 @@ def read_result(path: str | Path) -> SavedFit:
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
         raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
     a = dt.attrs
+    if "population_format" in a:
+        raise BayesLatencyError(
+            f"{path} is a population file (`bayes-latency population` writes these), not a "
+            f"fitted posterior: it is the prior of a new configuration for `calibrate "
+            f"--population` or `fit --population`; give a file written by `bayes-latency fit` "
+            f"or `calibrate` here")
     if "model_version" not in a or "terms" not in a or "posterior" not in dt.children:
         raise BayesLatencyError(
             f"{path} is not a bayes_latency posterior (no model_version / terms attributes "

@@ -184,18 +184,23 @@ def sweep_table(held: pd.DataFrame) -> pd.DataFrame:
 
 
 def batch_sweep_table(held: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, its prefill batch sweep as measured (the zero-shot rows hold every point).
+    """Per cell, the shape of its prefill as measured (the zero-shot rows hold every point).
 
-    The sweep is the prefill rows at the prompt size its batches above 1 share. Columns:
-    ``prompt_size``; ``batches`` measured; ``ms_per_ktok_b1`` / ``ms_per_ktok_max``: prefill
-    milliseconds per thousand prompt tokens at batch 1 and at the batch where it is highest;
+    The batch sweep is the prefill rows at the prompt size ``p0`` its batches above 1 share; the
+    prompt sweep the rows at batch 1. Columns: ``prompt_size`` (``p0``); ``batches`` measured;
+    ``ms_per_ktok_b1`` / ``ms_per_ktok_max``: prefill milliseconds per thousand prompt tokens at
+    batch 1 and where highest along the batch sweep (``at_batch``);
     ``faster_than_smaller_batch``: batch sizes whose prefill took less time than a smaller batch
     of the same prompt size (one prefill of more tokens cannot be faster: a failed measurement);
-    ``best_line_mdape_pct``: the lowest MdAPE, over the other points, of a line ``a + c b``
-    (``a, c >= 0``) through two of them or through one with ``a = 0`` or ``c = 0``. At a fixed
-    prompt size the default terms are affine in the batch size ``b`` (the weight, per-layer and
-    per-step terms constant; the compute, KV, TP and per-request terms proportional to ``b``),
-    so this is about the best any coefficients can predict the sweep.
+    ``best_line_mdape_pct``: the lowest MdAPE, over the batch sweep's other points, of a line
+    ``a + c b`` (``a, c >= 0``) through two of them or through one with ``a = 0`` or ``c = 0``
+    (at a fixed prompt size the default terms are affine in the batch size ``b``: the weight,
+    per-layer and per-step terms constant, the compute, KV, TP and per-request terms
+    proportional to ``b``; so this is about the best any coefficients predict the sweep);
+    ``us_per_token_below`` / ``us_per_token_above``: the prefill's added microseconds per prompt
+    token at batch 1 from the smallest prompt to ``p0`` and from ``p0`` to the largest;
+    ``batch_obs_over_pred_b1_shots``: median observed / predictive median of the batch sweep's
+    rows (batch above 1) in the one-shot population fits of a batch-1 point.
     """
     from itertools import combinations
 
@@ -212,19 +217,35 @@ def batch_sweep_table(held: pd.DataFrame) -> pd.DataFrame:
         y = sw["observed_us"].to_numpy(float)
         slower = np.array([not np.any(y[:i] > y[i]) for i in range(len(y))])
         bb, yy = b[slower], y[slower]
-        lines = [(yy[i] - (yy[j] - yy[i]) / (bb[j] - bb[i]) * bb[i], (yy[j] - yy[i]) / (bb[j] - bb[i]))
-                 for i, j in combinations(range(len(bb)), 2)]
-        lines += [(0.0, yy[i] / bb[i]) for i in range(len(bb))] + [(yy[i], 0.0) for i in range(len(bb))]
+        lines = [(yy[i] - (yy[j] - yy[i]) / (bb[j] - bb[i]) * bb[i],
+                  (yy[j] - yy[i]) / (bb[j] - bb[i])) for i, j in combinations(range(len(bb)), 2)]
+        lines += [(0.0, yy[i] / bb[i]) for i in range(len(bb))]
+        lines += [(yy[i], 0.0) for i in range(len(bb))]
         best = min((float(np.median(np.abs((a + c * bb) / yy - 1))) for a, c in lines
                     if a >= 0 and c >= 0), default=math.nan)
-        per_ktok = y / (b * p0) * 1e3 / 1e3  # us per token -> ms per 1000 tokens
+        per_ktok = y / (b * p0)  # us per token = ms per 1000 tokens
+        ps = g[g["batch_size"] == 1].sort_values("prompt_size")
+        pp, py = ps["prompt_size"].to_numpy(float), ps["observed_us"].to_numpy(float)
+        below = above = math.nan
+        if p0 in pp and pp[0] < p0 < pp[-1]:
+            k = int(np.flatnonzero(pp == p0)[0])
+            below = (py[k] - py[0]) / (pp[k] - pp[0])
+            above = (py[-1] - py[k]) / (pp[-1] - pp[k])
+        one = held[(held["cell"] == cell) & (held["setting"] == "one-shot population")
+                   & (held["phase"] == "prefill")
+                   & held["shot"].astype(str).str.contains(r"\bbatch 1,", regex=True)]
+        one = one[(one["prompt_size"] == p0) & (one["batch_size"] > 1)]
+        ratio = (float(np.median(one["observed_us"] / one["pred_median_us"])) if len(one)
+                 else math.nan)
         rows.append({"cell": cell, "prompt_size": p0,
                      "batches": ", ".join(str(int(v)) for v in b),
                      "ms_per_ktok_b1": float(per_ktok[0]),
                      "ms_per_ktok_max": float(per_ktok[slower].max()),
                      "at_batch": int(b[slower][np.argmax(per_ktok[slower])]),
                      "faster_than_smaller_batch": ", ".join(str(int(v)) for v in b[~slower]),
-                     "best_line_mdape_pct": 100 * best})
+                     "best_line_mdape_pct": 100 * best,
+                     "us_per_token_below": float(below), "us_per_token_above": float(above),
+                     "batch_obs_over_pred_b1_shots": ratio})
     return pd.DataFrame(rows)
 
 
@@ -265,7 +286,22 @@ def shape_lines(batch_sweeps: list[dict[str, Any]]) -> list[str]:
                    + ", ".join(f"{v:.1f}%" for v in
                                t.loc[t["best_line_mdape_pct"] <= GOAL_MDAPE["prefill"],
                                      "best_line_mdape_pct"])
-                   + " (\"What the terms can represent of the prefill batch sweeps\" below).")
+                   + " (\"What the terms can represent of the prefill\" below).")
+    if {"us_per_token_below", "us_per_token_above"} <= set(t.columns):
+        k = t.dropna(subset=["us_per_token_below", "us_per_token_above"])
+        if len(k):
+            r = k["us_per_token_above"] / k["us_per_token_below"]
+            ob = k["batch_obs_over_pred_b1_shots"].dropna()
+            out.append(
+                f"- at batch 1 a prompt token above {int(k['prompt_size'].iloc[0])} tokens "
+                f"adds {r.min():.1f}-"
+                f"{r.max():.1f}x the prefill time one below does (prompt sweeps), as if the GPU "
+                "took the "
+                "larger of reading the weights and computing; the default terms add the weight, "
+                "per-layer and per-step terms to the compute term, so a one-shot point at "
+                "batch 1 gives them time that larger prefills do not pay"
+                + (f": the batch sweeps' observed / predicted in those fits "
+                   f"{ob.min():.2f}-{ob.max():.2f}." if len(ob) else "."))
     odd = t[t["faster_than_smaller_batch"].astype(str) != ""]
     if len(odd):
         out.append("- prefill points measured faster than a smaller batch of the same prompt "
@@ -474,9 +510,13 @@ def render(res: dict[str, Any], machine: str = "") -> str:
     bs = pd.DataFrame(res.get("batch_sweeps", []))
     if len(bs):
         bs["cell"] = bs["cell"].map(cell_label)
-        for c, nd in (("ms_per_ktok_b1", 1), ("ms_per_ktok_max", 1), ("best_line_mdape_pct", 1)):
+        for c, nd in (("ms_per_ktok_b1", 1), ("ms_per_ktok_max", 1), ("best_line_mdape_pct", 1),
+                      ("us_per_token_below", 1), ("us_per_token_above", 1),
+                      ("batch_obs_over_pred_b1_shots", 3)):
+            if c not in bs:
+                continue
             bs[c] = bs[c].map(lambda v, nd=nd: _fmt(float(v), nd))
-        lines += ["### What the terms can represent of the prefill batch sweeps", "",
+        lines += ["### What the terms can represent of the prefill", "",
                   "At a fixed prompt size the default terms are affine in the batch size (the "
                   "weight, per-layer and per-step terms constant, the compute, KV, TP and "
                   "per-request terms proportional to it); the measured prefill cost per token "
@@ -486,7 +526,11 @@ def render(res: dict[str, Any], machine: str = "") -> str:
                   "milliseconds per thousand prompt tokens at batch 1 and at its highest "
                   "(`at_batch`); `faster_than_smaller_batch`: batch sizes measured faster than "
                   "a smaller batch of the same prompt size (impossible for a prefill of more "
-                  "tokens; left out of the line), which the fits keep and the scores count.",
+                  "tokens; left out of the line), which the fits keep and the scores count; "
+                  "`us_per_token_below` / `us_per_token_above`: microseconds each prompt token "
+                  "adds at batch 1 below and above the sweep's prompt size; "
+                  "`batch_obs_over_pred_b1_shots`: the batch sweep's median observed / "
+                  "predicted in the one-shot population fits of a batch-1 point.",
                   "", _md(bs), ""]
     miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:

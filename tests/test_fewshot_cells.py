@@ -224,11 +224,16 @@ def test_a_fits_own_noise_prior_is_what_the_report_names():
 def _sweep_rows(times: dict[int, float], cell: str = "a|A100|tp4|splitwise") -> pd.DataFrame:
     """Zero-shot prefill rows of a batch sweep at prompt 512 (times in us) and one prompt-sweep
     row at batch 1."""
-    rows = [{"cell": cell, "setting": "zero-shot", "phase": "prefill", "prompt_size": 512,
-             "batch_size": b, "observed_us": y} for b, y in times.items()]
-    rows.append({"cell": cell, "setting": "zero-shot", "phase": "prefill", "prompt_size": 1024,
-                 "batch_size": 1, "observed_us": 9e4})
-    return pd.DataFrame(rows)
+    rows = [{"prompt_size": 512, "batch_size": b, "observed_us": y} for b, y in times.items()]
+    rows += [{"prompt_size": 128, "batch_size": 1, "observed_us": times[1] - 384 * 10.0},
+             {"prompt_size": 1024, "batch_size": 1, "observed_us": times[1] + 512 * 40.0}]
+    t = pd.DataFrame(rows).assign(cell=cell, setting="zero-shot", phase="prefill", shot="",
+                                  pred_median_us=lambda d: d["observed_us"])
+    # a one-shot fit of the batch-1 point that predicts the batch sweep 20% low
+    one = t[t["prompt_size"] == 512].assign(setting="one-shot population",
+                                             shot="prompt 512, batch 1, 128 tokens",
+                                             pred_median_us=lambda d: d["observed_us"] / 1.2)
+    return pd.concat([t, one], ignore_index=True)
 
 
 def test_batch_sweep_table_finds_what_a_line_cannot_follow_and_impossible_points():
@@ -237,6 +242,9 @@ def test_batch_sweep_table_finds_what_a_line_cannot_follow_and_impossible_points
     assert t["prompt_size"].tolist() == [512]
     assert t["best_line_mdape_pct"].iloc[0] == pytest.approx(0.0, abs=1e-9)
     assert t["faster_than_smaller_batch"].iloc[0] == ""
+    assert t["us_per_token_below"].iloc[0] == pytest.approx(10.0)
+    assert t["us_per_token_above"].iloc[0] == pytest.approx(40.0)
+    assert t["batch_obs_over_pred_b1_shots"].iloc[0] == pytest.approx(1.2)
     # per-token cost rising with the batch: no line through the points follows it
     convex = {b: 5e4 * b ** 1.3 for b in (1, 2, 4, 8, 16, 32)}
     t = fc.batch_sweep_table(_sweep_rows(convex))
@@ -248,6 +256,7 @@ def test_batch_sweep_table_finds_what_a_line_cannot_follow_and_impossible_points
     assert t["faster_than_smaller_batch"].iloc[0] == "64"
     assert t["best_line_mdape_pct"].iloc[0] == pytest.approx(0.0, abs=1e-9)
     lines = fc.shape_lines(t.to_dict(orient="records"))
-    assert len(lines) == 1 and "batch 64" in lines[0]
+    assert len(lines) == 2 and "4.0-4.0x" in lines[0] and "1.20-1.20" in lines[0]
+    assert "batch 64" in lines[1]
     lines = fc.shape_lines(fc.batch_sweep_table(_sweep_rows(convex)).to_dict(orient="records"))
     assert "follow within 10%" in lines[0]

@@ -96,26 +96,26 @@ def _scanned_values(kv: np.ndarray, b: np.ndarray) -> Any:
     """``take(kind, ii)``: the values of kind ``kind`` (int, float or str) of the rows ``ii`` of
     an attribute table of :func:`bayes_latency.data.otlp.scan.scan_kernel` (``b``: the chunk's
     bytes); raises :class:`_Fallback` when one is missing or does not parse."""
-    from bayes_latency.data.otlp import scan as _s
+    from bayes_latency.data.otlp import scan_attributes as _a
 
     def take(kind: int, ii: np.ndarray) -> np.ndarray:
-        flags = kv[_s.KV_FLAGS][ii]
+        flags = kv[_a.KV_FLAGS][ii]
         if kind == _o._INT:
-            want = _s.HAS_INT | _s.INT_OK
+            want = _a.HAS_INT | _a.INT_OK
             if ((flags & want) != want).any():
                 raise _Fallback  # missing, or a text the scanner does not parse
-            return kv[_s.KV_INT][ii]
+            return kv[_a.KV_INT][ii]
         if kind == _o._FLOAT:
-            if not (flags & _s.HAS_DBL).all():
+            if not (flags & _a.HAS_DBL).all():
                 raise _Fallback
             try:
-                return pc.cast(_large_strings(b, kv[_s.KV_DBL_S][ii], kv[_s.KV_DBL_E][ii]),
+                return pc.cast(_large_strings(b, kv[_a.KV_DBL_S][ii], kv[_a.KV_DBL_E][ii]),
                                pa.float64()).to_numpy()
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise _Fallback from exc
-        if not (flags & _s.HAS_STR).all():
+        if not (flags & _a.HAS_STR).all():
             raise _Fallback
-        return _large_strings(b, kv[_s.KV_STR_S][ii], kv[_s.KV_STR_E][ii]).to_numpy(
+        return _large_strings(b, kv[_a.KV_STR_S][ii], kv[_a.KV_STR_E][ii]).to_numpy(
             zero_copy_only=False)
 
     return take
@@ -147,15 +147,15 @@ class _Attrs:
                  specs: tuple[dict[str, int], ...]) -> None:
         """``kv``: rows of an attribute table of :func:`.scan.scan_kernel`, ``buf``: the
         chunk's bytes; ``group[p]``: the spec group of parent ``p``."""
-        from bayes_latency.data.otlp import scan as _s
+        from bayes_latency.data.otlp import scan_attributes as _a
 
         self.n = n
         keys = _spec_keys(specs)
         self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if not keys or not kv.shape[1]:
             return
-        self._build(keys, kv[_s.KV_KEY], _scan_remap(keys),
-                    np.ascontiguousarray(kv[_s.KV_PARENT]), group, specs,
+        self._build(keys, kv[_a.KV_KEY], _scan_remap(keys),
+                    np.ascontiguousarray(kv[_a.KV_PARENT]), group, specs,
                     _scanned_values(kv, buf))
 
     def _build(self, keys: tuple[str, ...], raw: np.ndarray, remap: np.ndarray,
@@ -322,6 +322,7 @@ def _workspace(n: int) -> tuple[np.ndarray, ...]:
     attribute usually 30; a chunk of more attributes than ``n // 16`` is refused). Kept per
     thread for chunks up to :data:`_KEEP_BYTES` (fresh pages cost a page fault each)."""
     from bayes_latency.data.otlp import scan as _s
+    from bayes_latency.data.otlp import scan_attributes as _a
 
     ws = getattr(_WORK, "ws", None)
     if ws is not None and len(ws[0]) >= n + 8:
@@ -330,8 +331,8 @@ def _workspace(n: int) -> tuple[np.ndarray, ...]:
     ws = (np.empty(cap + 8, dtype=np.uint8),
           np.empty((_s.SP_WIDTH, cap // 26 + 1), dtype=np.int64),
           np.empty((_s.EV_WIDTH, cap // 11 + 1), dtype=np.int64),
-          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64),
-          np.empty((_s.KV_WIDTH, cap // 16 + 1), dtype=np.int64))
+          np.empty((_a.KV_WIDTH, cap // 16 + 1), dtype=np.int64),
+          np.empty((_a.KV_WIDTH, cap // 16 + 1), dtype=np.int64))
     if n <= _KEEP_BYTES:
         _WORK.ws = ws
     return ws

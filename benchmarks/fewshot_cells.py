@@ -36,11 +36,14 @@ Usage::
     python benchmarks/fewshot_cells.py [--fleet PATH|real] [--cells ID,...] [--shots N]
         [--quick] [--work DIR] [--reuse DIR] [--out PREFIX]
 
-The scores and the report's markdown are in ``benchmarks/fewshot_cells_scores.py``.
+The scores and the report's markdown are in ``benchmarks/fewshot_cells_scores.py``; the
+least-median prefill error the terms allow with every point of a cell known (no sampling) in
+``benchmarks/fewshot_cells_bound.py``.
 
 ``--work`` keeps, per cell, the predicted rows (``<cell>/held.csv``) and the fits
 (``<cell>/fits.csv``); a cell whose files are there is not fitted again, so an interrupted run
-resumes. ``--reuse DIR`` renders the report from such a folder. Outputs ``PREFIX.md`` and
+resumes; ``bounds.csv`` holds the cells' bounds. ``--reuse DIR`` renders the report from such
+a folder (computing ``bounds.csv`` from ``--fleet`` when the folder lacks it). Outputs ``PREFIX.md`` and
 ``PREFIX.json`` (default ``results/benchmarks/fewshot_cells``). ``--quick``: one cell, one
 shot, 200 + 200 draws (no gates extension).
 """
@@ -88,6 +91,9 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
     sweep_table,
     with_gates,
 )
+
+#: The work folder's table of :func:`write_bounds`.
+BOUNDS_FILE = "bounds.csv"
 
 #: Default fleet: the calibrated rows of ``bayes-latency study client --out results/real``.
 DEFAULT_FLEET = ROOT / "results" / "real" / "client" / "observations.parquet"
@@ -248,6 +254,17 @@ def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, setting
     (d / "cell.json").write_text(json.dumps(info, indent=1))
 
 
+def write_bounds(work: Path, obs: pd.DataFrame, cells: list[str], terms: tuple[str, ...]) -> None:
+    """``work/bounds.csv``: per cell, the least-median prefill error the terms allow with every
+    point known (:func:`benchmarks.fewshot_cells_bound.basis_bounds`; no sampling, about 10 s
+    per cell)."""
+    from bayes_latency.io import atomic_write_text
+    from benchmarks.fewshot_cells_bound import basis_bounds
+
+    t = basis_bounds(obs, cells, terms, decode_mean=GOAL_MDAPE["decode"] / 100)
+    atomic_write_text(work / BOUNDS_FILE, t.to_csv(index=False))
+
+
 def summarise(work: Path) -> dict[str, Any]:
     """The run's results from ``work`` (every cell folder with ``held.csv``)."""
     meta = json.loads((work / "run.json").read_text())
@@ -264,10 +281,13 @@ def summarise(work: Path) -> dict[str, Any]:
             scales.append(pd.read_csv(d / "scales.csv"))
     h = pd.concat(held, ignore_index=True)
     scores = score_table(h)
+    bounds = (pd.read_csv(work / BOUNDS_FILE).to_dict(orient="records")
+              if (work / BOUNDS_FILE).exists() else [])
     return {**meta, "cells_run": [c["cell"] for c in cells],
             "scores": scores.to_dict(orient="records"),
             "sweeps": sweep_table(h).to_dict(orient="records"),
             "batch_sweeps": batch_sweep_table(h).to_dict(orient="records"),
+            "basis_bounds": bounds,
             "fits": pd.concat(fits, ignore_index=True).to_dict(orient="records"),
             "cells": cells,
             "scales": pd.concat(scales, ignore_index=True).to_dict(orient="records")
@@ -300,6 +320,8 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         "fleet_arg": "" if Path(fleet) == DEFAULT_FLEET else fleet,
         "terms": list(DEFAULT_TERMS), "settings": settings.describe(),
         "all_cells": all_cells, "n_shots": n_shots}, indent=1))
+    if not (work / BOUNDS_FILE).exists():
+        write_bounds(work, obs, all_cells, tuple(DEFAULT_TERMS))
     for cell in todo:
         if (work / cell.replace("|", "_") / "held.csv").exists():
             log(f"[cells] {cell}: kept from {work}")
@@ -310,10 +332,16 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         record_machine(work, "end")
 
 
-def report(work: Path, out: Path) -> dict[str, Any]:
-    """Write ``out.md`` and ``out.json`` from ``work``; return the summary."""
+def report(work: Path, out: Path, fleet: str | None = None) -> dict[str, Any]:
+    """Write ``out.md`` and ``out.json`` from ``work``; return the summary. A folder without
+    the bounds' table gets it from ``fleet`` when that is readable (:func:`write_bounds`)."""
     from bayes_latency.io import atomic_write_text
+    from bayes_latency.physics.basis import DEFAULT_TERMS
 
+    if fleet is not None and not (work / BOUNDS_FILE).exists() and (
+            fleet == "real" or Path(fleet).is_file()):
+        meta = json.loads((work / "run.json").read_text())
+        write_bounds(work, load_fleet(fleet)[0], meta["all_cells"], tuple(DEFAULT_TERMS))
     res = summarise(work)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
@@ -340,7 +368,7 @@ def main() -> None:
     if args.reuse is None:
         cells = [c for c in args.cells.split(",") if c] if args.cells else None
         run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots)
-    res = report(work, args.out)
+    res = report(work, args.out, args.fleet)
     print(pd.DataFrame(res["scores"]).round(3).to_string())
     failed = [f["fit"] + " (" + f["cell"] + ")" for f in res["fits"] if not f["passed"]]
     if failed:

@@ -445,6 +445,7 @@ def _fmt(v: Any, nd: int = 1, pct: bool = False) -> str:
 def render(res: dict[str, Any], machine: str = "") -> str:
     """The markdown report of a run (``res`` as ``fewshot_cells.summarise`` returns it)."""
     from bayes_latency.study.markdown import _md
+    from benchmarks.fewshot_cells_bound import bound_lines, bound_markdown, bound_table
 
     cells = pd.DataFrame(res["cells"])
     fits = pd.DataFrame(res["fits"])
@@ -478,7 +479,9 @@ def render(res: dict[str, Any], machine: str = "") -> str:
              "point whose prompt, batch and token sizes the most points share), then the median "
              "batch size of the batch sweep, then the median prompt size of the prompt sweep. "
              "Scores are over the cell's rows not fitted (zero-shot: all rows).", "",
-             "## Goals", "", *goal_lines(scores), *shape_lines(res.get("batch_sweeps", [])), ""]
+             "## Goals", "", *goal_lines(scores), *shape_lines(res.get("batch_sweeps", [])),
+             *bound_lines(bt := bound_table(res.get("basis_bounds", []), scores),
+                          GOAL_MDAPE["prefill"], GOAL_MDAPE["decode"]), ""]
     summ = summary_table(scores)
     for c, nd in (("median_mdape_pct", 1), ("worst_mdape_pct", 1), ("coverage90", 3),
                   ("median_band_rel_width", 3)):
@@ -532,6 +535,7 @@ def render(res: dict[str, Any], machine: str = "") -> str:
                   "`batch_obs_over_pred_b1_shots`: the batch sweep's median observed / "
                   "predicted in the one-shot population fits of a batch-1 point.",
                   "", _md(bs), ""]
+    lines += bound_markdown(bt, GOAL_MDAPE["decode"], cell_label, _md)
     miss = miss_lines(scores, cells, scales, fits, benchmark_noise_prior())
     if miss:
         lines += [f"### Where the bands miss {GOAL_COVERAGE[0]:.2f}-{GOAL_COVERAGE[1]:.2f}", "",

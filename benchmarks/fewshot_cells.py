@@ -18,6 +18,10 @@ For each Splitwise (model, GPU, TP) cell of the real fleet in turn:
 4. **one-shot roofline**: the same point fitted with the roofline priors
    (``priors/default.yaml``) and no population.
 
+Once per run, **in-sample**: the whole fleet fitted (every cell seen with all its points) and
+every cell's rows predicted (:func:`run_in_sample`): what the model reaches with a cell's every
+point, beside the least-median error the terms allow there (``fewshot_cells_bound``).
+
 A benchmark point is one ``(prompt_size, batch_size, token_size)`` of the Splitwise sweep: its
 prefill row is the mean ``prompt_time`` of ``batch_size`` prompts of ``prompt_size`` tokens, its
 decode row the mean ``token_time`` (:func:`attach_points`). Scores (:func:`score`), prefill and
@@ -94,6 +98,9 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
 
 #: The work folder's table of :func:`write_bounds`.
 BOUNDS_FILE = "bounds.csv"
+#: The work folder's sub-folder of :func:`run_in_sample`, and its fit's name in ``fits.csv``.
+IN_SAMPLE_DIR = "in-sample"
+IN_SAMPLE_FIT = ("every cell", "in-sample: the whole fleet")
 
 #: Default fleet: the calibrated rows of ``bayes-latency study client --out results/real``.
 DEFAULT_FLEET = ROOT / "results" / "real" / "client" / "observations.parquet"
@@ -254,6 +261,22 @@ def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, setting
     (d / "cell.json").write_text(json.dumps(info, indent=1))
 
 
+def run_in_sample(obs: pd.DataFrame, mb: pd.DataFrame, cells: list[str], work: Path,
+                  settings: Any, terms: tuple[str, ...], log: Any = print) -> None:
+    """**in-sample**: the whole fleet fitted once (every cell seen, every point of it fitted)
+    and every cell's rows predicted: what the model reaches on a cell with all its points, the
+    comparator of the one-shot fits. Writes ``work/in-sample/held.csv`` and ``fits.csv``."""
+    d = work / IN_SAMPLE_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    log(f"[cells] in-sample: fitting the fleet's {len(obs)} rows")
+    m, f = _fit(obs, settings, terms, None, IN_SAMPLE_FIT[1], IN_SAMPLE_FIT[0], cells)
+    log(f"[cells]   in-sample fit {f['wall_s']:.0f} s, passed {f['passed']}")
+    held = [_predict(m, attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb))
+            .assign(setting="in-sample", shot="", cell=c) for c in cells]
+    pd.concat(held, ignore_index=True).to_csv(d / "held.csv", index=False)
+    pd.DataFrame([f]).to_csv(d / "fits.csv", index=False)
+
+
 def write_bounds(work: Path, obs: pd.DataFrame, cells: list[str], terms: tuple[str, ...]) -> None:
     """``work/bounds.csv``: per cell, the least-median prefill error the terms allow with every
     point known (:func:`benchmarks.fewshot_cells_bound.basis_bounds`; no sampling, about 10 s
@@ -279,6 +302,11 @@ def summarise(work: Path) -> dict[str, Any]:
         cells.append(json.loads((d / "cell.json").read_text()))
         if (d / "scales.csv").exists():
             scales.append(pd.read_csv(d / "scales.csv"))
+    ins = work / IN_SAMPLE_DIR
+    if (ins / "held.csv").exists():
+        held.append(pd.read_csv(ins / "held.csv", keep_default_na=False, na_values=[""])
+                    .assign(shot=""))
+        fits.append(pd.read_csv(ins / "fits.csv"))
     h = pd.concat(held, ignore_index=True)
     scores = score_table(h)
     bounds = (pd.read_csv(work / BOUNDS_FILE).to_dict(orient="records")
@@ -314,7 +342,8 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
     todo = cells or (all_cells[:1] if quick else all_cells)
     settings = QUICK if quick else CLI_FIT
     work.mkdir(parents=True, exist_ok=True)
-    record_machine(work, "start")
+    record_machine(work, "start" if not (work / "machine.json").exists()
+                   else time.strftime("resumed %Y-%m-%d %H:%M"))
     (work / "run.json").write_text(json.dumps({
         "quick": quick, "fleet": fleet_text,
         "fleet_arg": "" if Path(fleet) == DEFAULT_FLEET else fleet,
@@ -322,6 +351,9 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         "all_cells": all_cells, "n_shots": n_shots}, indent=1))
     if not (work / BOUNDS_FILE).exists():
         write_bounds(work, obs, all_cells, tuple(DEFAULT_TERMS))
+    if not quick and not (work / IN_SAMPLE_DIR / "held.csv").exists():
+        run_in_sample(obs, mb, all_cells, work, settings, tuple(DEFAULT_TERMS), log)
+        record_machine(work, "end")
     for cell in todo:
         if (work / cell.replace("|", "_") / "held.csv").exists():
             log(f"[cells] {cell}: kept from {work}")

@@ -127,15 +127,18 @@ def basis_bounds(obs: pd.DataFrame, cells: list[str], terms: tuple[str, ...],
 
 def bound_table(bounds: list[dict[str, Any]], scores: pd.DataFrame) -> pd.DataFrame:
     """The cells' bounds (:func:`basis_bounds`) beside their fits' prefill MdAPE in ``scores``
-    (the few-shot cells' score table): ``one_shot_median_pct`` (median over the cell's one-shot
-    population fits) and ``zero_shot_pct``."""
+    (the few-shot cells' score table): ``in_sample_pct`` (the whole fleet's fit, every point
+    of the cell in it; NaN without that fit), ``one_shot_median_pct`` (median over the cell's
+    one-shot population fits) and ``zero_shot_pct``."""
     t = pd.DataFrame(bounds)
     if t.empty:
         return t
     pf = scores[scores["phase"] == "prefill"]
-    one = pf[pf["setting"] == "one-shot population"].groupby("cell")["mdape_pct"].median()
-    zero = pf[pf["setting"] == "zero-shot"].groupby("cell")["mdape_pct"].median()
-    return t.assign(one_shot_median_pct=t["cell"].map(one), zero_shot_pct=t["cell"].map(zero))
+    by = {s: pf[pf["setting"] == s].groupby("cell")["mdape_pct"].median()
+          for s in ("in-sample", "one-shot population", "zero-shot")}
+    return t.assign(in_sample_pct=t["cell"].map(by["in-sample"]),
+                    one_shot_median_pct=t["cell"].map(by["one-shot population"]),
+                    zero_shot_pct=t["cell"].map(by["zero-shot"]))
 
 
 def bound_lines(bounds: pd.DataFrame, goal_prefill: float, goal_decode: float) -> list[str]:
@@ -145,15 +148,19 @@ def bound_lines(bounds: pd.DataFrame, goal_prefill: float, goal_decode: float) -
         return []
     j = bounds["with_decode_pct"]
     one = bounds["one_shot_median_pct"]
+    ins = bounds["in_sample_pct"].dropna()
+    fitted = (f"; a fit that weighs every point does not come near them: the whole fleet's "
+              f"fit, every point of every cell in it, has prefill MdAPE {ins.min():.1f}-"
+              f"{ins.max():.1f}% per cell (median {ins.median():.1f}%; "
+              f"{int((ins <= goal_prefill).sum())} of {len(ins)} within {goal_prefill:.0f}%), "
+              if len(ins) else "; ")
     return [f"- with every point of a cell known, coefficients of the default terms exist whose "
             f"prefill MdAPE is {bounds['prefill_alone_pct'].min():.1f}-"
             f"{bounds['prefill_alone_pct'].max():.1f}% (least median over the prefill rows "
-            f"alone), and {j.min():.1f}-{j.max():.1f}% (median {j.median():.1f}%; "
-            f"{int((j <= goal_prefill).sum())} of {len(j)} cells within {goal_prefill:.0f}%) "
-            f"when the same coefficients keep the decode rows within a mean error of "
-            f"{goal_decode:.0f}%: the terms do not rule the prefill goal out; the one-shot fits' "
-            f"median per cell is {one.min():.1f}-{one.max():.1f}% (\"What the terms can "
-            "represent of the prefill\" below)."]
+            f"alone), and {j.min():.1f}-{j.max():.1f}% (median {j.median():.1f}%) when the same "
+            f"coefficients keep the decode rows within a mean error of {goal_decode:.0f}%"
+            + fitted + f"the one-shot fits' median per cell {one.min():.1f}-{one.max():.1f}% "
+            "(\"What the terms can represent of the prefill\" below)."]
 
 
 def bound_markdown(bounds: pd.DataFrame, goal_decode: float, label: Callable[[str], str],
@@ -163,7 +170,7 @@ def bound_markdown(bounds: pd.DataFrame, goal_decode: float, label: Callable[[st
     if bounds.empty:
         return []
     bt = bounds.assign(cell=bounds["cell"].map(label))
-    for c in ("prefill_alone_pct", "with_decode_pct", "decode_mdape_pct",
+    for c in ("prefill_alone_pct", "with_decode_pct", "decode_mdape_pct", "in_sample_pct",
               "one_shot_median_pct", "zero_shot_pct"):
         bt[c] = bt[c].map(lambda v: "n/a" if not np.isfinite(float(v)) else f"{float(v):.1f}")
     return ["With every point of the cell known: `prefill_alone_pct`, the lowest MdAPE of the "
@@ -173,7 +180,8 @@ def bound_markdown(bounds: pd.DataFrame, goal_decode: float, label: Callable[[st
             "`with_decode_pct`, the same when the coefficients must also keep the cell's decode "
             f"rows within a mean absolute relative error of {goal_decode:.0f}% (BLIS uses one "
             "vector for both), `decode_mdape_pct` the decode rows' MdAPE there; beside them the "
-            "fits' prefill MdAPE: `one_shot_median_pct` (median over the cell's one-shot "
-            "population fits) and `zero_shot_pct`. A least-median fit leaves half the points "
+            "fits' prefill MdAPE: `in_sample_pct` (the whole fleet's fit, every point of the "
+            "cell in it), `one_shot_median_pct` (median over the cell's one-shot population "
+            "fits) and `zero_shot_pct`. A least-median fit leaves half the points "
             "out of account, which a fit that weighs every point does not: these are floors, "
             "not values a fit reaches.", "", table(bt), ""]

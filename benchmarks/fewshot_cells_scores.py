@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 #: The compared settings, in the report's order.
-SETTINGS = ("zero-shot", "one-shot population", "one-shot roofline")
+SETTINGS = ("zero-shot", "one-shot population", "one-shot roofline", "in-sample")
 #: Goals: one-shot MdAPE (%) per phase, and the 90% band's coverage range.
 GOAL_MDAPE = {"decode": 5.0, "prefill": 10.0}
 GOAL_COVERAGE = (0.85, 0.95)
@@ -257,15 +257,17 @@ def pooled_coverage(g: pd.DataFrame) -> float:
 def with_gates(scores: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     """``scores`` with ``passed``: whether the fit behind each row passed the convergence
     gates (zero-shot rows: the population fit of the cell; one-shot rows: the fit named
-    ``"<setting>: <shot>"``)."""
+    ``"<setting>: <shot>"``; in-sample rows: the fit of the whole fleet)."""
     if fits is None or fits.empty or "passed" not in fits:
         return scores.assign(passed=True)
     ok = {(r["cell"], r["fit"]): bool(r["passed"]) for _, r in fits.iterrows()}
     pop = {r["cell"]: bool(r["passed"]) for _, r in fits.iterrows()
            if str(r["fit"]).startswith("population")}
+    whole = [bool(r["passed"]) for _, r in fits.iterrows()
+             if str(r["fit"]).startswith("in-sample")]
     return scores.assign(passed=[
-        pop.get(r["cell"], True) if not r["shot"] else ok.get((r["cell"], f"{r['setting']}: "
-                                                               f"{r['shot']}"), True)
+        (all(whole) if r["setting"] == "in-sample" else pop.get(r["cell"], True))
+        if not r["shot"] else ok.get((r["cell"], f"{r['setting']}: {r['shot']}"), True)
         for _, r in scores.iterrows()])
 
 
@@ -383,7 +385,8 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
     for _, r in scores[(scores["n"] > 0) & ((scores["coverage90"] < lo)
                                            | (scores["coverage90"] > hi))].iterrows():
         ratio, half = float(r["obs_over_pred"]), float(r["band_rel_width"]) / 2
-        un = unseen.get(r["cell"]) or "none"
+        un = ("none" if r["setting"] == "in-sample"  # the whole fleet's fit sees every level
+              else unseen.get(r["cell"]) or "none")
         if r["coverage90"] < lo:
             why = ("the median error is outside the band's half width"
                    if abs(math.log(ratio)) > math.log1p(half) else

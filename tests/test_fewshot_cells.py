@@ -179,6 +179,25 @@ def test_rows_carry_their_fit_gates_and_failed_fits_are_named_in_the_goals():
     assert "over the fits that pass: decode MdAPE median" in goals
 
 
+def test_in_sample_rows_carry_the_whole_fleets_fit_gates_not_the_cells_population():
+    h = pd.concat([
+        _held(10, 1.02, 0.1, "decode", cell="c1", setting=st, shot="")
+        for st in ("zero-shot", "in-sample")], ignore_index=True)
+    fits = pd.DataFrame([{"cell": "c1", "fit": "population (fleet without the cell)",
+                          "passed": True},
+                         {"cell": "every cell", "fit": "in-sample: the whole fleet",
+                          "passed": False}])
+    t = fc.with_gates(fc.score_table(h), fits)
+    got = t[t["phase"] == "decode"].set_index("setting")["passed"].to_dict()
+    assert got == {"zero-shot": True, "in-sample": False}
+    # the whole fleet's fit saw every level of the cell: a miss names none unseen
+    cells = pd.DataFrame([{"cell": "c1", "unseen": "model"}])
+    wide = t.assign(coverage90=1.0)
+    lines = fc.miss_lines(wide, cells)
+    assert any("zero-shot" in ln and "unseen levels: model" in ln for ln in lines)
+    assert any("in-sample" in ln and "unseen levels: none" in ln for ln in lines)
+
+
 def test_rows_are_put_in_their_sweep_from_the_centre():
     mb = _mb()
     cell = fc.attach_points(_cell(mb), mb)

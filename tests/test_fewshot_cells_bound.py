@@ -93,12 +93,18 @@ def test_basis_bounds_per_cell_and_in_the_report():
     scores = pd.DataFrame([
         {"cell": "a|A100|tp2|splitwise", "setting": s, "phase": "prefill", "mdape_pct": v}
         for s, v in (("one-shot population", 12.0), ("one-shot population", 20.0),
-                     ("zero-shot", 30.0))])
+                     ("zero-shot", 30.0), ("in-sample", 14.0))])
+    scores = pd.concat([scores, pd.DataFrame([{"cell": "b|H100|tp4|splitwise", "phase": "prefill",
+                                               "setting": "in-sample", "mdape_pct": 8.0}])])
     bt = bound.bound_table(t.to_dict(orient="records"), scores)
     assert bt["one_shot_median_pct"].iloc[0] == pytest.approx(16.0)
     assert bt["zero_shot_pct"].iloc[0] == pytest.approx(30.0)
+    assert bt["in_sample_pct"].tolist() == pytest.approx([14.0, 8.0])
     assert np.isnan(bt["one_shot_median_pct"].iloc[1])
     line = bound.bound_lines(bt, 10.0, 5.0)[0]
-    assert "0.0-33.3%" in line and "1 of 2 cells within 10%" in line
+    assert "0.0-33.3%" in line and "8.0-14.0% per cell" in line and "1 of 2 within 10%" in line
+    # without the whole fleet's fit the line says nothing of it
+    no_fit = bound.bound_lines(bt.assign(in_sample_pct=np.nan), 10.0, 5.0)[0]
+    assert "whole fleet" not in no_fit and "one-shot fits' median" in no_fit
     md = "\n".join(bound.bound_markdown(bt, 5.0, fc.cell_label, lambda d: d.to_csv(index=False)))
     assert "a A100 tp2 splitwise" in md and "n/a" in md

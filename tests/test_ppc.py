@@ -271,6 +271,10 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     obs, reqs = make_world(n_req=30, sigma=0.1, n_iter=100)
     a = (obs["kind"] == "iteration") & (obs["experiment_id"] == "expA")
     obs.loc[a, "step_first"] = obs.loc[a, "step_last"] = np.arange(int(a.sum()))
+    # one iteration row measured in a fifth of its compute at the GPU's peak: named, not a gate
+    obs["x_prefill_compute"] = 0.0
+    fast = obs.index[a][3]
+    obs.loc[fast, "x_prefill_compute"] = 5.0 * obs.loc[fast, "value_us"]
     tables = tmp_path / "tables"
     tables.mkdir()
     obs.to_parquet(tables / "observations.parquet")
@@ -309,6 +313,11 @@ def test_check_command_with_tables(monkeypatch, tmp_path, capsys):
     assert "APPROXIMATE" in printed and "workload_ppc" in printed
     assert "mean E2E error per experiment" in printed
     assert "host CPU" in printed and "expA: 40 of 120 steps" in printed
+    assert ("data (not a gate): 1 row(s) measured in less time than their compute takes at the "
+            "GPU's peak" in printed and f"{obs.loc[fast, 'obs_id']} (0.20x)" in printed)
+    ft = pd.read_csv(out / "faster_than_compute.csv")
+    assert ft["obs_id"].tolist() == [obs.loc[fast, "obs_id"]]
+    assert ft["ratio"].iloc[0] == pytest.approx(0.2, rel=1e-9)
     assert pd.read_csv(out / "host_overhead.csv")["n_host_bound"].tolist() == [40]
     md = (out / "host_overhead.md").read_text()
     assert "| expA | host-bound | 20 |" in md and "| expA | quiet | 80 |" in md

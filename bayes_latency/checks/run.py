@@ -77,6 +77,11 @@ def run_checks(model: Any, tables: Path, out: Path, seed: int = 0) -> dict[str, 
     lifecycle = _read_table(folder, "lifecycle")
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
+    from bayes_latency.data.observations.table import faster_than_peak_compute
+
+    fast = faster_than_peak_compute(obs)  # rows no GPU can have measured: reported, not a gate
+    if len(fast):
+        written["faster_than_compute"] = _write_csv(fast, out / "faster_than_compute.csv")
 
     from bayes_latency.checks.sanity import prediction_findings
 

@@ -80,6 +80,11 @@ def check_command(args: argparse.Namespace) -> int:
                 print(f"- {r.experiment_id}: {r.error_pct:+.1f}% "
                       f"(observed {r.observed_us / 1e3:.1f} ms, predicted {r.pred_median_us / 1e3:.1f} ms "
                       f"[{r.q05_us / 1e3:.1f}, {r.q95_us / 1e3:.1f}])")
+        if "faster_than_compute" in written:
+            from bayes_latency.data.observations.table import peak_compute_note
+
+            print("\ndata (not a gate): "
+                  + peak_compute_note(pd.read_csv(written["faster_than_compute"])))
         if "host_overhead_notes" in written:
             print("\nhost CPU (schedule() time in the step traces; not a gate):")
             print(written["host_overhead_notes"].read_text().rstrip())

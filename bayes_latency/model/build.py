@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.data.observations.table import faster_than_peak_compute, peak_compute_note
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.identifiability import IdentifiabilityReport, identifiability
@@ -65,6 +66,10 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
     rows = table_rows(observations, coefs, report)
     if rows.empty:
         raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
+    fitted = (observations[observations["obs_id"].isin(rows["obs_id"])]
+              if "obs_id" in observations.columns and "obs_id" in rows.columns else observations)
+    if note := peak_compute_note(faster_than_peak_compute(fitted)):
+        report.notes.append(note)
     configs = (rows[["config_id", "model", "gpu", "tp", "stack"]].drop_duplicates("config_id")
                .set_index("config_id").sort_index())
     configs["tp"] = configs["tp"].astype(int)

@@ -4,7 +4,8 @@ Part of :mod:`bayes_latency.data.observations.build` (whose docstring describes 
 contract columns, configuration ids, rows of one kind as column dicts (``_row_dict``) or frames
 (``_rows``), their assembly into the final frame (``_assemble``, ``_finish``, ``_label``) and the
 domain of every value (:func:`domain_violations`, :func:`validate_observations`,
-:func:`drop_out_of_domain`).
+:func:`drop_out_of_domain`), and the rows no GPU can have measured
+(:func:`faster_than_peak_compute`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,56 @@ _KIND_ROLE = {"iteration": "beta", "step_window": "beta", "benchmark_mean": "bet
               "request_prefill": "ppc", "request_decode": "ppc", "scheduler_cpu": "aux",
               "alpha_arrival": "alpha", "alpha_departure": "alpha",
               "workload_ttft": "workload", "workload_e2e": "workload", "workload_decode": "ppc"}
+
+
+#: Roles of the kinds whose value holds the GPU work of their features (not the scheduler's CPU
+#: time, ``aux``, nor the per-request host overheads, ``alpha``).
+GPU_TIME_ROLES = frozenset({"beta", "ppc", "workload"})
+
+
+def faster_than_peak_compute(obs: pd.DataFrame) -> pd.DataFrame:
+    """Rows measured in less time than their compute takes at the GPU's datasheet peak.
+
+    ``compute_floor_us = x_prefill_compute + x_decode_compute``: the row's FLOPs at the dense
+    peak FLOP/s of the model's matmul dtype, in µs (:mod:`bayes_latency.physics.basis`). No GPU
+    computes faster than its peak, so ``value_us < compute_floor_us`` means the value is not
+    the row's GPU time (a failed measurement, or a gap between step starts that does not span
+    the step) or the row's GPU, dtype or model is wrong. Only rows whose kind holds GPU time
+    (:data:`GPU_TIME_ROLES`) and whose floor is positive are compared; a table without either
+    feature column has none.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``obs_id``, ``kind``, ``config_id``, ``value_us``, ``compute_floor_us`` and ``ratio``
+        (``value_us / compute_floor_us``) of each such row, lowest ratio first.
+    """
+    cols = ["obs_id", "kind", "config_id", "value_us", "compute_floor_us", "ratio"]
+    feats = [c for c in ("x_prefill_compute", "x_decode_compute") if c in obs.columns]
+    if not feats or not len(obs) or not {"kind", "value_us"} <= set(obs.columns):
+        return pd.DataFrame(columns=cols)
+    floor = obs[feats].to_numpy(float).sum(axis=1)
+    value = obs["value_us"].to_numpy(float)
+    gpu = obs["kind"].map(_KIND_ROLE).isin(GPU_TIME_ROLES).to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = gpu & (floor > 0) & np.isfinite(floor) & (value < floor)
+    out = obs.loc[bad].reindex(columns=["obs_id", "kind", "config_id", "value_us"])
+    out["compute_floor_us"] = floor[bad]
+    out["ratio"] = value[bad] / floor[bad]
+    return out[cols].sort_values("ratio", kind="stable").reset_index(drop=True)
+
+
+def peak_compute_note(rows: pd.DataFrame, max_examples: int = 3) -> str:
+    """One line on the rows of :func:`faster_than_peak_compute` (empty when there are none)."""
+    if not len(rows):
+        return ""
+    ex = "; ".join(f"{r.obs_id} ({r.ratio:.2f}x)" for r in rows.head(max_examples).itertuples())
+    more = f"; {len(rows) - max_examples} more" if len(rows) > max_examples else ""
+    return (f"{len(rows)} row(s) measured in less time than their compute takes at the GPU's "
+            f"peak (value_us below x_prefill_compute + x_decode_compute): {ex}{more}. No GPU "
+            "is that fast: the value is not the row's GPU time (a failed measurement, or a gap "
+            "that does not span the step), or the row's GPU, dtype or model is wrong; kept in "
+            "the fit")
 
 
 def observation_columns(terms: Sequence[str] = DEFAULT_TERMS) -> list[str]:

@@ -46,10 +46,11 @@ least-median prefill error the terms allow with every point of a cell known (no 
 
 ``--work`` keeps, per cell, the predicted rows (``<cell>/held.csv``) and the fits
 (``<cell>/fits.csv``); a cell whose files are there is not fitted again, so an interrupted run
-resumes; ``bounds.csv`` holds the cells' bounds. ``--reuse DIR`` renders the report from such
-a folder (computing ``bounds.csv`` from ``--fleet`` when the folder lacks it). Outputs ``PREFIX.md`` and
-``PREFIX.json`` (default ``results/benchmarks/fewshot_cells``). ``--quick``: one cell, one
-shot, 200 + 200 draws (no gates extension).
+resumes; ``bounds.csv`` holds the cells' bounds and ``in-sample/`` the whole fleet's fit.
+``--reuse DIR`` renders the report from such a folder (computing ``bounds.csv`` from
+``--fleet`` when the folder lacks it). Outputs ``PREFIX.md`` and ``PREFIX.json`` (default
+``results/benchmarks/fewshot_cells``). ``--quick``: one cell, one shot, 200 + 200 draws (no
+gates extension), no in-sample fit.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ def run_in_sample(obs: pd.DataFrame, mb: pd.DataFrame, cells: list[str], work: P
 
 def write_bounds(work: Path, obs: pd.DataFrame, cells: list[str], terms: tuple[str, ...]) -> None:
     """``work/bounds.csv``: per cell, the least-median prefill error the terms allow with every
-    point known (:func:`benchmarks.fewshot_cells_bound.basis_bounds`; no sampling, about 10 s
+    point known (:func:`benchmarks.fewshot_cells_bound.basis_bounds`; no sampling, about 5 s
     per cell)."""
     from bayes_latency.io import atomic_write_text
     from benchmarks.fewshot_cells_bound import basis_bounds
@@ -350,7 +351,7 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         "terms": list(DEFAULT_TERMS), "settings": settings.describe(),
         "all_cells": all_cells, "n_shots": n_shots}, indent=1))
     if not (work / BOUNDS_FILE).exists():
-        write_bounds(work, obs, all_cells, tuple(DEFAULT_TERMS))
+        write_bounds(work, obs, todo if quick else all_cells, tuple(DEFAULT_TERMS))
     if not quick and not (work / IN_SAMPLE_DIR / "held.csv").exists():
         run_in_sample(obs, mb, all_cells, work, settings, tuple(DEFAULT_TERMS), log)
         record_machine(work, "end")

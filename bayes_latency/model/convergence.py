@@ -75,11 +75,45 @@ def convergence(result: xr.DataTree | None, identifiability: IdentifiabilityRepo
     approx = result.attrs.get("approximate") == "true"
     stats, rhat, ess = gate_stats(post, div, gates, approximate=approx)
     stats["hints"] = (_convergence_hints(identifiability, rhat, ess, gates)
-                      if stats["failures"] else [])
+                      + chain_disagreement(post, rhat) if stats["failures"] else [])
     ext = result.attrs.get("extension")
     if ext:
         stats["extension"] = json.loads(ext)
     return stats
+
+
+#: R-hat of a coefficient above which :func:`chain_disagreement` names it: the chains sit in
+#: different places rather than mixing slowly (the sampler's ``HOPELESS_RHAT``).
+SPLIT_RHAT = 1.1
+
+
+def chain_disagreement(post: xr.Dataset, rhat: xr.Dataset, k: int = 3) -> list[str]:
+    """One hint naming the ``k`` configuration coefficients (``beta``, ``alpha``) whose chains
+    disagree most (R-hat above :data:`SPLIT_RHAT`), with each chain's median: where the
+    posterior has separate modes, so the user can tell which one is physical. Empty when no
+    coefficient's R-hat is that high."""
+    found: list[tuple[float, str, list[float]]] = []
+    for v in ("beta", "alpha"):
+        if v not in rhat or v not in post or "chain" not in post[v].dims:
+            continue
+        r = rhat[v]
+        flat = np.nan_to_num(r.values.ravel(), nan=0.0)
+        for i in np.argsort(flat)[::-1][:k]:
+            if not flat[i] > SPLIT_RHAT:
+                break
+            at = dict(zip(r.dims, np.unravel_index(i, r.shape), strict=True))
+            sel = {d: r[d].values[j] for d, j in at.items()}
+            med = post[v].sel(sel).median("draw").values.ravel()
+            label = f"{v}[{', '.join(str(x) for x in sel.values())}]"
+            found.append((float(flat[i]), label, [float(x) for x in med]))
+    if not found:
+        return []
+    found.sort(key=lambda t: -t[0])
+    return ["the chains sit in different places (separate modes; more draws do not join them): "
+            + "; ".join(f"{label} R-hat {r:.2f}, chain medians "
+                        + " / ".join(f"{x:.4g}" for x in med) for r, label, med in found[:k])
+            + ". Compare the modes with what is physical; a tighter prior or data that tell "
+            "the coefficients apart removes the wrong one"]
 
 
 def _convergence_hints(ident: IdentifiabilityReport | None, rhat: xr.Dataset, ess: xr.Dataset,

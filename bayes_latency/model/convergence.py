@@ -83,15 +83,15 @@ def convergence(result: xr.DataTree | None, identifiability: IdentifiabilityRepo
 
 
 #: R-hat of a coefficient above which :func:`chain_disagreement` names it: the chains sit in
-#: different places rather than mixing slowly (the sampler's ``HOPELESS_RHAT``).
+#: different places (the sampler's ``HOPELESS_RHAT``), not only mixing a little slowly.
 SPLIT_RHAT = 1.1
 
 
 def chain_disagreement(post: xr.Dataset, rhat: xr.Dataset, k: int = 3) -> list[str]:
     """One hint naming the ``k`` configuration coefficients (``beta``, ``alpha``) whose chains
-    disagree most (R-hat above :data:`SPLIT_RHAT`), with each chain's median: where the
-    posterior has separate modes, so the user can tell which one is physical. Empty when no
-    coefficient's R-hat is that high."""
+    disagree most (R-hat above :data:`SPLIT_RHAT`), with each chain's median: where a short
+    run has not mixed yet, or where the posterior has separate modes, so the user can tell
+    which one is physical. Empty when no coefficient's R-hat is that high."""
     found: list[tuple[float, str, list[float]]] = []
     for v in ("beta", "alpha"):
         if v not in rhat or v not in post or "chain" not in post[v].dims:
@@ -109,11 +109,13 @@ def chain_disagreement(post: xr.Dataset, rhat: xr.Dataset, k: int = 3) -> list[s
     if not found:
         return []
     found.sort(key=lambda t: -t[0])
-    return ["the chains sit in different places (separate modes; more draws do not join them): "
-            + "; ".join(f"{label} R-hat {r:.2f}, chain medians "
-                        + " / ".join(f"{x:.4g}" for x in med) for r, label, med in found[:k])
-            + ". Compare the modes with what is physical; a tighter prior or data that tell "
-            "the coefficients apart removes the wrong one"]
+    return ["the chains disagree most on "
+            + "; ".join(f"{label} (R-hat {r:.2f}, chain medians "
+                        + " / ".join(f"{x:.4g}" for x in med) + ")"
+                        for r, label, med in found[:k])
+            + ". If more draws do not bring them together, the posterior has separate modes: "
+            "compare them with what is physical; a tighter prior, or data that tell these "
+            "coefficients apart, removes the wrong one"]
 
 
 def _convergence_hints(ident: IdentifiabilityReport | None, rhat: xr.Dataset, ess: xr.Dataset,

@@ -118,7 +118,10 @@ def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
             "draws": int(post.sizes["draw"]),
             "target_accept": float(json.loads(model.result.attrs.get("sampler_settings", "{}"))
                                    .get("target_accept", math.nan)),
-            "fit_s": fit_s}
+            "fit_s": fit_s,
+            # where the chains of a failed fit disagree (model.convergence.chain_disagreement)
+            "chains_disagree": next((h for h in c.get("hints", [])
+                                     if h.startswith("the chains disagree")), "")}
 
 
 def _resumed_conv_row(model: Any, record: dict[str, Any] | None, fit_s: float
@@ -271,7 +274,8 @@ def _run_table(t: pd.DataFrame) -> list[str]:
 def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
     """The part's fits that failed the convergence gates (the calibrated fit for ``insample``,
     the refits for the leave-out parts): the runs simulated from them come from a posterior that
-    did not converge."""
+    did not converge. A fit's ``chains_disagree`` hint (tables written since it is recorded)
+    names the coefficients its chains disagree on."""
     if fits is None or not len(fits) or "passed" not in fits:
         return []
     label = fits["fit"].astype(str)
@@ -280,10 +284,15 @@ def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
     bad = fits[mine & ~fits["passed"].astype(bool)]
     if bad.empty:
         return []
+    def where(r: Any) -> str:
+        h = getattr(r, "chains_disagree", "")
+        return f"; {h.split('. If more draws')[0]}" if isinstance(h, str) and h else ""
+
     return ["Fits of this part that failed the convergence gates (the numbers of their runs come "
             "from a posterior that did not converge): "
             + "; ".join(f"`{r.fit}` (max R-hat {r.max_rhat:.3g}, min bulk ESS "
-                        f"{r.min_ess_bulk:.0f})" for r in bad.itertuples(index=False)) + "."]
+                        f"{r.min_ess_bulk:.0f}{where(r)})" for r in bad.itertuples(index=False))
+            + "."]
 
 
 def render(res: dict[str, Any]) -> str:

@@ -45,7 +45,8 @@ def machine() -> dict:
 
 
 def record_machine(work: Path, when: str) -> None:
-    """Add :func:`machine` at ``when`` (``start`` / ``end``) to ``work/machine.json``."""
+    """Add :func:`machine` at ``when`` (``start``, ``end`` or another step of the run) to
+    ``work/machine.json``."""
     f = work / "machine.json"
     m = json.loads(f.read_text()) if f.exists() else {}
     m[when] = machine()
@@ -53,13 +54,16 @@ def record_machine(work: Path, when: str) -> None:
 
 
 def machine_line(work: Path) -> str:
-    """The report's line on the machine and the code of the run (empty without a record)."""
+    """The report's line on the machine and the code of the run (empty without a record): the
+    loads read, the code at the start and any other code later steps ran on."""
     f = work / "machine.json"
     if not f.exists():
         return ""
     m = json.loads(f.read_text())
     first = m.get("start") or next(iter(m.values()))
     loads = [v["load"] for v in m.values() if isinstance(v, dict) and "load" in v]
+    codes = list(dict.fromkeys(v["code"] for v in m.values() if isinstance(v, dict) and "code" in v))
+    code = first["code"] + "".join(f"; later parts on {c}" for c in codes if c != first["code"])
     return (f"Measured on {first['cpu']}, {first['cores']} cores, 1-minute load average "
             f"{min(loads)}-{max(loads)} (read during the run; the cores are shared with other "
-            f"jobs); code: {first['code']}.")
+            f"jobs); code: {code}.")

@@ -354,7 +354,7 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         write_bounds(work, obs, todo if quick else all_cells, tuple(DEFAULT_TERMS))
     if not quick and not (work / IN_SAMPLE_DIR / "held.csv").exists():
         run_in_sample(obs, mb, all_cells, work, settings, tuple(DEFAULT_TERMS), log)
-        record_machine(work, "end")
+        record_machine(work, "in-sample end")
     for cell in todo:
         if (work / cell.replace("|", "_") / "held.csv").exists():
             log(f"[cells] {cell}: kept from {work}")

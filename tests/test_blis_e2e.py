@@ -479,7 +479,7 @@ def test_client_readme_names_the_failed_fits_of_a_part() -> None:
     assert "`without run b` (max R-hat 1.83, min bulk ESS 3)" in loro and "run a" not in loro
     assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
     assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []
-    # tables that record where a failed fit's chains disagree say it (older ones do not)
+    # a table with the chains_disagree column: the line says where the failed fit's chains disagree
     hint = ("the chains disagree most on alpha[m|H100-SXM|tp2, alpha_per_token] (R-hat 1.83, "
             "chain medians 1.063e+04 / 16.95). If more draws do not bring them together, ...")
     with_hint = fits.assign(chains_disagree=["", "", hint, ""])

@@ -274,8 +274,8 @@ def _run_table(t: pd.DataFrame) -> list[str]:
 def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
     """The part's fits that failed the convergence gates (the calibrated fit for ``insample``,
     the refits for the leave-out parts): the runs simulated from them come from a posterior that
-    did not converge. A fit's ``chains_disagree`` hint (tables written since it is recorded)
-    names the coefficients its chains disagree on."""
+    did not converge. A fit's ``chains_disagree`` hint, where the table has that column, names
+    the coefficients its chains disagree on."""
     if fits is None or not len(fits) or "passed" not in fits:
         return []
     label = fits["fit"].astype(str)

@@ -50,8 +50,6 @@ _P_VALUE = literal('","value":{"')
 _P_INT = literal('intValue":"')
 _P_STR = literal('stringValue":"')
 _P_DBL = literal('doubleValue":')
-_LIM_POS = literal("9223372036854775807")
-_LIM_NEG = literal("9223372036854775808")
 
 
 @njit(cache=True, nogil=True)

@@ -480,8 +480,10 @@ def test_client_readme_names_the_failed_fits_of_a_part() -> None:
     assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
     assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []
     # a table with the chains_disagree column: the line says where the failed fit's chains disagree
+    from bayes_latency.model.convergence import DISAGREEMENT_ADVICE
+
     hint = ("the chains disagree most on alpha[m|H100-SXM|tp2, alpha_per_token] (R-hat 1.83, "
-            "chain medians 1.063e+04 / 16.95). If more draws do not bring them together, ...")
+            "chain medians 1.063e+04 / 16.95). " + DISAGREEMENT_ADVICE)
     with_hint = fits.assign(chains_disagree=["", "", hint, ""])
     loro = " ".join(_failed_fit_lines(with_hint, "loro"))
     assert ("`without run b` (max R-hat 1.83, min bulk ESS 3; the chains disagree most on "

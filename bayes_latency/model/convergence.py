@@ -85,6 +85,12 @@ def convergence(result: xr.DataTree | None, identifiability: IdentifiabilityRepo
 #: R-hat of a coefficient above which :func:`chain_disagreement` names it: the chains sit in
 #: different places (the sampler's ``HOPELESS_RHAT``), not only mixing a little slowly.
 SPLIT_RHAT = 1.1
+#: How :func:`chain_disagreement`'s hint begins, and the advice it ends with (after ``". "``):
+#: a report that quotes only where the chains disagree takes the hint without the advice.
+DISAGREEMENT_PREFIX = "the chains disagree most on "
+DISAGREEMENT_ADVICE = ("If more draws do not bring them together, the posterior has separate "
+                       "modes: compare them with what is physical; a tighter prior, or data that "
+                       "tell these coefficients apart, removes the wrong one")
 
 
 def chain_disagreement(post: xr.Dataset, rhat: xr.Dataset, k: int = 3) -> list[str]:
@@ -109,13 +115,11 @@ def chain_disagreement(post: xr.Dataset, rhat: xr.Dataset, k: int = 3) -> list[s
     if not found:
         return []
     found.sort(key=lambda t: -t[0])
-    return ["the chains disagree most on "
+    return [DISAGREEMENT_PREFIX
             + "; ".join(f"{label} (R-hat {r:.2f}, chain medians "
                         + " / ".join(f"{x:.4g}" for x in med) + ")"
                         for r, label, med in found[:k])
-            + ". If more draws do not bring them together, the posterior has separate modes: "
-            "compare them with what is physical; a tighter prior, or data that tell these "
-            "coefficients apart, removes the wrong one"]
+            + ". " + DISAGREEMENT_ADVICE]
 
 
 def _convergence_hints(ident: IdentifiabilityReport | None, rhat: xr.Dataset, ess: xr.Dataset,

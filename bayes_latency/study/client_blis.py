@@ -41,6 +41,7 @@ from bayes_latency.calibrate.loop import (
 )
 from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
+from bayes_latency.model.convergence import DISAGREEMENT_ADVICE, DISAGREEMENT_PREFIX
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from bayes_latency.study.blis.spec import Coefficients
 from bayes_latency.study.client_parts import (
@@ -121,7 +122,7 @@ def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
             "fit_s": fit_s,
             # where the chains of a failed fit disagree (model.convergence.chain_disagreement)
             "chains_disagree": next((h for h in c.get("hints", [])
-                                     if h.startswith("the chains disagree")), "")}
+                                     if h.startswith(DISAGREEMENT_PREFIX)), "")}
 
 
 def _resumed_conv_row(model: Any, record: dict[str, Any] | None, fit_s: float
@@ -286,7 +287,8 @@ def _failed_fit_lines(fits: pd.DataFrame | None, key: str) -> list[str]:
         return []
     def where(r: Any) -> str:
         h = getattr(r, "chains_disagree", "")
-        return f"; {h.split('. If more draws')[0]}" if isinstance(h, str) and h else ""
+        return (f"; {h.removesuffix('. ' + DISAGREEMENT_ADVICE)}" if isinstance(h, str) and h
+                else "")
 
     return ["Fits of this part that failed the convergence gates (the numbers of their runs come "
             "from a posterior that did not converge): "

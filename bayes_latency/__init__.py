@@ -36,7 +36,7 @@ _LAZY = {
     "LatencyModel": "bayes_latency.model.estimator",
     "fit": "bayes_latency.checks.gated",
     "GateReport": "bayes_latency.checks.gated",
-    "select": "bayes_latency.model.selection",
+    "select": "bayes_latency.model.posterior.selection",
     "load_priors": "bayes_latency.priors",
     # checks
     "diagnose": "bayes_latency.checks.diagnostics",
@@ -54,7 +54,7 @@ _LAZY = {
     "blis_notes": "bayes_latency.export.document",
     "export_notes": "bayes_latency.export.document",
     "summarize_coefficients": "bayes_latency.export.document",
-    "predict_reference": "bayes_latency.model.predict",
+    "predict_reference": "bayes_latency.model.posterior.predict",
     # client results and calibration
     "read_client_results": "bayes_latency.data.client.read",
     "client_stages": "bayes_latency.calibrate.stages",

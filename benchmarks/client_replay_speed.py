@@ -81,7 +81,7 @@ def main() -> int:
     from bayes_latency.physics.models import load_architecture
     from bayes_latency.schedule.replay import replay_stage
     from bayes_latency.study.blis.spec import export_path, find_runs, load_export, real_data_dir
-    from bayes_latency.study.client import client_stages
+    from bayes_latency.study.client.runs import client_stages
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exports", default="results/real/exports")
@@ -122,8 +122,8 @@ def main() -> int:
     dask_s = time.perf_counter() - t0
     cal_res = None
     if args.calibrate:
-        from bayes_latency.study.client import calibrated_fit
-        from bayes_latency.study.client_blis import CLIENT_FIT, START_FIT
+        from bayes_latency.study.client.blis import CLIENT_FIT, START_FIT
+        from bayes_latency.study.client.runs import calibrated_fit
         from bayes_latency.study.realdata import load_real_data
         from bayes_latency.study.settings import REAL_TERMS
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bayes_latency.data.tables import load_observations  # noqa: E402
 from bayes_latency.model.estimator import GATES, LatencyModel  # noqa: E402
-from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS  # noqa: E402
+from bayes_latency.model.inference.sampler import DEFAULT_MAX_DRAWS  # noqa: E402
 from benchmarks._provenance import code_provenance  # noqa: E402
 
 

@@ -188,7 +188,7 @@ def report(doc: dict) -> str:
              "the goal (cold <= 60 s, warm <= 30 s) when the load column shows a busy machine. "
              "Compile and sampling columns give wall time with CPU time in parentheses. Where "
              "the time goes and what was tried: the note \"Where a fit's time goes\" in "
-             "`bayes_latency/model/compiled.py`.\n"]
+             "`bayes_latency/model/inference/compiled.py`.\n"]
     parts += [report_section(doc[k]) for k in SECTIONS if k in doc]
     return "\n".join(parts)
 

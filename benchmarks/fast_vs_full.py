@@ -61,8 +61,8 @@ import pandas as pd
 # this checkout's package, also when the installed one is another worktree's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bayes_latency.model.definition.summaries import _ConfigProblem, feature_columns, fit_rows
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.summaries import _ConfigProblem, feature_columns, fit_rows
 from bayes_latency.physics.basis import DEFAULT_TERMS
 from benchmarks._provenance import code_provenance
 
@@ -105,9 +105,9 @@ def select_rows(obs: pd.DataFrame, n_configs: int | None, max_rows: int | None,
 def identifiability(rows: pd.DataFrame, model: LatencyModel) -> list[dict]:
     """Per configuration: active coefficients, the exact rank of the scaled, column-normalised
     feature matrix (``_ConfigProblem``; tolerance 1e-8) and the package's relative-design analysis
-    (:mod:`bayes_latency.model.identifiability`: rows / observed value, columns in prior-median
+    (:mod:`bayes_latency.model.definition.identifiability`: rows / observed value, columns in prior-median
     units; its own flatness threshold) with the smallest/largest singular-value ratio."""
-    from bayes_latency.model.identifiability import config_identifiability
+    from bayes_latency.model.definition.identifiability import config_identifiability
 
     out = []
     scale = model._scale()
@@ -245,8 +245,8 @@ def full_noise_summaries(rows: pd.DataFrame, model: LatencyModel, full: LatencyM
     maximum likelihood in theta and the information at fixed noise. Diagnostic only: it separates
     what the noise model contributes to fast-vs-full differences from the quadratic expansion and
     the closed-form integration."""
-    from bayes_latency.model.likelihood import NoiseParams
-    from bayes_latency.model.summaries import summarize_config
+    from bayes_latency.model.definition.likelihood import NoiseParams
+    from bayes_latency.model.definition.summaries import summarize_config
 
     post = full.result["posterior"].to_dataset()
     scale = model._scale()
@@ -264,7 +264,7 @@ def fast_with_full_noise(rows: pd.DataFrame, terms: tuple[str, ...], full: Laten
                          tune: int, chains: int, seed: int, target_accept: float | None
                          ) -> tuple[LatencyModel, float]:
     """The fast path with :func:`full_noise_summaries` in place of the stage-1 summaries."""
-    import bayes_latency.model.build as build
+    import bayes_latency.model.inference.build as build
 
     sums = full_noise_summaries(rows, LatencyModel(terms=terms), full)
     orig = build.summarize

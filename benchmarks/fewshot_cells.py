@@ -3,11 +3,11 @@
 For each Splitwise (model, GPU, TP) cell of the real fleet in turn:
 
 1. every row of the cell's configuration out of the fleet
-   (:func:`~bayes_latency.model.fleet.leave_out` ``config=<id>``); the rest fitted as
+   (:func:`~bayes_latency.model.posterior.fleet.leave_out` ``config=<id>``); the rest fitted as
    ``bayes-latency fit`` does (the 11 default terms, 2 x 2000 draws after 1000 tuning steps,
    sampling on until the convergence gates pass) and its population kept
-   (:func:`~bayes_latency.model.fleet.population_from_result`, with the fleet's noise scale of
-   every noise class, :func:`~bayes_latency.model.fleet.fleet_noise`);
+   (:func:`~bayes_latency.model.posterior.fleet.population_from_result`, with the fleet's noise scale of
+   every noise class, :func:`~bayes_latency.model.posterior.fleet.fleet_noise`);
 2. **zero-shot**: every benchmark row of the cell predicted by that fit, the configuration drawn
    as an unseen one (its levels the fleet saw take their fitted effects, an unseen level its
    factor's population draw);
@@ -155,9 +155,9 @@ def _fit(rows: pd.DataFrame, settings: Any, terms: tuple[str, ...], population: 
 def noise_prior_text(population: Any) -> dict[str, str]:
     """Per phase, ``noise_prior_<phase>``: the prior of the fit's benchmark noise scale of the
     phase, as text: the fleet's lognormal under a population that fitted the class
-    (:meth:`~bayes_latency.model.fleet.Population.config_prior`), else the priors file's
+    (:meth:`~bayes_latency.model.posterior.fleet.Population.config_prior`), else the priors file's
     half-normal (:func:`benchmark_noise_prior`)."""
-    from bayes_latency.model.fleet import noise_priors
+    from bayes_latency.model.posterior.fleet import noise_priors
 
     fleet = noise_priors(population.fleet_noise) if population is not None else {}
     hn = benchmark_noise_prior()
@@ -187,7 +187,7 @@ def factor_scales(pop: Any, cell: str) -> list[dict[str, Any]]:
     factor scale ``HalfNormal(s)``, 90% interval ``[0.063 s, 1.645 s]``; ``sigma_config``
     ``LogNormal(log median, sd)``, ``median exp(+-1.645 sd)``. A scale that the fit fixed (NaN
     draws) is left out."""
-    from bayes_latency.model.design import prior_arrays
+    from bayes_latency.model.definition.design import prior_arrays
 
     pa = prior_arrays(pop.priors, pop.coefs, [])
     out = []
@@ -218,7 +218,7 @@ def run_cell(obs: pd.DataFrame, mb: pd.DataFrame, cell: str, work: Path, setting
              terms: tuple[str, ...], n_shots: int, log: Any = print) -> None:
     """Fit and predict one cell (see the module docstring); writes ``work/<cell>/held.csv``,
     ``fits.csv``, ``cell.json`` and ``scales.csv``."""
-    from bayes_latency.model.fleet import fleet_noise, leave_out, population_from_result
+    from bayes_latency.model.posterior.fleet import fleet_noise, leave_out, population_from_result
 
     d = work / cell.replace("|", "_")
     d.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ GOAL_COVERAGE = (0.85, 0.95)
 #: Factors of the hierarchy whose levels a configuration has.
 FACTORS = ("model", "gpu", "tp", "stack")
 PHASES = ("prefill", "decode")
-#: Noise class of a benchmark row by phase (``model/likelihood.py``: ``noise_kind``).
+#: Noise class of a benchmark row by phase (``model/definition/likelihood.py``: ``noise_kind``).
 NOISE_CLASS = {"prefill": "benchmark_mean_prefill", "decode": "benchmark_mean"}
 
 
@@ -429,7 +429,7 @@ def miss_lines(scores: pd.DataFrame, cells: pd.DataFrame, scales: pd.DataFrame |
 def benchmark_noise_prior() -> dict[str, float]:
     """Per phase, the scale of the ``HalfNormal`` prior of its benchmark noise class in
     ``priors/default.yaml`` (the prior of both one-shot fits' noise)."""
-    from bayes_latency.model.design import prior_arrays
+    from bayes_latency.model.definition.design import prior_arrays
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.priors import load_priors
 

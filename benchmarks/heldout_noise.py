@@ -114,11 +114,11 @@ def compare_noise_loads(work: Path, flags: dict[str, bool] | None = None
         if c is not None:
             rows.append({"noise_load": v, **c})
     t = pd.DataFrame(rows).sort_values(["split", "noise_load"], kind="stable")
-    from bayes_latency.model.likelihood import LOAD_GROWTH_SD, NOISE_LOADS
+    from bayes_latency.model.definition.likelihood import LOAD_GROWTH_SD, NOISE_LOADS
 
     lines = ["## Noise load covariates compared", "",
              "The two within-run splits fitted once per load covariate of the noise scale "
-             "(`--compare`; `bayes_latency/model/likelihood.py`: `log sigma_i = log sigma + "
+             "(`--compare`; `bayes_latency/model/definition/likelihood.py`: `log sigma_i = log sigma + "
              f"gamma (l_i - l_ref)`, `gamma ~ N(0, {LOAD_GROWTH_SD})`, half-normal for the "
              "`-growth` forms): " + "; ".join(f"`{k}`: {v}" for k, v in NOISE_LOADS.items()
                                               if k in set(t["noise_load"])) + ". "

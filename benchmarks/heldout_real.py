@@ -20,7 +20,7 @@ reports the coverage of their bands by run and phase, and how many held-out iter
 the 5-95% range of the fitted iterations' own residuals (:func:`training_range_coverage`: what a
 noise model that does not change along a run could cover at best, given what the fit saw).
 
-The noise model's load covariate (``bayes_latency.model.likelihood.NOISE_LOADS``) is
+The noise model's load covariate (``bayes_latency.model.definition.likelihood.NOISE_LOADS``) is
 ``--noise-load`` for every fit above (default: the package default); ``--compare`` fits the two
 within-run splits once per listed covariate and writes one table of them side by side
 (:func:`compare_noise_loads`): held-out coverage, band width, MdAPE, the held-out rows' log
@@ -452,7 +452,7 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/heldout_real"))
     ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/heldout_real")
-    from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD, NOISE_LOADS
+    from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD, NOISE_LOADS
 
     ap.add_argument("--noise-load", default=DEFAULT_NOISE_LOAD, choices=sorted(NOISE_LOADS),
                     help="load covariate of the noise scale of every fit (default: the package's)")

@@ -104,7 +104,7 @@ def _warm_worker(folder: str) -> float:
     from pathlib import Path as _P
 
     c0 = _t.process_time()
-    import bayes_latency.model.summaries  # noqa: F401
+    import bayes_latency.model.definition.summaries  # noqa: F401
     from bayes_latency.data.experiment import _inputs, ingest_experiment
 
     trace, cfg, fold, eid = _inputs([_P(folder)], None)[0]
@@ -126,7 +126,7 @@ def _cluster(n: int, warm: Path | None = None):
     t0 = time.perf_counter()
     if warm is None:
         cpu = client.run(lambda: __import__("bayes_latency.data.experiment")
-                         and __import__("bayes_latency.model.summaries") and 0.0)
+                         and __import__("bayes_latency.model.definition.summaries") and 0.0)
     else:
         cpu = client.run(_warm_worker, str(warm))
     cluster.warm_up = {"s": round(time.perf_counter() - t0, 2),
@@ -177,9 +177,9 @@ def _summary_diff(a: list, b: list) -> float:
 
 
 def _stage1(obs: pd.DataFrame, scheduler) -> tuple[list, float, int]:
+    from bayes_latency.model.definition.hierarchy import prior_arrays
+    from bayes_latency.model.definition.summaries import NoisePrior, fit_rows, summarize
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.hierarchy import prior_arrays
-    from bayes_latency.model.summaries import NoisePrior, fit_rows, summarize
 
     m = LatencyModel()
     rows = fit_rows(obs, coefs=m.coefs)

@@ -76,7 +76,7 @@ def model_prior_truths(tables: Path, seed: int, priors: str | None = None
     import pytensor
 
     from bayes_latency.data.tables import load_observations
-    from bayes_latency.model.conditional import truncated_normal_positive
+    from bayes_latency.model.definition.conditional import truncated_normal_positive
     from bayes_latency.model.estimator import LatencyModel
 
     m = LatencyModel(priors=load_priors(priors) if priors else None)

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bayes_latency import LatencyModel, select  # noqa: E402
 from bayes_latency.checks.diagnostics import diagnose, prior_sensitivity  # noqa: E402
-from bayes_latency.model.groups import OBS_VAR  # noqa: E402
+from bayes_latency.model.posterior.groups import OBS_VAR  # noqa: E402
 from bayes_latency.physics.basis import DEFAULT_TERMS  # noqa: E402
 
 CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("llama-2-70b", "H100", 4),
@@ -107,7 +107,7 @@ def test_groups_layout(saved, data):
 
 
 def saved_rows(data) -> pd.DataFrame:
-    from bayes_latency.model.summaries import fit_rows
+    from bayes_latency.model.definition.summaries import fit_rows
 
     return fit_rows(data[0])
 
@@ -245,7 +245,7 @@ def test_plot_prior_posterior_of_the_prior_group(thinned):
 
 
 def test_saved_file_is_thinned_float32_and_keeps_free_variables_exact(saved, thinned):
-    from bayes_latency.model.groups import FILE_MAX_SAMPLES
+    from bayes_latency.model.posterior.groups import FILE_MAX_SAMPLES
 
     n = saved.result["posterior"].sizes["chain"] * saved.result["posterior"].sizes["draw"]
     k = thinned.attrs["thinned_by"]
@@ -310,7 +310,7 @@ def test_thinned_file_keeps_groups_aligned(saved, tmp_path):
 
 
 def test_subsample_is_labelled_and_scaled_in_the_report(saved, data):
-    from bayes_latency.model.groups import predictive_rows
+    from bayes_latency.model.posterior.groups import predictive_rows
 
     rows = saved_rows(data)
     sub, flag = predictive_rows(rows, n_samples=1000, seed=0, max_values=100 * 1000)
@@ -364,7 +364,7 @@ def test_log_prior_is_pymcs_compute_log_prior(saved, data):
     import pymc as pm
     import xarray as xr
 
-    from bayes_latency.model.groups import log_prior
+    from bayes_latency.model.posterior.groups import log_prior
 
     obs, _ = data
     pm_model = LatencyModel().build(obs)

@@ -425,7 +425,7 @@ def test_point_pools_its_arrival_realizations() -> None:
 def test_stage_ttft_table_groups_stages_by_rate() -> None:
     from types import SimpleNamespace
 
-    from bayes_latency.study.client_blis import _stage_ttft_lines, stage_ttft_table
+    from bayes_latency.study.client.blis import _stage_ttft_lines, stage_ttft_table
 
     pred = pd.DataFrame({"experiment_id": ["a/stage0", "a/stage1", "a/stage1"],
                          "kind": ["workload_ttft", "workload_ttft", "workload_e2e"],
@@ -443,8 +443,8 @@ def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
     import time
 
     from bayes_latency import MODEL_VERSION
-    from bayes_latency.study.client_blis import render
-    from bayes_latency.study.client_parts import current_part, part_record, read_parts, write_part
+    from bayes_latency.study.client.blis import render
+    from bayes_latency.study.client.parts import current_part, part_record, read_parts, write_part
 
     assert read_parts(tmp_path) == {}
     rec = part_record(time.perf_counter() - 90.0, 1.0, complete=False, done=3)
@@ -469,7 +469,7 @@ def test_client_parts_record_their_model_version(tmp_path: Path) -> None:
 
 
 def test_client_readme_names_the_failed_fits_of_a_part() -> None:
-    from bayes_latency.study.client_blis import _failed_fit_lines
+    from bayes_latency.study.client.blis import _failed_fit_lines
 
     fits = pd.DataFrame({"fit": ["calibrated (all)", "without run a", "without run b",
                                  "without model m"],
@@ -480,7 +480,7 @@ def test_client_readme_names_the_failed_fits_of_a_part() -> None:
     assert "without model m" in " ".join(_failed_fit_lines(fits, "lomo"))
     assert _failed_fit_lines(fits, "insample") == [] and _failed_fit_lines(None, "loro") == []
     # a table with the chains_disagree column: the line says where the failed fit's chains disagree
-    from bayes_latency.model.convergence import DISAGREEMENT_ADVICE
+    from bayes_latency.model.inference.convergence import DISAGREEMENT_ADVICE
 
     hint = ("the chains disagree most on alpha[m|H100-SXM|tp2, alpha_per_token] (R-hat 1.83, "
             "chain medians 1.063e+04 / 16.95). " + DISAGREEMENT_ADVICE)
@@ -495,7 +495,7 @@ def test_client_readme_names_the_failed_fits_of_a_part() -> None:
 def test_resumed_calibrated_fit_keeps_the_sampled_fits_gate_decision() -> None:
     from types import SimpleNamespace
 
-    from bayes_latency.study.client_blis import _resumed_conv_row
+    from bayes_latency.study.client.blis import _resumed_conv_row
 
     class _Result(dict):
         attrs = {"thinned_by": 25, "sampler_settings": '{"target_accept": 0.995}',

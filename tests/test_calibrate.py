@@ -9,7 +9,7 @@ import xarray as xr
 
 from bayes_latency.calibrate.loop import calibrate, client_predictions, run_level_coefficients
 from bayes_latency.errors import ConfigError
-from bayes_latency.model.likelihood import NoiseParams
+from bayes_latency.model.definition.likelihood import NoiseParams
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.physics.hardware import load_gpu
 from bayes_latency.physics.models import load_architecture

@@ -184,7 +184,7 @@ def test_real_inference_perf_run_matches_the_study_stages(real_dir):
     """An inference-perf folder gives the same stages as the lead's study builder (rate, count,
     prompt shape from profile.yaml, output-length pdf, KV blocks, measured means)."""
     from bayes_latency.study.blis.spec import find_runs
-    from bayes_latency.study.client import client_stages as study_stages
+    from bayes_latency.study.client.runs import client_stages as study_stages
 
     runs = find_runs(real_dir, "llama-2-7b-tp1-codegen")
     tabs, _ = read_client_results(runs[0].path)

@@ -19,7 +19,7 @@ def runs():
 
 
 def test_stages_of_the_normal_runs(runs):
-    from bayes_latency.study.client import client_stages
+    from bayes_latency.study.client.runs import client_stages
 
     st = client_stages(runs)
     assert len(st) == 20                      # 12 normal runs, 1-2 load stages each
@@ -42,7 +42,7 @@ def test_replay_of_a_real_stage_is_near_the_real_means(runs):
     from bayes_latency.physics.models import load_architecture
     from bayes_latency.schedule.replay import predicted_means, replay_stage
     from bayes_latency.study.blis.spec import export_path, load_export
-    from bayes_latency.study.client import client_stages
+    from bayes_latency.study.client.runs import client_stages
 
     exports = Path(__file__).resolve().parents[1] / "results" / "real" / "exports"
     st = [s for s in client_stages(runs) if s.run_id == "llama-2-70b-tp4-codegen"][0]
@@ -59,7 +59,7 @@ def test_calibrated_fit_of_one_configuration(runs):
     every stage's replayed mean E2E within 5% and TTFT within 15% of the real one."""
     from bayes_latency.calibrate.loop import client_predictions
     from bayes_latency.physics.basis import DEFAULT_TERMS
-    from bayes_latency.study.client import calibrated_fit, client_stages
+    from bayes_latency.study.client.runs import calibrated_fit, client_stages
     from bayes_latency.study.realdata import load_real_data
     from bayes_latency.study.settings import REAL_TERMS, FitSettings
 

@@ -8,7 +8,12 @@ import re
 import numpy as np
 import xarray as xr
 
-from bayes_latency.model.convergence import SPLIT_RHAT, chain_disagreement, convergence, gate_stats
+from bayes_latency.model.inference.convergence import (
+    SPLIT_RHAT,
+    chain_disagreement,
+    convergence,
+    gate_stats,
+)
 
 
 def _posterior(split: float) -> xr.Dataset:

@@ -11,7 +11,7 @@ import pytest
 from bayes_latency.cli.main import main
 from bayes_latency.data.experiment import ingest
 from bayes_latency.data.tables import read_table, table_files, table_names
-from bayes_latency.model.summaries import NoisePrior, fit_rows, summarize
+from bayes_latency.model.definition.summaries import NoisePrior, fit_rows, summarize
 from bayes_latency.parallel import local_cluster, run_units
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors

@@ -17,7 +17,7 @@ import bayes_latency
 from bayes_latency.checks import gated
 from bayes_latency.cli.main import build_parser, main
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.sampler import (
+from bayes_latency.model.inference.sampler import (
     DEFAULT_MAX_DRAWS,
     MAX_DRAWS_FACTOR,
     Until,

@@ -8,9 +8,9 @@ import pytensor.tensor as pt
 import pytest
 import xarray as xr
 
-from bayes_latency.model import compiled, sampler
-from bayes_latency.model.compiled import _numba_opt
-from bayes_latency.model.deterministics import _with_deterministics
+from bayes_latency.model.inference import compiled, sampler
+from bayes_latency.model.inference.compiled import _numba_opt
+from bayes_latency.model.posterior.deterministics import _with_deterministics
 
 
 def _model() -> pm.Model:
@@ -116,8 +116,8 @@ def test_latency_models_of_new_values_share_their_structure():
     summaries are data, everything else the same graph."""
     from obs_factory import make_observations
 
+    from bayes_latency.model.definition.hierarchy import SUMMARY_DATA
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.hierarchy import SUMMARY_DATA
 
     configs = [("llama-2-7b", "H100", 1), ("llama-2-70b", "H100", 4), ("llama-2-70b", "A100", 4)]
     obs, _ = make_observations(configs, n_iter=120, n_win=60, n_alpha=40, seed=3)

@@ -176,7 +176,7 @@ def _fake_estimator(monkeypatch, coefs):
             return coefs
 
         def noise(self, cfg, kind):
-            from bayes_latency.model.likelihood import NoiseParams
+            from bayes_latency.model.definition.likelihood import NoiseParams
 
             return NoiseParams(0.02 if kind == "iteration" else 0.03, 0.0, 4.0, 0.5,
                                float(np.log(64.0)), "batch")

@@ -6,7 +6,7 @@ import inspect
 
 from bayes_latency.cli.main import build_parser
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.sampler import DEFAULT_DRAWS, DEFAULT_TUNE, TARGET_ACCEPT
+from bayes_latency.model.inference.sampler import DEFAULT_DRAWS, DEFAULT_TUNE, TARGET_ACCEPT
 
 
 def test_cli_fit_defaults_match_the_estimator():
@@ -20,7 +20,7 @@ def test_cli_fit_defaults_match_the_estimator():
 
 def test_cli_extends_sampling_by_default():
     from bayes_latency.cli.fit import _max_draws
-    from bayes_latency.model.sampler import DEFAULT_MAX_DRAWS, checkpoints
+    from bayes_latency.model.inference.sampler import DEFAULT_MAX_DRAWS, checkpoints
 
     args = build_parser().parse_args(["fit", "tables", "--out", "p.nc"])
     assert _max_draws(args) == DEFAULT_MAX_DRAWS == 6 * DEFAULT_DRAWS == 12000

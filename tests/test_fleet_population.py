@@ -1,5 +1,5 @@
 """The fleet's population as a file and as the prior of new configurations
-(:mod:`bayes_latency.model.fleet`), the ``population`` command and the few-shot study's
+(:mod:`bayes_latency.model.posterior.fleet`), the ``population`` command and the few-shot study's
 plumbing. One fast Laplace fit of the tiny fleet (the session's ``tiny_posterior``) gives the
 population."""
 
@@ -14,7 +14,7 @@ import xarray as xr
 
 from bayes_latency.cli.main import main
 from bayes_latency.errors import ConfigError, ModelMismatchError
-from bayes_latency.model.fleet import (
+from bayes_latency.model.posterior.fleet import (
     NOISE_LOG_SD_DEFAULT,
     NOISE_LOG_SD_MIN,
     Population,
@@ -29,7 +29,7 @@ from bayes_latency.model.fleet import (
 
 @pytest.fixture(scope="module")
 def pop_file(tiny_posterior, tmp_path_factory) -> tuple[Population, object]:
-    from bayes_latency.model.persistence import read_result
+    from bayes_latency.model.posterior.persistence import read_result
 
     _, post = tiny_posterior
     noise = {"workload_e2e": {"sigma": 0.02, "rows": 12, "configs": 3, "log_mean": -4.1,
@@ -128,7 +128,7 @@ def test_fleet_noise_has_every_noise_class_of_the_fitted_rows():
     scales, the rows, configurations and the sd of the log scales; ppc rows not counted."""
     from types import SimpleNamespace
 
-    from bayes_latency.model.likelihood import NoiseParams
+    from bayes_latency.model.definition.likelihood import NoiseParams
 
     rows = pd.DataFrame({
         "config_id": ["a"] * 3 + ["b"] * 1 + ["a", "b", "b"] + ["a"],
@@ -213,7 +213,7 @@ def test_calibration_notes_name_the_population_and_the_host_limit():
 
 
 def test_fewshot_summary_and_report_from_a_table():
-    from bayes_latency.study.fewshot import render, summary_table
+    from bayes_latency.study.client.fewshot import render, summary_table
 
     rows = []
     for setting, err in (("zero-shot", 0.05), ("one-shot population", 0.02),
@@ -239,7 +239,7 @@ def test_fewshot_summary_and_report_from_a_table():
 
 
 def test_fewshot_study_without_blis_does_nothing(tmp_path, monkeypatch):
-    from bayes_latency.study.fewshot import main as fewshot
+    from bayes_latency.study.client.fewshot import main as fewshot
 
     monkeypatch.delenv("BLIS_BIN", raising=False)
     assert fewshot(tmp_path, blis=None, quick=True, log=lambda _m: None) == 0
@@ -267,7 +267,7 @@ def test_the_shipped_population_loads_under_this_model_version():
     """The population ``calibrate`` borrows from by default is readable by this package (model
     version, file format, embedded priors = the default priors) and holds the real fleet."""
     from bayes_latency import MODEL_VERSION
-    from bayes_latency.model.fleet import SHIPPED_POPULATION, load_population
+    from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
 
     pop = load_population(SHIPPED_POPULATION)
     d = pop.describe()

@@ -6,10 +6,10 @@ import numpy as np
 import pymc as pm
 from obs_factory import make_observations
 
-from bayes_latency.model.design import filled
+from bayes_latency.model.definition.design import filled
+from bayes_latency.model.definition.hierarchy import prior_arrays
+from bayes_latency.model.definition.population import fixed_quantities
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.hierarchy import prior_arrays
-from bayes_latency.model.population import fixed_quantities
 
 # model and TP split these configurations identically (every Mixtral at TP 2), GPU does not
 CONFIGS = [("llama-2-7b", "H100", 1), ("llama-2-7b", "A100", 1), ("mixtral-8x7b", "H100", 2)]

@@ -1,4 +1,4 @@
-"""Identifiability analysis (model/identifiability.py) and the serving-stack level."""
+"""Identifiability analysis (model/definition/identifiability.py) and the serving-stack level."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from obs_factory import random_batches
 
 from bayes_latency.data.observations.build import config_id
-from bayes_latency.model.hierarchy import Design
-from bayes_latency.model.identifiability import config_identifiability, identifiability
+from bayes_latency.model.definition.hierarchy import Design
+from bayes_latency.model.definition.identifiability import config_identifiability, identifiability
 from bayes_latency.physics.basis import DEFAULT_TERMS, basis_matrix
 from bayes_latency.physics.hardware import load_gpu
 from bayes_latency.physics.models import load_architecture
@@ -94,7 +94,10 @@ def test_configurations_flat_in_both_coefficients_do_not_separate_them():
     """A pair one group in some configuration and each flat on its own elsewhere (real data:
     per_layer / per_step in the Splitwise Bloom benchmark means) is confounded everywhere; a
     configuration that identifies one of the two and not the other still separates them."""
-    from bayes_latency.model.identifiability import ConfigIdentifiability, IdentifiabilityReport
+    from bayes_latency.model.definition.identifiability import (
+        ConfigIdentifiability,
+        IdentifiabilityReport,
+    )
 
     def cfg(name, groups, active=("a", "b", "c")):
         return ConfigIdentifiability(config_id=name, active=list(active), rank=0,

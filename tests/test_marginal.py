@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bayes_latency.model.hierarchy import truncated_normal_positive
-from bayes_latency.model.marginal import marginal_kernel
+from bayes_latency.model.definition.hierarchy import truncated_normal_positive
+from bayes_latency.model.definition.marginal import marginal_kernel
 
 
 def _problem(seed: int, C: int = 3, K: int = 6) -> tuple[np.ndarray, ...]:

@@ -15,10 +15,10 @@ from obs_factory import make_observations
 
 from bayes_latency.cli.fit import fit_command
 from bayes_latency.errors import ConfigError, ConvergenceError, ModelMismatchError
+from bayes_latency.model.definition.likelihood import row_loglik
+from bayes_latency.model.definition.population import fixed_quantities
+from bayes_latency.model.definition.summaries import feature_columns, fit_rows, summarize_config
 from bayes_latency.model.estimator import LatencyModel
-from bayes_latency.model.likelihood import row_loglik
-from bayes_latency.model.population import fixed_quantities
-from bayes_latency.model.summaries import feature_columns, fit_rows, summarize_config
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.priors import load_priors
 
@@ -94,7 +94,7 @@ def test_result_structure_and_attrs(fitted):
         assert r.attrs[key]
     assert r.attrs["approximate"] == "false"
     ll = r["log_likelihood"]  # every fitted row, or a labelled subsample above the budget
-    from bayes_latency.model.groups import FILE_MAX_SAMPLES, MAX_PREDICTIVE_VALUES
+    from bayes_latency.model.posterior.groups import FILE_MAX_SAMPLES, MAX_PREDICTIVE_VALUES
 
     # the budget counts the samples a saved file keeps
     n = len(fitted._rows)
@@ -140,7 +140,7 @@ def test_unseen_configuration_has_wider_bands(fitted):
 
 def test_unseen_model_effect_includes_the_uncertainty_of_the_zero_sum_mean(fitted):
     """A new model lies N(0, sigma^2 (1 + 1/n)) from the fitted mean of n zero-sum effects."""
-    from bayes_latency.model.hierarchy import prior_arrays
+    from bayes_latency.model.definition.hierarchy import prior_arrays
 
     gpu = fitted._canonical("llama-2-7b", "H100")[1]
     ds = fitted.coefficients("llama-3.1-8b", "H100", 1)
@@ -254,8 +254,8 @@ def test_factor_without_terms_option(data, tmp_path):
     ``eff_tp``) and for a TP degree the fit never saw (:func:`unseen_config_theta`)."""
     import pymc as pm
 
-    from bayes_latency.model.design import prior_arrays
-    from bayes_latency.model.unseen import unseen_config_theta
+    from bayes_latency.model.definition.design import prior_arrays
+    from bayes_latency.model.posterior.unseen import unseen_config_theta
 
     raw = yaml.safe_load(Path(load_priors().path).read_text())
     raw["hierarchy"]["tp"]["without"] = ["weight_loading"]

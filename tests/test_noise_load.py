@@ -1,6 +1,6 @@
-"""The load-dependent noise scale (:mod:`bayes_latency.model.likelihood`): the covariate, the
+"""The load-dependent noise scale (:mod:`bayes_latency.model.definition.likelihood`): the covariate, the
 per-row scale, stage 1's derivatives and estimates of the growth, and the band coverage by load
-of ``bayes-latency check`` (:func:`bayes_latency.checks.ppc_bands.coverage_by_load`). Small
+of ``bayes-latency check`` (:func:`bayes_latency.checks.ppc.bands.coverage_by_load`). Small
 synthetic tables; each test runs in about a second or less."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from obs_factory import make_observations
 from test_summaries import COEFS, PRIOR, central_differences
 
 from bayes_latency.errors import ConfigError
-from bayes_latency.model.likelihood import (
+from bayes_latency.model.definition.likelihood import (
     LOAD_DEV_MAX,
     NoiseParams,
     load_refs,
     noise_load,
 )
-from bayes_latency.model.noise import row_noise
-from bayes_latency.model.summaries import (
+from bayes_latency.model.definition.noise import row_noise
+from bayes_latency.model.definition.summaries import (
     _ConfigProblem,
     _initial,
     fit_rows,
@@ -121,7 +121,7 @@ def test_stage1_estimates_the_growth_of_the_scale_with_the_batch(scale, gamma):
 
 
 def test_coverage_by_load_bins_steps_by_batch_and_part_of_the_run():
-    from bayes_latency.checks.ppc_bands import coverage_by_load
+    from bayes_latency.checks.ppc.bands import coverage_by_load
     from bayes_latency.checks.run import load_coverage_markdown
 
     n = 90
@@ -148,7 +148,7 @@ def test_coverage_by_load_bins_steps_by_batch_and_part_of_the_run():
 
 def test_cli_offers_every_noise_load_and_defaults_to_the_packages():
     from bayes_latency.cli.main import build_parser
-    from bayes_latency.model.likelihood import NOISE_LOADS
+    from bayes_latency.model.definition.likelihood import NOISE_LOADS
 
     p = build_parser()
     fit = next(a for a in p._subparsers._group_actions[0].choices["fit"]._actions
@@ -162,10 +162,10 @@ def test_the_summaries_group_keeps_the_load_covariate_and_growth(scale, tmp_path
     netCDF file) and read back: the same noise table, the same per-row scales."""
     import xarray as xr
 
-    from bayes_latency.model.design import Design
-    from bayes_latency.model.noise import noise_from_result
-    from bayes_latency.model.persistence import noise_dataset
-    from bayes_latency.model.state import FitState
+    from bayes_latency.model.definition.design import Design
+    from bayes_latency.model.definition.noise import noise_from_result
+    from bayes_latency.model.posterior.persistence import noise_dataset
+    from bayes_latency.model.posterior.state import FitState
 
     rows = _iterations(0.5, seed=5, n=400)
     s = summarize_config(rows, COEFS, scale, PRIOR, load="batch")
@@ -212,7 +212,7 @@ def test_the_full_path_samples_the_growth_and_reads_it_back():
 def test_the_growth_only_optimum_holds_gamma_at_zero_or_is_stationary(scale, gamma):
     """``batch-growth``: at stage 1's optimum the objective's gradient in each ``gamma`` is zero
     (interior) or points below the bound 0 where ``gamma`` sits on it."""
-    from bayes_latency.model.summaries import _Objective
+    from bayes_latency.model.definition.summaries import _Objective
 
     rows = _iterations(gamma, seed=6, n=600)
     s = summarize_config(rows, COEFS, scale, PRIOR, load="batch-growth")

@@ -359,7 +359,7 @@ def test_band_summary_holds_overflowed_draws_at_the_largest_float():
     """Draws past the float range (+inf) leave finite bands: no inf - inf quantile, no overflow."""
     import warnings
 
-    from bayes_latency.checks.ppc_bands import band_summary
+    from bayes_latency.checks.ppc.bands import band_summary
 
     d = np.array([[1.0, 1.0], [2.0, np.inf], [np.inf, np.inf], [np.inf, np.inf]])
     with warnings.catch_warnings():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bayes_latency.model.sampler import Until, checkpoints, sample
+from bayes_latency.model.inference.sampler import Until, checkpoints, sample
 
 pm = pytest.importorskip("pymc")
 pytest.importorskip("nutpie")
@@ -69,8 +69,9 @@ def test_fit_samples_again_at_a_smaller_step_after_divergences(monkeypatch):
     the result records both attempts."""
     from obs_factory import CONFIGS, make_observations
 
-    from bayes_latency.model import estimator, extension
-    from bayes_latency.model.sampler import RETRY_TARGET_ACCEPT
+    from bayes_latency.model import estimator
+    from bayes_latency.model.inference import extension
+    from bayes_latency.model.inference.sampler import RETRY_TARGET_ACCEPT
 
     obs, _ = make_observations(CONFIGS[:1], n_iter=40, n_win=20, n_alpha=10, seed=0)
     calls = []

@@ -10,8 +10,8 @@ import pytensor.tensor as pt
 from obs_factory import make_observations
 from pytensor.gradient import jacobian
 
-from bayes_latency.model.hierarchy import SumGroupTransform
-from bayes_latency.model.identifiability import (
+from bayes_latency.model.definition.hierarchy import SumGroupTransform
+from bayes_latency.model.definition.identifiability import (
     MAX_WEIGHT_SPREAD,
     pooled_groups,
     sum_groups,
@@ -86,7 +86,7 @@ def test_sum_group_transform_is_exact_with_a_constant_jacobian():
 
 
 def test_unseen_levels_share_the_group_effect():
-    from bayes_latency.model.unseen import _shared_effects
+    from bayes_latency.model.posterior.unseen import _shared_effects
 
     rng = np.random.default_rng(1)
     eff = rng.normal(size=(2, 5, 10))  # (level, coef, sample)
@@ -97,7 +97,7 @@ def test_unseen_levels_share_the_group_effect():
 
 
 def test_near_pairs_share_most_rows_in_proportion():
-    from bayes_latency.model.identifiability import near_pairs
+    from bayes_latency.model.definition.identifiability import near_pairs
 
     # d (decode tokens) and r (requests): equal on decode rows, r alone on the prefill rows;
     # p (prompt tokens) only on prefill rows; c: constant on the prefill rows only (a coincidence)
@@ -120,7 +120,7 @@ def test_near_pairs_share_most_rows_in_proportion():
 
 
 def test_sum_group_members_without_ard_gate_when_switched_off(monkeypatch):
-    from bayes_latency.model import hierarchy
+    from bayes_latency.model.definition import hierarchy
     from bayes_latency.model.estimator import LatencyModel
 
     monkeypatch.setattr(hierarchy, "GATE_SUM_GROUPS", False)

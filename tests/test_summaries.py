@@ -1,4 +1,4 @@
-"""Stage 1 (:mod:`bayes_latency.model.summaries`): derivatives, the projected Newton optimiser, the
+"""Stage 1 (:mod:`bayes_latency.model.definition.summaries`): derivatives, the projected Newton optimiser, the
 profiled information. Small synthetic tables; every test runs in well under a second."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from obs_factory import make_observations
 from scipy import optimize
 
-from bayes_latency.model.summaries import (
+from bayes_latency.model.definition.summaries import (
     RIDGE,
     NoisePrior,
     _ConfigProblem,
@@ -283,7 +283,7 @@ def test_summarize_inline_and_automatic_agree(scale):
 def test_small_configurations_keep_the_best_of_several_noise_starts(scale, monkeypatch):
     """With a few dozen heavy-tailed rows the objective has several optima; the grid of noise
     starts must end no worse than the single default start, and large tables keep one start."""
-    import bayes_latency.model.summaries as S
+    import bayes_latency.model.definition.summaries as S
 
     obs, _ = make_observations([("llama-2-70b", "H100", 4)], n_iter=30, n_win=0, n_alpha=0, seed=5)
     small = fit_rows(obs)
@@ -310,7 +310,7 @@ def test_small_configurations_keep_the_best_of_several_noise_starts(scale, monke
 def test_sum_log_offset_is_the_median_of_a_sum_of_lognormal_steps():
     """``log`` of the sum of ``n`` steps with lognormal noise (sd 0.1) has its median
     ``sigma^2/2 (1 - 1/n)`` above ``log`` of the sum of the step medians."""
-    from bayes_latency.model.likelihood import NoiseParams, sum_log_offset
+    from bayes_latency.model.definition.likelihood import NoiseParams, sum_log_offset
 
     rng = np.random.default_rng(0)
     sigma = 0.1
@@ -331,7 +331,7 @@ def test_constant_from_sums_of_noisy_steps_is_unbiased(monkeypatch, with_offset)
     offset), the estimate sits 14 sd above ``c`` (z 1.1 with the offset): the check can fail."""
     import pandas as pd
 
-    import bayes_latency.model.objective as objective
+    import bayes_latency.model.definition.objective as objective
 
     if not with_offset:
         monkeypatch.setattr(objective, "sum_log_offset", lambda sigma, n: np.zeros(np.shape(n)))
@@ -351,7 +351,7 @@ def test_constant_from_sums_of_noisy_steps_is_unbiased(monkeypatch, with_offset)
 
 # ---------------------------------------------------------------- noise classes
 def test_noise_kind_puts_prefill_steps_in_their_own_class():
-    from bayes_latency.model.likelihood import noise_kind
+    from bayes_latency.model.definition.likelihood import noise_kind
 
     df = pd.DataFrame({"kind": ["iteration", "iteration", "benchmark_mean", "benchmark_mean",
                                 "step_window", "alpha_arrival"],
@@ -381,8 +381,8 @@ def test_stage1_fits_a_separate_noise_for_prefill_steps(scale):
 
 
 def test_predictions_use_each_rows_noise_class():
+    from bayes_latency.model.definition.likelihood import NoiseParams
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.likelihood import NoiseParams
 
     m = LatencyModel()
     m._noise = {"a": {"iteration": NoiseParams(0.01, 0.0, 5.0),

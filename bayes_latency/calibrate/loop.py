@@ -232,7 +232,7 @@ def _prior_start(stages: Sequence[ClientStage], terms: Sequence[str]
 def population_start(population: Any, stages: Sequence[ClientStage], terms: Sequence[str]
                      ) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
     """Start coefficients from a fleet population: per stage configuration, the prior median
-    ``exp(mean log m)`` of :meth:`~bayes_latency.model.fleet.Population.config_prior` (terms
+    ``exp(mean log m)`` of :meth:`~bayes_latency.model.posterior.fleet.Population.config_prior` (terms
     the population does not fit get 0)."""
     names = list(term_names(terms))
     cfgs = {s.config_id: (s.model, load_gpu(s.gpu).name, int(s.tp)) for s in stages}

@@ -85,7 +85,7 @@ def run_level_sigma(model: Any, cid: str, kind: str, prior_rows: float = PRIOR_R
 
     * fleet: ``s_F^2 = (nu_p s_prior^2 + sum_c n_c s_c^2 + N s_pop^2) / (nu_p + sum_c n_c + N)``
       (``s_pop``, ``N``: the scatter and rows of the fleet population the fit was made under,
-      :func:`bayes_latency.model.fleet.client_noise`; none otherwise),
+      :func:`bayes_latency.model.posterior.fleet.client_noise`; none otherwise),
     * configuration: ``s^2 = (nu_F s_F^2 + n_c s_c^2) / (nu_F + n_c)``,
 
     ``s_c`` the configuration's fitted noise scale of the kind, ``n_c`` its rows of the kind,

@@ -134,8 +134,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     """
     from bayes_latency.checks.psis import loo_pit
     from bayes_latency.data.observations.build import DEFAULT_STACK
-    from bayes_latency.model.likelihood import row_loglik
-    from bayes_latency.model.summaries import feature_columns
+    from bayes_latency.model.definition.likelihood import row_loglik
+    from bayes_latency.model.definition.summaries import feature_columns
 
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))

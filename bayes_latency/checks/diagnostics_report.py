@@ -144,7 +144,7 @@ class DiagnosticsReport:
             lines += [f"- {k}: {_fmt(v)}" for k, v in self.loo.items()]
             lines.append("")
         if self.identifiability is not None:
-            from bayes_latency.model.identifiability import IdentifiabilityReport
+            from bayes_latency.model.definition.identifiability import IdentifiabilityReport
 
             ident = IdentifiabilityReport.from_dict(self.identifiability)
             lines += ["## Identifiability", "", "```", ident.summary(), "```", ""]

@@ -152,7 +152,7 @@ def gate(model: LatencyModel, observations: pd.DataFrame,
 
     ``observations`` are the rows it was fitted to; ``requests`` the requests table (workload
     means are checked only with it); ``gates`` the convergence thresholds
-    (:data:`~bayes_latency.model.convergence.GATES`), ``thresholds`` the adequacy ones.
+    (:data:`~bayes_latency.model.inference.convergence.GATES`), ``thresholds`` the adequacy ones.
     """
     t0 = time.perf_counter()
     conv = model.convergence(gates)
@@ -186,7 +186,7 @@ def fit(observations: pd.DataFrame, requests: pd.DataFrame | None = None, *,
         the model is returned; ``"raise"``: :meth:`GateReport.raise_if_failed`; ``"ignore"``:
         only the report says it.
     gates
-        Convergence thresholds (:data:`~bayes_latency.model.convergence.GATES`), used while
+        Convergence thresholds (:data:`~bayes_latency.model.inference.convergence.GATES`), used while
         sampling goes on and by the gate.
     thresholds
         Adequacy thresholds (:class:`~bayes_latency.checks.adequacy.AdequacyThresholds`).
@@ -202,7 +202,7 @@ def fit(observations: pd.DataFrame, requests: pd.DataFrame | None = None, *,
         The fitted model and its gates (``report.passed``, ``report.failures``).
     """
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.progress import progress_mode
+    from bayes_latency.model.inference.progress import progress_mode
 
     if on_failure not in ON_FAILURE:
         raise ConfigError(f"on_failure={on_failure!r}: expected one of {ON_FAILURE}")

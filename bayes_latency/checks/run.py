@@ -163,7 +163,7 @@ MIN_BIN_ROWS = 20
 
 
 def load_coverage_markdown(by_load: pd.DataFrame) -> str:
-    """The report of :func:`~bayes_latency.checks.ppc_bands.coverage_by_load`: the bins (of at
+    """The report of :func:`~bayes_latency.checks.ppc.bands.coverage_by_load`: the bins (of at
     least :data:`MIN_BIN_ROWS` rows) whose 90% band holds less than 85% or more than 95% of
     their rows, then the whole table."""
     from bayes_latency.checks.diagnostics_report import _markdown_table

@@ -20,7 +20,11 @@ from bayes_latency.data.tables import (
     table_source,
 )
 from bayes_latency.errors import BayesLatencyError
-from bayes_latency.model.sampler import NUTPIE_ADAPTATION, TARGET_ACCEPT, resolve_max_draws
+from bayes_latency.model.inference.sampler import (
+    NUTPIE_ADAPTATION,
+    TARGET_ACCEPT,
+    resolve_max_draws,
+)
 from bayes_latency.physics.basis import DEFAULT_TERMS
 
 
@@ -111,10 +115,10 @@ def fit_command(args: argparse.Namespace) -> int:
     obs = load_checked_observations(args.tables)
     requests = (read_table(tables, "requests")
                 if tables.is_dir() and "requests" in table_names(tables) else None)
-    from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
+    from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD
 
     if pop:
-        from bayes_latency.model.fleet import load_population
+        from bayes_latency.model.posterior.fleet import load_population
 
         pop = load_population(pop)
         print(f"prior of the configurations: the population {pop.name!r} ({pop.describe()['configs']})")

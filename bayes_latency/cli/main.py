@@ -73,14 +73,14 @@ def _cmd_study(args: argparse.Namespace) -> int:
                           n_draws=args.draws, runs=args.runs, data=args.data,
                           blis_src=args.blis_src, parallel=args.parallel)
     if args.name == "fewshot":
-        from bayes_latency.study.fewshot import main as study_fewshot
+        from bayes_latency.study.client.fewshot import main as study_fewshot
 
         return study_fewshot(Path(args.out), blis=args.blis or os.environ.get("BLIS_BIN"),
                              quick=args.quick, n_draws=args.draws,
                              models=[m_ for m_ in (args.models or "").split(",") if m_] or None,
                              shots=args.shots)
     if args.name == "client":
-        from bayes_latency.study.client_blis import main as study_client
+        from bayes_latency.study.client.blis import main as study_client
 
         return study_client(Path(args.out), blis=args.blis, quick=args.quick,
                             n_draws=args.draws, resume=args.resume,
@@ -316,7 +316,7 @@ def _calibrate_population(args: argparse.Namespace, terms: tuple[str, ...] | Non
     """The population ``calibrate`` fits under: ``--population`` (a file, or ``none``), else the
     shipped real-fleet population unless ``--tables`` or ``--priors`` is given (None: the
     roofline priors alone). Printed."""
-    from bayes_latency.model.fleet import resolve_population
+    from bayes_latency.model.posterior.fleet import resolve_population
 
     if args.population is None and (args.tables or args.priors):
         return None

@@ -2,7 +2,7 @@
 
 ``bayes-latency population TABLES --out population.nc [--leave-out model=llama-2-7b]`` fits the
 hierarchy to an ingested table folder (the rows of the left-out level removed first), gates the
-fit as ``fit`` does and writes the population (:mod:`bayes_latency.model.fleet`) only when
+fit as ``fit`` does and writes the population (:mod:`bayes_latency.model.posterior.fleet`) only when
 every gate passes; ``bayes-latency population POSTERIOR.nc --out population.nc`` takes the
 population of a saved fit (its convergence gates checked). ``fit --population`` and
 ``calibrate --population`` use the file.
@@ -54,7 +54,7 @@ def population_command(args: argparse.Namespace) -> int:
     gate of the fit fails."""
     from bayes_latency.cli.fit import _check_sampler_args, _max_draws, parse_terms
     from bayes_latency.io import check_output_path
-    from bayes_latency.model.fleet import (
+    from bayes_latency.model.posterior.fleet import (
         fleet_noise,
         leave_out,
         parse_leave_out,

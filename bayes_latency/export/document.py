@@ -33,7 +33,7 @@ import xarray as xr
 from bayes_latency.checks.datatree import is_approximate
 from bayes_latency.checks.diagnostics_report import jsonable
 from bayes_latency.errors import BayesLatencyError
-from bayes_latency.model.predict import coefficient_arrays, predict_reference
+from bayes_latency.model.posterior.predict import coefficient_arrays, predict_reference
 
 SCHEMA_VERSION = 1
 """Version of the JSON export document."""
@@ -224,7 +224,7 @@ def config_notes(coefs: xr.Dataset) -> list[str]:
 def calibration_notes(population: Mapping[str, Any] | None,
                       host_bound: Sequence[str] = ()) -> list[str]:
     """Notes of a calibration's export: which fleet population was the configuration's prior
-    (``population``: :meth:`~bayes_latency.model.fleet.Population.describe` with
+    (``population``: :meth:`~bayes_latency.model.posterior.fleet.Population.describe` with
     ``unseen_levels``; None: the roofline priors alone), and, when the client result has stages
     whose mean runs past what a load-independent overhead can follow (``host_bound``: the client
     means not fitted for their elasticity, :data:`bayes_latency.calibrate.loop.MAX_FIT_ELASTICITY`;
@@ -362,7 +362,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     seed
         Seed of the draw selection.
     step_noise
-        Noise class -> :class:`~bayes_latency.model.likelihood.NoiseParams` of the
+        Noise class -> :class:`~bayes_latency.model.definition.likelihood.NoiseParams` of the
         configuration's steps (:func:`step_noise_of`); None leaves ``step_noise`` out.
 
     Returns
@@ -439,7 +439,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
 #: Noise classes of one engine step whose scale the JSON export carries (``step_noise``).
 STEP_NOISE_CLASSES = ("iteration", "iteration_prefill")
 #: How a simulator draws a step time from the exported ``step_noise`` (see
-#: :mod:`bayes_latency.model.likelihood`).
+#: :mod:`bayes_latency.model.definition.likelihood`).
 STEP_NOISE_FORMULA = ("log(step_us) = log(predicted_us) + s * t_nu, s = sigma * (load / "
                       "load_ref)^gamma, the factor (load / load_ref)^gamma clipped to "
                       "[1/4, 4]; load: requests in the step (load 'batch', 'batch-growth'), "
@@ -462,7 +462,7 @@ def step_noise_block(noise: Mapping[str, Any]) -> dict[str, Any]:
     Parameters
     ----------
     noise
-        Noise class -> :class:`~bayes_latency.model.likelihood.NoiseParams` of the configuration.
+        Noise class -> :class:`~bayes_latency.model.definition.likelihood.NoiseParams` of the configuration.
 
     Returns
     -------

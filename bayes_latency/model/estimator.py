@@ -7,7 +7,7 @@
 
 The fitted result is an ``xarray.DataTree`` with the groups ArviZ expects (``posterior``,
 ``sample_stats``, ``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,
-``prior_predictive``, ``log_prior``; see :mod:`bayes_latency.model.groups`) and two of its own
+``prior_predictive``, ``log_prior``; see :mod:`bayes_latency.model.posterior.groups`) and two of its own
 (``constant_data``, ``summaries``), with attrs ``bayes_latency_version``, ``model_version``,
 ``priors_hash``, ``priors_yaml`` (the priors themselves), ``data_hash``, ``terms``, ``method``,
 ``variant``, ``sampler``, ``sampler_settings`` and ``approximate``: :meth:`LatencyModel.load`
@@ -16,12 +16,12 @@ given priors that differ from the embedded ones, raises
 :class:`~bayes_latency.errors.ModelMismatchError`.
 
 ``LatencyModel`` is a facade: it keeps the fit's state and delegates each concern to a module
-that takes arrays, tables, DataTrees, the PyMC model and a :class:`~.state.FitState`: from the
-table to the PyMC model (:mod:`.build`), the draws (:mod:`.fitting`, with the samplers of
-:mod:`.sampler`, the extension of :mod:`.extension` and the derived variables of
-:mod:`.deterministics`), the ArviZ groups (:mod:`.groups`), the result's layout, save and read
-(:mod:`.persistence`), the noise per configuration (:mod:`.noise`), coefficients and predictions
-(:mod:`.predict`) and the convergence gates (:mod:`.convergence`). The ``bayes-latency fit``
+that takes arrays, tables, DataTrees, the PyMC model and a :class:`~bayes_latency.model.posterior.state.FitState`: from the
+table to the PyMC model (:mod:`bayes_latency.model.inference.build`), the draws (:mod:`bayes_latency.model.inference.fitting`, with the samplers of
+:mod:`bayes_latency.model.inference.sampler`, the extension of :mod:`bayes_latency.model.inference.extension` and the derived variables of
+:mod:`bayes_latency.model.posterior.deterministics`), the ArviZ groups (:mod:`bayes_latency.model.posterior.groups`), the result's layout, save and read
+(:mod:`bayes_latency.model.posterior.persistence`), the noise per configuration (:mod:`bayes_latency.model.definition.noise`), coefficients and predictions
+(:mod:`bayes_latency.model.posterior.predict`) and the convergence gates (:mod:`bayes_latency.model.inference.convergence`). The ``bayes-latency fit``
 command is :mod:`bayes_latency.cli.fit`.
 
 Importing this module is light (no PyMC, PyTensor or ArviZ): they are imported when a model is
@@ -45,22 +45,25 @@ import xarray as xr
 from bayes_latency.data.observations.build import DEFAULT_STACK
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError
-from bayes_latency.model import build as _build
-from bayes_latency.model import convergence as _convergence
-from bayes_latency.model import persistence as _persistence
-from bayes_latency.model import predict as _predict
-from bayes_latency.model.convergence import GATES  # noqa: F401 - re-exported
-from bayes_latency.model.fitting import draw_posterior
-from bayes_latency.model.identifiability import IdentifiabilityReport
-from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD, NoiseParams, check_noise_load
-from bayes_latency.model.noise import (  # noqa: F401 - NOISE_PROXY re-exported
+from bayes_latency.model.definition.identifiability import IdentifiabilityReport
+from bayes_latency.model.definition.likelihood import (
+    DEFAULT_NOISE_LOAD,
+    NoiseParams,
+    check_noise_load,
+)
+from bayes_latency.model.definition.noise import (  # noqa: F401 - NOISE_PROXY re-exported
     NOISE_PROXY,
     noise_from_result,
     noise_params,
     row_noise,
 )
-from bayes_latency.model.progress import progress_mode
-from bayes_latency.model.sampler import (
+from bayes_latency.model.definition.summaries import ConfigSummary
+from bayes_latency.model.inference import build as _build
+from bayes_latency.model.inference import convergence as _convergence
+from bayes_latency.model.inference.convergence import GATES  # noqa: F401 - re-exported
+from bayes_latency.model.inference.fitting import draw_posterior
+from bayes_latency.model.inference.progress import progress_mode
+from bayes_latency.model.inference.sampler import (
     ADAPTATIONS,
     DEFAULT_DRAWS,
     DEFAULT_TUNE,
@@ -69,19 +72,20 @@ from bayes_latency.model.sampler import (
     TARGET_ACCEPT,
     resolve_max_draws,
 )
-from bayes_latency.model.state import FitState
-from bayes_latency.model.summaries import ConfigSummary
+from bayes_latency.model.posterior import persistence as _persistence
+from bayes_latency.model.posterior import predict as _predict
+from bayes_latency.model.posterior.state import FitState
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
 
-    from bayes_latency.model.hierarchy import Design
+    from bayes_latency.model.definition.hierarchy import Design
 
 METHODS = ("laplace-hierarchy", "full")
 
 #: Whether :meth:`LatencyModel.fit` adds the observation-level and prior groups
-#: (:mod:`bayes_latency.model.groups`); off inside :func:`posterior_only`.
+#: (:mod:`bayes_latency.model.posterior.groups`); off inside :func:`posterior_only`.
 _ARVIZ_GROUPS: contextvars.ContextVar[bool] = contextvars.ContextVar("arviz_groups", default=True)
 
 
@@ -119,8 +123,8 @@ def _quiet_pymc() -> Iterator[None]:
 
 
 def _as_population(population: object) -> object:
-    """A :class:`~bayes_latency.model.fleet.Population` (read from its file when a path)."""
-    from bayes_latency.model.fleet import load_population
+    """A :class:`~bayes_latency.model.posterior.fleet.Population` (read from its file when a path)."""
+    from bayes_latency.model.posterior.fleet import load_population
 
     return population if hasattr(population, "config_prior") else load_population(population)
 
@@ -167,10 +171,10 @@ class LatencyModel:
     variant
         ``"hierarchy"`` (default), ``"no_ard"``, ``"complete_pooling"`` or ``"no_pooling"``.
     population
-        A fitted fleet's :class:`~bayes_latency.model.fleet.Population` (or a path to its
+        A fitted fleet's :class:`~bayes_latency.model.posterior.fleet.Population` (or a path to its
         file): the configurations of the data take the population's prior (a seen level its
         fitted effect, an unseen level a draw from its factor's scale; variant
-        ``"population"``, :mod:`bayes_latency.model.fleet`). The terms and priors are then the
+        ``"population"``, :mod:`bayes_latency.model.posterior.fleet`). The terms and priors are then the
         population's (``terms`` / ``priors`` given must match them), and the rows enter the
         likelihood directly (method ``"full"``): new data of a few client means give a
         stage-1 summary whose optimum lies far outside the population's range, and its
@@ -178,9 +182,9 @@ class LatencyModel:
         codegen: R-hat 1.83, chains 9 prior sds apart; with the rows: one mode, R-hat 1.017
         at 1000 draws).
     noise_load
-        Load covariate of the noise scale (:data:`~bayes_latency.model.likelihood.NOISE_LOADS`;
-        default :data:`~bayes_latency.model.likelihood.DEFAULT_NOISE_LOAD`): the scale of a
-        step's noise grows with it at a fitted rate (:mod:`~bayes_latency.model.likelihood`).
+        Load covariate of the noise scale (:data:`~bayes_latency.model.definition.likelihood.NOISE_LOADS`;
+        default :data:`~bayes_latency.model.definition.likelihood.DEFAULT_NOISE_LOAD`): the scale of a
+        step's noise grows with it at a fitted rate (:mod:`~bayes_latency.model.definition.likelihood`).
     """
 
     def __init__(self, priors: object = None, terms: tuple = DEFAULT_TERMS,
@@ -195,7 +199,7 @@ class LatencyModel:
             raise ConfigError(f"unknown method {method!r}; expected one of {METHODS}")
         if sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
-        from bayes_latency.model.hierarchy import VARIANTS
+        from bayes_latency.model.definition.hierarchy import VARIANTS
 
         if variant not in VARIANTS:
             raise ConfigError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -213,7 +217,7 @@ class LatencyModel:
         #: per configuration, the levels the population did not see (after a build)
         self.population_unseen: dict[str, list[str]] = {}
         self.noise_load = check_noise_load(noise_load)
-        #: where stage 1 runs (:func:`bayes_latency.model.summaries.summarize`); stage 2 runs here
+        #: where stage 1 runs (:func:`bayes_latency.model.definition.summaries.summarize`); stage 2 runs here
         self.scheduler = scheduler
         self.result: xr.DataTree | None = None
         self.design: Design | None = None
@@ -232,7 +236,7 @@ class LatencyModel:
         return _build.coefficient_scale(self.priors, self.coefs)
 
     def _state(self) -> FitState:
-        """The fitted state the functional modules take (:class:`~.state.FitState`)."""
+        """The fitted state the functional modules take (:class:`~bayes_latency.model.posterior.state.FitState`)."""
         if self.design is None:
             raise BayesLatencyError("the model is not fitted; call fit() or load()")
         return FitState(priors=self.priors, design=self.design, method=self.method,
@@ -272,11 +276,11 @@ class LatencyModel:
                                        population_prior=prior, noise_load=self.noise_load)
 
     def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
-        """:func:`~bayes_latency.model.build.sum_groups` of the fitted rows."""
+        """:func:`~bayes_latency.model.inference.build.sum_groups` of the fitted rows."""
         return _build.sum_groups(self._rows, self.coefs)
 
     def _no_gate(self) -> tuple[str, ...]:
-        """:func:`~bayes_latency.model.build.no_gate` of the fitted rows."""
+        """:func:`~bayes_latency.model.inference.build.no_gate` of the fitted rows."""
         return _build.no_gate(self.identifiability, self._rows, self.coefs)
 
     # ------------------------------------------------------------------ fitting
@@ -303,16 +307,16 @@ class LatencyModel:
         ``draws / 2`` more) and stopping at the first that passes, or when more draws cannot
         help (divergences, or chains in different places: R-hat above 1.3 at the first check,
         or above 1.1 and not falling). ``"auto"`` (default, as ``bayes-latency fit``): up to
-        :data:`~bayes_latency.model.sampler.MAX_DRAWS_FACTOR` x ``draws``; ``None`` or 0:
+        :data:`~bayes_latency.model.inference.sampler.MAX_DRAWS_FACTOR` x ``draws``; ``None`` or 0:
         exactly ``draws``. When it stopped on divergences, it samples once more at
-        ``target_accept`` 0.995 (:mod:`~bayes_latency.model.extension`). The checks and where
+        ``target_accept`` 0.995 (:mod:`~bayes_latency.model.inference.extension`). The checks and where
         it stopped are in the result's ``extension`` attribute and in :meth:`convergence`.
 
         ``progress``: ``True`` (default) shows nutpie's progress where the fit runs: a bar in a
         notebook or on a terminal whose total is what will run (the draws up to the next
         checkpoint), else one line on stderr at the end of tuning, at each checkpoint and at the
         end; ``False``: nothing; ``"bar"`` / ``"lines"``: that display
-        (:func:`~bayes_latency.model.progress.progress_mode`).
+        (:func:`~bayes_latency.model.inference.progress.progress_mode`).
         """
         progress = progress_mode(progress)
         max_draws = resolve_max_draws(max_draws, draws)
@@ -348,8 +352,8 @@ class LatencyModel:
 
     def _add_arviz_groups(self, model: pm.Model, seed: int, prior_draws: int) -> None:
         """``observed_data``, ``log_likelihood``, ``posterior_predictive``, ``prior``,
-        ``prior_predictive`` and ``log_prior`` (:mod:`bayes_latency.model.groups`)."""
-        from bayes_latency.model import groups
+        ``prior_predictive`` and ``log_prior`` (:mod:`bayes_latency.model.posterior.groups`)."""
+        from bayes_latency.model.posterior import groups
 
         if not self._noise:  # the full path's noise: posterior means of the result
             self._noise_from_result()
@@ -362,7 +366,7 @@ class LatencyModel:
     # ------------------------------------------------------------------ posterior access
     def _post(self) -> xr.Dataset:
         """The posterior with the fixed quantities (kept once in ``constant_data``) over the
-        draws, as the model has them (:func:`~.persistence.posterior_with_fixed`)."""
+        draws, as the model has them (:func:`~bayes_latency.model.posterior.persistence.posterior_with_fixed`)."""
         if self.result is None:
             raise BayesLatencyError("the model is not fitted; call fit() or load()")
         # built once per posterior (predictions call this per configuration): kept while the
@@ -469,12 +473,12 @@ class LatencyModel:
 
         ``batches`` is a batch table (the columns of
         :data:`bayes_latency.physics.basis.BATCH_COLUMNS`, one row per engine step; None: the
-        default reference batches of :func:`bayes_latency.model.predict.predict_reference`). The
+        default reference batches of :func:`bayes_latency.model.posterior.predict.predict_reference`). The
         configuration ``model`` / ``gpu`` / ``tp`` may be seen or unseen (:meth:`coefficients`
         draws its coefficients, an unseen one with its wider band); ``serving`` takes the knobs
         of :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
         columns plus ``mean_us, median_us, q05_us, q95_us`` per row
-        (:func:`bayes_latency.model.predict.predict_reference`); ``attrs["unseen_levels"]``
+        (:func:`bayes_latency.model.posterior.predict.predict_reference`); ``attrs["unseen_levels"]``
         names the levels the fit did not see.
         """
         coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed, stack=stack)
@@ -486,7 +490,7 @@ class LatencyModel:
     def _row_noise(self, observations: pd.DataFrame
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row noise of each row's (configuration, noise class)
-        (:func:`~bayes_latency.model.noise.row_noise`)."""
+        (:func:`~bayes_latency.model.definition.noise.row_noise`)."""
         if not self._noise:
             self._noise_from_result()
         return row_noise(self._noise, observations)
@@ -518,7 +522,7 @@ class LatencyModel:
         ``thin`` keeps every ``thin``-th draw of every group indexed by the posterior's draws
         (``posterior``, ``sample_stats``, ``log_likelihood``, ``posterior_predictive``,
         ``log_prior``), so they stay aligned as ArviZ needs. Default (``None``): the thinning
-        that keeps at most :data:`~bayes_latency.model.groups.FILE_MAX_SAMPLES` (800)
+        that keeps at most :data:`~bayes_latency.model.posterior.groups.FILE_MAX_SAMPLES` (800)
         posterior samples; ``thin=1`` keeps every draw. Attrs ``thinned_by`` and ``n_samples``
         record the factor and the samples kept. Draws are float32 except the free variables of
         the model (float64), every numeric array gzip-compressed with shuffle. The in-memory
@@ -548,7 +552,7 @@ class LatencyModel:
                 terms=saved.terms, method=saved.method, sampler=saved.sampler,
                 variant=saved.variant, noise_load=saved.noise_load)
         _persistence.check_priors(path, saved.result, m.priors)
-        from bayes_latency.model.hierarchy import Design
+        from bayes_latency.model.definition.hierarchy import Design
 
         m.design = Design(m.coefs, m.terms, m.alpha_terms, _persistence.configs_table(saved.result))
         m.result = saved.result

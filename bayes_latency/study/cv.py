@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from bayes_latency.data.observations.build import DEFAULT_STACK
-from bayes_latency.model.identifiability import identifiability
+from bayes_latency.model.definition.identifiability import identifiability
 from bayes_latency.physics.basis import DEFAULT_TERMS, TERMS
 from bayes_latency.study.baselines import baseline_predictions
 from bayes_latency.study.realdata import RealData, Split
@@ -113,7 +113,7 @@ def identifiability_table(observations: pd.DataFrame,
                           ) -> tuple[pd.DataFrame, dict[str, list[list[str]]]]:
     """Per configuration: which coefficients the fitted rows identify, for each term set.
 
-    Runs :func:`~bayes_latency.model.identifiability.identifiability` on the rows a fit would use
+    Runs :func:`~bayes_latency.model.definition.identifiability.identifiability` on the rows a fit would use
     (``fit_rows``) with the coefficients and prior-median scales of ``LatencyModel(terms=...)``.
 
     Parameters
@@ -129,8 +129,8 @@ def identifiability_table(observations: pd.DataFrame,
         ``table``: one row per (term set, configuration) with ``term_set, config_id, n_active,
         rank, flat_groups``; ``everywhere``: per term set, the groups no configuration separates.
     """
+    from bayes_latency.model.definition.summaries import fit_rows
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.model.summaries import fit_rows
 
     if term_sets is None:
         term_sets = {f"default ({len(DEFAULT_TERMS)} terms)": DEFAULT_TERMS,

@@ -161,7 +161,7 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
     if ident is not None and len(ident):
         L.append("## Identifiability: why the fits use 6 terms\n")
         L.append(
-            "Before any sampling, `bayes_latency.model.identifiability` takes each configuration's "
+            "Before any sampling, `bayes_latency.model.definition.identifiability` takes each configuration's "
             "fitted rows, divides them by the observed value and scales each column by the "
             "coefficient's prior median, and counts the directions whose singular value is above "
             "the module's flatness tolerance (`rank`). Coefficients in a `flat_groups` entry are identified "

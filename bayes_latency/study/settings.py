@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bayes_latency.model.likelihood import DEFAULT_NOISE_LOAD
-from bayes_latency.model.sampler import (
+from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD
+from bayes_latency.model.inference.sampler import (
     DEFAULT_DRAWS,
     DEFAULT_MAX_DRAWS,
     DEFAULT_TUNE,
@@ -54,7 +54,7 @@ class FitSettings:
     #: Sample on past ``draws`` until the convergence gates pass, up to this many draws (the
     #: default of ``bayes-latency fit``; None: exactly ``draws``).
     max_draws: int | None = None
-    #: Load covariate of the noise scale (``bayes_latency.model.likelihood.NOISE_LOADS``).
+    #: Load covariate of the noise scale (``bayes_latency.model.definition.likelihood.NOISE_LOADS``).
     noise_load: str = DEFAULT_NOISE_LOAD
 
     def describe(self) -> str:

@@ -91,12 +91,19 @@ def default_tp(arch: object, gpu: str) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    """``bayes-latency export posterior.nc --model M --gpu G --tp N [--draws N] --format json|blis
-    --out FILE``: writes the JSON document or the BLIS YAML of the configuration; returns 0."""
+    """``bayes-latency export [posterior.nc | --population P] --model M --gpu G --tp N
+    [--draws N] --format json|blis --out FILE``: writes the JSON document or the BLIS YAML of
+    the configuration; returns 0. Without a posterior it is a zero-shot export from a fleet
+    population (:func:`population_export`)."""
     from bayes_latency.checks.sanity import load_posterior
     from bayes_latency.io import atomic_write_text, check_output_path
 
+    if args.posterior is not None and getattr(args, "population", None) is not None:
+        raise BayesLatencyError("give a posterior file or --population, not both (a posterior "
+                                "exports its fit; --population a zero-shot export)")
     check_export_args(args)
+    if args.posterior is None:
+        return population_export(args)
     inputs = [Path(args.posterior)] + [Path(p) for p in (args.model, args.gpu,
                                                          getattr(args, "priors", None))
                                        if p and Path(p).exists()]
@@ -125,4 +132,54 @@ def export_command(args: argparse.Namespace) -> int:
     for note in export_notes(coefs, config):
         print(f"note: {note}")
     print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
+    return 0
+
+
+def population_export(args: argparse.Namespace) -> int:
+    """``bayes-latency export [--population P] --model M --gpu G --tp N ...``: the zero-shot
+    export of a configuration from a fleet population alone
+    (:meth:`~bayes_latency.model.posterior.fleet.Population.coefficients`; default the shipped
+    population), whose notes name every level the population did not see and what informed the
+    others (:func:`~bayes_latency.export.document.population_notes`). Returns 0."""
+    from bayes_latency.export.document import file_sha256, population_notes
+    from bayes_latency.io import atomic_write_text, check_output_path
+    from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
+
+    spec = getattr(args, "population", None)
+    if spec is not None and str(spec).lower() == "none":
+        raise BayesLatencyError("--population none: a zero-shot export needs a population (omit "
+                                "--population for the shipped one)")
+    if getattr(args, "priors", None):
+        raise BayesLatencyError("--priors checks a posterior's embedded priors; a population "
+                                "file carries its own (drop --priors)")
+    path = Path(spec) if spec is not None else SHIPPED_POPULATION
+    inputs = [path] + [Path(p) for p in (args.model, args.gpu) if p and Path(p).exists()]
+    out = check_output_path(args.out, inputs, kind="file")
+    pop = load_population(path)
+    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
+    n_draws = int(getattr(args, "draws", 0) or 0)
+    try:
+        coefs = pop.coefficients(args.model, args.gpu, int(args.tp))
+        prov = {**provenance(pop.attrs), "population": pop.name,
+                "population_file": path.name, "population_sha256": file_sha256(path)}
+        origin = population_notes(pop.describe(), coefs)
+        if args.format == "blis":
+            text = blis_yaml(coefs, config, prov, n_draws=n_draws, origin_notes=origin,
+                             source="population")
+            _check_finite(load_yaml(text))
+        elif args.format == "json":
+            doc = export_document(coefs, config, prov, n_draws=n_draws, origin_notes=origin)
+            _check_finite(doc)
+            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        else:
+            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+    except BayesLatencyError as exc:  # name the population the bad coefficients come from
+        if str(path) in str(exc):
+            raise
+        raise type(exc)(f"{path}: {exc}") from exc
+    atomic_write_text(out, text)
+    for note in export_notes(coefs, config, origin):
+        print(f"note: {note}")
+    print(f"wrote zero-shot {args.format} export of {args.model} on {args.gpu} tp{args.tp} "
+          f"to {out}")
     return 0

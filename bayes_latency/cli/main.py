@@ -503,7 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("export", help="coefficients for a simulator configuration")
-    s.add_argument("posterior", help="posterior file written by `fit` or `calibrate` (.nc, .zarr)")
+    s.add_argument("posterior", nargs="?", default=None,
+                   help="posterior file written by `fit` or `calibrate` (.nc, .zarr); without "
+                        "it, a zero-shot export from a fleet population (--population)")
+    s.add_argument("--population", default=None,
+                   help="population file (`bayes-latency population`) of a zero-shot export, "
+                        "used when no posterior is given (default: the shipped population of "
+                        "the real H100 fleet)")
     s.add_argument("--model", required=True, help="known model name or config.json path")
     s.add_argument("--gpu", required=True, help="GPU name (H100, H200, A100-80GB ...) or "
                                                 "datasheet file")

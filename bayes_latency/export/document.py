@@ -255,10 +255,55 @@ def calibration_notes(population: Mapping[str, Any] | None,
     return notes
 
 
-def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None) -> list[str]:
-    """The notes of an export: :func:`config_notes` (is the configuration unseen, and where
-    each level's effect came from), then :func:`blis_notes` (terms folded or left out)."""
-    return config_notes(coefs) + blis_notes(coefs, config)
+def population_notes(population: Mapping[str, Any], coefs: xr.Dataset) -> list[str]:
+    """Notes of a zero-shot export made from a fleet population alone (``export --population``,
+    or no posterior): which population, what it was fitted on, which levels of the
+    configuration it saw (their fitted effects) and which it did not (an effect drawn from the
+    factor's scale), and that the configuration's own residual is drawn.
+
+    Parameters
+    ----------
+    population
+        :meth:`~bayes_latency.model.posterior.fleet.Population.describe`.
+    coefs
+        The draws of :meth:`~bayes_latency.model.posterior.fleet.Population.coefficients`.
+    """
+    attrs = coefs.attrs
+    named = {k: f"{LEVEL_NAMES[k]} {attrs.get(k)}" for k in ("model", "gpu", "tp", "stack")
+             if attrs.get(k) is not None}
+    unseen = [u for u in str(attrs.get("unseen_levels", "")).split(",") if u in named]
+    seen = [k for k in named if k not in unseen]
+    fitted = str(attrs.get("config_id", "")) in {str(c) for c in population.get("configs", [])}
+    notes = [f"zero-shot: no posterior of this configuration; its coefficients are draws of the "
+             f"fleet population {population.get('name')!r} (models "
+             f"{', '.join(map(str, population.get('models', [])))}; GPUs "
+             f"{', '.join(map(str, population.get('gpus', [])))}; TP "
+             f"{', '.join(map(str, population.get('tps', [])))}; data hash "
+             f"{population.get('data_hash')})"]
+    if unseen:
+        notes.append("unseen levels: " + ", ".join(named[u] for u in unseen)
+                     + ": each effect drawn from the population's scale ("
+                     + ", ".join(f"sigma_{u}" for u in unseen)
+                     + "; N(0, sigma^2 (1 + 1/n)) over the n levels it saw), so the bands widen")
+    if seen:
+        notes.append("seen levels: " + ", ".join(named[k] for k in seen)
+                     + ": the population's fitted effects")
+    notes.append("configuration residual drawn from sigma_config"
+                 + (" (the population was fitted on this configuration but keeps no "
+                    "configuration's own coefficients: a fit's posterior of its data is "
+                    "narrower)" if fitted else ""))
+    notes.append("no step_noise block: a population holds no configuration's step noise "
+                 "(a fit's posterior does)")
+    return notes
+
+
+def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None,
+                 origin_notes: Sequence[str] | None = None) -> list[str]:
+    """The notes of an export: where the coefficients come from (``origin_notes``, by default
+    :func:`config_notes`: is the configuration unseen, and where each level's effect came from),
+    then :func:`blis_notes` (terms folded or left out)."""
+    origin = config_notes(coefs) if origin_notes is None else list(origin_notes)
+    return origin + blis_notes(coefs, config)
 
 
 def blis_block(coefs: xr.Dataset, stat: str = "mean",
@@ -340,7 +385,8 @@ def blis_draws(coefs: xr.Dataset, n_draws: int, seed: int = 0,
 def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Mapping[str, Any],
                     reference_batches: pd.DataFrame | Mapping | None = None, *,
                     n_draws: int = 0, hdi_prob: float = 0.9, seed: int = 0,
-                    step_noise: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    step_noise: Mapping[str, Any] | None = None,
+                    origin_notes: Sequence[str] | None = None) -> dict[str, Any]:
     """The JSON export document of one configuration.
 
     Parameters
@@ -364,6 +410,9 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     step_noise
         Noise class -> :class:`~bayes_latency.model.definition.likelihood.NoiseParams` of the
         configuration's steps (:func:`step_noise_of`); None leaves ``step_noise`` out.
+    origin_notes
+        Where the coefficients come from (None: :func:`config_notes`; a zero-shot export
+        gives :func:`population_notes`); :func:`blis_notes` follow.
 
     Returns
     -------
@@ -381,7 +430,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
     """
     beta, alpha = coefficient_arrays(coefs)
     summary = summarize_coefficients(coefs, hdi_prob)
-    notes = export_notes(coefs, config)
+    notes = export_notes(coefs, config, origin_notes)
     terms = []
     for name, row in summary.iterrows():
         info = coefficient_info(str(name))
@@ -531,10 +580,12 @@ def blis_hardware(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, Any],
               n_draws: int = 0, seed: int = 0, stat: str = "mean",
-              extra_notes: Sequence[str] = ()) -> str:
+              extra_notes: Sequence[str] = (), origin_notes: Sequence[str] | None = None,
+              source: str = "posterior") -> str:
     """BLIS YAML text: the block, its flags (as a comment and as ``blis_flags``), configuration,
-    provenance, notes (:func:`export_notes`, then ``extra_notes``) and, when ``n_draws``, a
-    ``draws`` list of blocks."""
+    provenance, notes (:func:`export_notes` with ``origin_notes``, then ``extra_notes``) and,
+    when ``n_draws``, a ``draws`` list of blocks. ``source`` names the draws in the header
+    (``posterior``, or ``population`` for a zero-shot export)."""
     import yaml
 
     block = blis_block(coefs, stat, config)
@@ -543,11 +594,12 @@ def blis_yaml(coefs: xr.Dataset, config: Mapping[str, Any], prov: Mapping[str, A
                            "configuration": jsonable(dict(config)),
                            "blis_hardware": blis_hardware(config),
                            "provenance": jsonable(dict(prov)),
-                           "notes": export_notes(coefs, config) + list(extra_notes)}
+                           "notes": export_notes(coefs, config, origin_notes)
+                           + list(extra_notes)}
     if n_draws:
         doc["draws"] = blis_draws(coefs, n_draws, seed, config)
     header = (f"# bayes-latency export for model={config.get('model')} gpu={config.get('gpu')} "
-              f"tp={config.get('tp')} ({stat} of the posterior)\n# {flags}\n")
+              f"tp={config.get('tp')} ({stat} of the {source} draws)\n# {flags}\n")
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
 
 

@@ -274,6 +274,61 @@ class Population:
                            unseen=unseen, configs=tuple(str(c) for c in configs.index),
                            noise_prior=self.noise_prior)
 
+    def coefficients(self, model: str, gpu: str, tp: int, n_draws: int | None = None,
+                     seed: int = 0, stack: str = DEFAULT_STACK) -> xr.Dataset:
+        """Zero-shot draws of beta and alpha for one configuration, from the population alone.
+
+        The draws are those of a configuration the fleet did not fit
+        (:func:`~bayes_latency.model.posterior.unseen.unseen_config_theta`): the population
+        mean, the fitted effect of every level the fleet saw (model, GPU, TP degree, serving
+        stack), an effect drawn from its factor's scale for every level it did not see, and a
+        configuration residual drawn from ``sigma_config``. The file holds no configuration's
+        own coefficients, so a configuration the fleet was fitted on gets the same kind of draws
+        (its fit's posterior speaks for it more narrowly).
+
+        Parameters
+        ----------
+        model, gpu
+            Model name or ``config.json`` path; GPU name or datasheet (aliases resolved).
+        tp
+            Tensor-parallel degree.
+        n_draws
+            Number of draws (None: one per stored sample).
+        seed
+            Seed of the unseen effects, the residual and the subsample.
+        stack
+            Serving stack.
+
+        Returns
+        -------
+        xr.Dataset
+            ``beta (sample, term)`` and ``alpha (sample, alpha_term)``, with the attrs of
+            :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients` (``model``,
+            ``gpu``, ``tp``, ``stack``, ``unseen_levels``, ``config_id``).
+        """
+        from bayes_latency.data.observations.build import config_id
+        from bayes_latency.model.posterior.unseen import unseen_config_theta
+
+        design = self.design
+        model = _level(design.models, str(model), "model")
+        gpu = _level(design.gpus, str(gpu), "gpu")
+        rng = np.random.default_rng(seed)
+        pa = prior_arrays(self.priors, self.coefs, [gpu])
+        theta, unseen = unseen_config_theta(self.draws, pa, model, gpu, int(tp), stack, rng,
+                                            design=design,
+                                            variant=str(self.attrs.get("variant", "hierarchy")))
+        S = theta.shape[0]
+        if n_draws is not None and int(n_draws) < S:
+            theta = theta[np.sort(rng.choice(S, size=int(n_draws), replace=False))]
+        nb = len(self.terms)
+        ds = xr.Dataset({"beta": (("sample", "term"), theta[:, :nb]),
+                         "alpha": (("sample", "alpha_term"), theta[:, nb:])},
+                        coords={"term": list(self.terms), "alpha_term": list(self.alpha_terms)})
+        ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "stack": stack,
+                         "unseen_levels": ",".join(unseen),
+                         "config_id": config_id(model, gpu, int(tp), stack)})
+        return ds
+
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:
         """The population as one xarray Dataset (what :meth:`save` writes)."""
@@ -578,7 +633,7 @@ def _canonical(key: str, value: str) -> str:
     from bayes_latency.physics.models import load_architecture
 
     try:
-        return load_architecture(value).name if key == "model" else load_gpu(value).name
+        return (load_architecture(value).name or value) if key == "model" else load_gpu(value).name
     except BayesLatencyError:
         return value
 

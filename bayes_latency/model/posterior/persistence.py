@@ -290,8 +290,8 @@ def read_result(path: str | Path) -> SavedFit:
         raise BayesLatencyError(
             f"{path} is a population file (`bayes-latency population` writes these), not a "
             f"fitted posterior: it is the prior of a new configuration for `calibrate "
-            f"--population` or `fit --population`; give a file written by `bayes-latency fit` "
-            f"or `calibrate` here")
+            f"--population` or `fit --population`, and the source of a zero-shot `export "
+            f"--population`; give a file written by `bayes-latency fit` or `calibrate` here")
     if "model_version" not in a or "terms" not in a or "posterior" not in dt.children:
         raise BayesLatencyError(
             f"{path} is not a bayes_latency posterior (no model_version / terms attributes "

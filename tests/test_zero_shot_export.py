@@ -107,6 +107,9 @@ def test_zero_shot_refusals(tmp_path, capsys):
     err = one_line_error(capsys, ["export", SHIPPED_POPULATION, "--population",
                                   SHIPPED_POPULATION, *base])
     assert "not both" in err
+    err = one_line_error(capsys, ["export", "--model", "llama-2-7b", "--gpu", "TPUv9", "--tp",
+                                  "1", "--out", out])
+    assert "unknown GPU 'TPUv9'" in err and SHIPPED_POPULATION.name not in err
     err = one_line_error(capsys, ["export", "--population", "none", *base])
     assert "--population none" in err
     err = one_line_error(capsys, ["export", "--population", tmp_path / "missing.nc", *base])

@@ -144,6 +144,7 @@ def population_export(args: argparse.Namespace) -> int:
     from bayes_latency.export.document import file_sha256, population_notes
     from bayes_latency.io import atomic_write_text, check_output_path
     from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
+    from bayes_latency.physics.hardware import load_gpu
 
     spec = getattr(args, "population", None)
     if spec is not None and str(spec).lower() == "none":
@@ -152,6 +153,7 @@ def population_export(args: argparse.Namespace) -> int:
     if getattr(args, "priors", None):
         raise BayesLatencyError("--priors checks a posterior's embedded priors; a population "
                                 "file carries its own (drop --priors)")
+    load_gpu(args.gpu)  # an unknown GPU is the option's error, not the population's
     path = Path(spec) if spec is not None else SHIPPED_POPULATION
     inputs = [path] + [Path(p) for p in (args.model, args.gpu) if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")

@@ -410,12 +410,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NUTS via nutpie/PyMC/numpyro, or 'laplace' (fast, APPROXIMATE) "
                         "(default %(default)s)")
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    # model.likelihood.NOISE_LOADS (literal here, checked by tests/test_noise_load.py)
+    # model.definition.likelihood.NOISE_LOADS (literal here, checked by tests/test_noise_load.py)
     s.add_argument("--noise-load", default=None, choices=["none", "batch", "batch-growth", "kv"],
                    help="load covariate the noise scale grows with: requests per step "
                         "(batch; batch-growth: growth only), KV-cache reads per step (kv), or "
-                        "none (default: the package's, model.likelihood.DEFAULT_NOISE_LOAD)")
-    # model.sampler.DEFAULT_DRAWS / DEFAULT_TUNE / TARGET_ACCEPT (literal here: the CLI imports no
+                        "none (default: the package's, model.definition.likelihood.DEFAULT_NOISE_LOAD)")
+    # model.inference.sampler.DEFAULT_DRAWS / DEFAULT_TUNE / TARGET_ACCEPT (literal here: the CLI imports no
     # model code before a command runs; tests/test_fit_defaults.py checks they agree)
     s.add_argument("--draws", type=int, default=2000,
                    help="posterior draws per chain (default %(default)s)")

@@ -36,7 +36,7 @@ HELD_OUT = ("llama-2-70b", "A100-80GB", 4)
 UNSEEN_MODEL = ("llama-3.1-8b", "H100-SXM", 1)
 #: Sampler settings of the demo's fit (timed as they are by ``benchmarks/demo_fit_speed.py``).
 #: Diagonal adaptation: measured 2x fewer leapfrog steps than low-rank on this fleet, whose
-#: coefficients every configuration separates (see ``model.sampler.NUTPIE_ADAPTATION``).
+#: coefficients every configuration separates (see ``model.inference.sampler.NUTPIE_ADAPTATION``).
 DEMO_FIT = {"tune": 500, "chains": 2, "target_accept": 0.99, "adaptation": "diag",
             "max_draws": None}
 #: Posterior draws per chain of the demo's fit (``bayes-latency demo --draws``). 2000, not 4000:

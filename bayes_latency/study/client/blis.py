@@ -120,7 +120,7 @@ def _conv_row(model: Any, label: str, fit_s: float) -> dict[str, Any]:
             "target_accept": float(json.loads(model.result.attrs.get("sampler_settings", "{}"))
                                    .get("target_accept", math.nan)),
             "fit_s": fit_s,
-            # where the chains of a failed fit disagree (model.convergence.chain_disagreement)
+            # where the chains of a failed fit disagree (model.inference.convergence.chain_disagreement)
             "chains_disagree": next((h for h in c.get("hints", [])
                                      if h.startswith(DISAGREEMENT_PREFIX)), "")}
 

@@ -99,8 +99,9 @@ def fit_command(args: argparse.Namespace) -> int:
     own = ([tables / f"{n}.parquet" for n in TABLES] + [tables / n for n in TABLES]
            + [tables / "tables.json"]) if tables.is_dir() else []
     pop = getattr(args, "population", None)
+    # a folder of tables stands for everything under it (its partitions, its manifest)
     inputs = [tables, f_in, *own] + ([Path(args.priors)] if getattr(args, "priors", None) else []) \
-        + ([Path(pop)] if pop else [])
+        + ([Path(pop)] if pop and Path(pop).exists() else [])
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():

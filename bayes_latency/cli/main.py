@@ -675,6 +675,40 @@ def _kept_text() -> str:
     return f"kept what was complete: {names}"
 
 
+class _Stdout:
+    """Standard output that remembers the error of a failed write (a full device, an I/O
+    error), so that the message names standard output rather than a file."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def _drop_stdout() -> None:
+    """Point standard output at the null device: what is still buffered for a closed or failing
+    stdout is dropped instead of failing again at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
@@ -682,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
 
     written_paths(reset=True)
     mark_interrupted(None)
+    stdout = sys.stdout = _Stdout(sys.stdout)
     with _signals():
         try:
             if args.command in _COMPILING:
@@ -702,14 +737,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except BrokenPipeError:
             # the reader of stdout is gone (``| head``): no more output, and no message there
-            with contextlib.suppress(OSError):
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
+            _drop_stdout()
             print(f"bayes-latency: error: standard output was closed (broken pipe); "
                   f"{_kept_text()}", file=sys.stderr)
             return 128 + signal.SIGPIPE
         except OSError as e:
-            print(f"bayes-latency: error: {_one_line(os_error_text(e))}", file=sys.stderr)
+            where = None
+            if stdout.error is not None and getattr(e, "filename", None) is None:
+                where = "standard output"
+                _drop_stdout()
+            print(f"bayes-latency: error: {_one_line(os_error_text(e, where))}"
+                  + (f"; {_kept_text()}" if where else ""), file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", None) or mark_interrupted() or signal.SIGINT
@@ -718,6 +756,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bayes-latency: {how}; {_kept_text()}; temporary files removed",
                   file=sys.stderr)
             return 128 + int(signum)
+        finally:
+            if sys.stdout is stdout:
+                sys.stdout = stdout._inner
 
 
 def _one_line(exc: BaseException) -> str:

@@ -23,12 +23,31 @@ from pathlib import Path
 from bayes_latency.errors import AdequacyError, BayesLatencyError, ConvergenceError
 
 
+def _fleet_folders(out: Path) -> list[str]:
+    """What an earlier ``simulate`` wrote into ``out``: its ``truth.yaml`` and the experiment
+    folders it lists (nothing else of the folder is the command's)."""
+    truth = out / "truth.yaml"
+    if not truth.is_file():
+        return []
+    try:
+        from bayes_latency.textfiles import load_yaml
+
+        doc = load_yaml(truth.read_text(encoding="utf-8"))
+        ids = [str(k) for k in (doc.get("experiments") or {})] if isinstance(doc, dict) else []
+    except (OSError, ValueError, BayesLatencyError):
+        ids = []
+    return ["truth.yaml", *[i for i in ids if i and "/" not in i and i not in (".", "..")]]
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from bayes_latency.io import check_output_path
+    from bayes_latency.io import check_output_path, staged_folder
     from bayes_latency.synth.fleet import simulate_fleet
 
-    check_output_path(args.out, kind="dir")
-    folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
+    out = check_output_path(args.out, kind="dir")
+    # one fleet per folder: the experiments of an earlier fleet in ``out`` are replaced, not
+    # mixed with this one's (an ``ingest out/*`` would read both)
+    with staged_folder(out, owned=_fleet_folders(out)) as stage:
+        folders = simulate_fleet(args.fleet, stage, seed=args.seed, progress=not args.quiet)
     print(f"simulated {len(folders)} experiments into {args.out}")
     return 0
 
@@ -63,11 +82,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from bayes_latency.io import check_output_path
+    from bayes_latency.io import check_output_path, staged_folder
     from bayes_latency.study.demo import run_demo
 
-    check_output_path(args.out, kind="dir")
-    return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
+    out = check_output_path(args.out, kind="dir")
+    # one run's files: staged, then moved in (files of the folder that are not the demo's kept)
+    with staged_folder(out, owned=DEMO_FILES) as stage:
+        return run_demo(stage, fleet=args.fleet, seed=args.seed, draws=args.draws, shown=out)
+
+
+#: What ``demo --out`` writes into its folder (the command owns these names there).
+DEMO_FILES = ("fleet", "tables", "posterior.nc", "diagnostics.md", "checks", "recovery.csv",
+              "workload_vs_truth.csv", "exports", "README.md")
 
 
 def _cmd_study(args: argparse.Namespace) -> int:

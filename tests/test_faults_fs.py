@@ -697,3 +697,16 @@ def test_n24_output_folder_removed_under_a_running_check(work, tmp_path, capsys,
     rc, _, err = run(["check", work["P"], "--out", out], capsys)
     assert rc == 2
     one_line_error(err, str(out))
+
+
+def test_06_simulate_replaces_an_earlier_fleet_and_keeps_other_files(tmp_path, capsys):
+    out = tmp_path / "F"
+    (out / "old-experiment").mkdir(parents=True)
+    (out / "old-experiment" / "traces.jsonl").write_text("{}\n")
+    (out / "truth.yaml").write_text("fleet: other\nexperiments:\n  old-experiment: {}\n")
+    (out / "my_notes.txt").write_text("mine")
+    rc, _, err = run(["simulate", "--fleet", "tiny", "--out", out, "--quiet"], capsys)
+    assert rc == 0, err
+    names = {p.name for p in out.iterdir()}
+    assert "old-experiment" not in names and "my_notes.txt" in names
+    assert len([p for p in out.iterdir() if p.is_dir()]) == 3 and not leftovers(out)

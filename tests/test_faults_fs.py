@@ -710,3 +710,21 @@ def test_06_simulate_replaces_an_earlier_fleet_and_keeps_other_files(tmp_path, c
     names = {p.name for p in out.iterdir()}
     assert "old-experiment" not in names and "my_notes.txt" in names
     assert len([p for p in out.iterdir() if p.is_dir()]) == 3 and not leftovers(out)
+
+
+def test_n26_dangling_symlink_as_output_becomes_the_file(work, tmp_path, capsys):
+    link = tmp_path / "e.json"
+    link.symlink_to(tmp_path / "nowhere" / "x.json")
+    rc, _, err = run(["export", work["P"], *EXPORT, "--out", link], capsys)
+    assert rc == 0, err
+    assert not link.is_symlink() and json.loads(link.read_text())
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_n27_home_unset(work, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HOME"}
+    code = "import sys\nfrom bayes_latency.cli.main import main\nsys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, "export", str(work["P"]), *EXPORT, "--out",
+                        str(tmp_path / "e.json")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -42,7 +42,10 @@ def check_command(args: argparse.Namespace) -> int:
     if tables and out is None:
         out = Path(args.posterior).resolve().parent / "check"
     if out is not None:  # before loading: a bad --out fails at once
-        check_output_path(out, [p for p in (args.posterior, tables, priors) if p], kind="dir",
+        from bayes_latency.cli.fit import table_inputs
+
+        check_output_path(out, [p for p in (args.posterior, priors) if p] + table_inputs(tables),
+                          kind="dir",
                           names=CHECK_FILES)
     if tables:  # every input checked before any output
         from bayes_latency.data.tables import check_tables, load_checked_observations

@@ -170,7 +170,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     result = Path(args.result)
     if not result.exists():
         raise BayesLatencyError(f"RESULT {result}: no such file or folder")
-    inputs = [result] + ([Path(args.tables)] if args.tables else []) \
+    from bayes_latency.cli.fit import table_inputs
+
+    inputs = [result] + table_inputs(args.tables) \
         + [Path(p) for p in (args.model, args.gpu, args.priors, args.population)
            if p and Path(p).exists()]
     out_path = check_output_path(args.out, inputs, kind="file")

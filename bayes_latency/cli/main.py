@@ -785,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 128 + int(signum)
         finally:
+            mark_interrupted(None)  # library calls after this command are not interrupted
             if sys.stdout is stdout:
                 sys.stdout = stdout._inner
 

@@ -73,6 +73,30 @@ def parse_terms(value: str | None) -> tuple[str, ...] | None:
     return terms
 
 
+def table_inputs(path: str | Path | None) -> list[Path]:
+    """What a command reading the tables at ``path`` reads, for the output check
+    (:func:`~bayes_latency.io.check_output_path`).
+
+    A folder written by ``ingest`` (a manifest or a table's partition folder) stands for
+    everything under it: no output may be written anywhere in it. A plain folder holding
+    ``observations.parquet`` (and the other tables' single files) stands for those files and
+    the names of the partitioned layout, so that a posterior may sit next to its table (a file
+    output is never the folder itself: an existing folder is refused as a file path). A file
+    is itself.
+    """
+    if path is None:
+        return []
+    from bayes_latency.data.experiment import TABLES
+    from bayes_latency.data.tables import MANIFEST
+
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    if (p / MANIFEST).exists() or any((p / n).is_dir() for n in TABLES):
+        return [p]
+    return [*(p / f"{n}.parquet" for n in TABLES), *(p / n for n in TABLES), p / MANIFEST]
+
+
 def _max_draws(args: argparse.Namespace) -> int | None:
     """``--max-draws``: the estimator's default when not given (``max_draws="auto"`` of
     :meth:`~bayes_latency.model.estimator.LatencyModel.fit`, 6 x ``--draws``:
@@ -95,16 +119,12 @@ def fit_command(args: argparse.Namespace) -> int:
     _check_sampler_args(args)
     terms = parse_terms(getattr(args, "terms", None)) or DEFAULT_TERMS
     tables = Path(args.tables)
-    f_in = table_source(tables, "observations")
+    pop = getattr(args, "population", None)
     # the tables' own file names count as inputs too: a posterior written as
     # tables/observations.parquet would shadow the partitioned table it was fitted to
-    from bayes_latency.data.experiment import TABLES
-
-    own = ([tables / f"{n}.parquet" for n in TABLES] + [tables / n for n in TABLES]
-           + [tables / "tables.json"]) if tables.is_dir() else []
-    pop = getattr(args, "population", None)
-    inputs = [tables, f_in, *own] + ([Path(args.priors)] if getattr(args, "priors", None) else []) \
-        + ([Path(pop)] if pop else [])
+    inputs = [*table_inputs(tables), table_source(tables, "observations")] \
+        + ([Path(args.priors)] if getattr(args, "priors", None) else []) \
+        + ([Path(pop)] if pop and Path(pop).exists() else [])
     out_path = check_output_path(args.out, inputs,
                                  kind="dir" if Path(args.out).suffix == ".zarr" else "file")
     if out_path.suffix == ".zarr" and out_path.exists():

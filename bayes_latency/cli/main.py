@@ -2,25 +2,52 @@
 
 Each subcommand parses its arguments here and calls one library function; errors of the package
 (:class:`~bayes_latency.errors.BayesLatencyError`) become a one-line message and exit code 2,
-failed quality gates (convergence, diagnostics) exit code 1.
+failed quality gates (convergence, diagnostics) exit code 1. The machine's faults are mapped here
+too (:func:`main`): a file-system error (no space left, file-size limit, not writable, I/O error)
+is one line naming the path, exit 2; Ctrl-C, ``SIGTERM`` and ``SIGHUP`` end the command with one
+line saying what was kept, exit 128 + the signal number, after every temporary file and lock
+was removed; a closed standard output (``| head``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bayes_latency.errors import AdequacyError, BayesLatencyError, ConvergenceError
 
 
+def _fleet_folders(out: Path) -> list[str]:
+    """What an earlier ``simulate`` wrote into ``out``: its ``truth.yaml`` and the experiment
+    folders it lists (nothing else of the folder is the command's)."""
+    truth = out / "truth.yaml"
+    if not truth.is_file():
+        return []
+    try:
+        from bayes_latency.textfiles import load_yaml
+
+        doc = load_yaml(truth.read_text(encoding="utf-8"))
+        ids = [str(k) for k in (doc.get("experiments") or {})] if isinstance(doc, dict) else []
+    except (OSError, ValueError, BayesLatencyError):
+        ids = []
+    return ["truth.yaml", *[i for i in ids if i and "/" not in i and i not in (".", "..")]]
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from bayes_latency.io import check_output_path
+    from bayes_latency.io import check_output_path, staged_folder
     from bayes_latency.synth.fleet import simulate_fleet
 
-    check_output_path(args.out, kind="dir")
-    folders = simulate_fleet(args.fleet, Path(args.out), seed=args.seed, progress=not args.quiet)
+    out = check_output_path(args.out, kind="dir")
+    # one fleet per folder: the experiments of an earlier fleet in ``out`` are replaced, not
+    # mixed with this one's (an ``ingest out/*`` would read both)
+    with staged_folder(out, owned=_fleet_folders(out)) as stage:
+        folders = simulate_fleet(args.fleet, stage, seed=args.seed, progress=not args.quiet)
     print(f"simulated {len(folders)} experiments into {args.out}")
     return 0
 
@@ -55,17 +82,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from bayes_latency.io import check_output_path
+    from bayes_latency.io import check_output_path, staged_folder
     from bayes_latency.study.demo import run_demo
 
-    check_output_path(args.out, kind="dir")
-    return run_demo(Path(args.out), fleet=args.fleet, seed=args.seed, draws=args.draws)
+    out = check_output_path(args.out, kind="dir")
+    # one run's files: staged, then moved in (files of the folder that are not the demo's kept)
+    with staged_folder(out, owned=DEMO_FILES) as stage:
+        return run_demo(stage, fleet=args.fleet, seed=args.seed, draws=args.draws, shown=out)
+
+
+#: What ``demo --out`` writes into its folder (the command owns these names there).
+DEMO_FILES = ("fleet", "tables", "posterior.nc", "diagnostics.md", "checks", "recovery.csv",
+              "workload_vs_truth.csv", "exports", "README.md")
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
     from bayes_latency.io import check_output_path
+    from bayes_latency.study.realdata import real_data_dir
 
-    check_output_path(args.out, kind="dir")
+    check_output_path(args.out, [p for p in (args.data, args.exports, args.blis_src,
+                                             real_data_dir()) if p], kind="dir")
     if args.name == "blis":
         from bayes_latency.study.blis.report import main as study_blis
 
@@ -134,12 +170,14 @@ def calibrate_command(args: argparse.Namespace) -> int:
     result = Path(args.result)
     if not result.exists():
         raise BayesLatencyError(f"RESULT {result}: no such file or folder")
-    inputs = [result] + ([Path(args.tables)] if args.tables else []) \
+    from bayes_latency.cli.fit import table_inputs
+
+    inputs = [result] + table_inputs(args.tables) \
         + [Path(p) for p in (args.model, args.gpu, args.priors, args.population)
            if p and Path(p).exists()]
     out_path = check_output_path(args.out, inputs, kind="file")
-    export_path = check_output_path(args.export, inputs + [out_path], kind="file") \
-        if args.export else None
+    export_path = check_output_path(args.export, inputs + [out_path], kind="file",
+                                    option="--export") if args.export else None
     if export_path is not None and export_path.resolve() == out_path.resolve():
         raise BayesLatencyError(f"--export {export_path}: the same file as --out")
     arch = load_architecture(args.model)
@@ -569,20 +607,193 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or a termination signal (``SIGTERM``, ``SIGHUP``) raised in the main thread, so
+    that every ``finally`` and context manager (temporary files, locks, Dask clusters) cleans
+    up; ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    """Raise :class:`Interrupted` at the first signal and record it
+    (:func:`bayes_latency.io.mark_interrupted`: no output is moved into place afterwards, also
+    when a library swallows the exception, e.g. a sampler returning its draws so far); later
+    signals are ignored while the command cleans up (``SIGKILL`` still ends it)."""
+    from bayes_latency.io import mark_interrupted
+
+    if mark_interrupted(signum):
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """Ctrl-C and termination signals raise :class:`Interrupted`; ``SIGXFSZ`` (over ``ulimit
+    -f``) is ignored, so that the write fails with ``EFBIG`` (an error naming the file) instead
+    of killing the process. The earlier handlers are restored afterwards (``main`` also runs
+    inside other programs, e.g. tests)."""
+    wanted = {signal.SIGINT: _on_signal, signal.SIGTERM: _on_signal,
+              signal.SIGHUP: _on_signal, signal.SIGXFSZ: signal.SIG_IGN}
+    old: dict[int, object] = {}
+    try:
+        for sig, handler in wanted.items():
+            try:
+                old[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # not the main thread
+                pass
+        yield
+    finally:
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
+
+
+#: Commands that compile model code (PyTensor, numba) and so need a writable compile cache.
+_COMPILING = frozenset({"fit", "calibrate", "population", "check", "export", "demo", "study"})
+
+
+def _writable_dir(path: Path) -> bool:
+    """Whether ``path`` exists or can be made, and a file can be created in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".bayes_latency.probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError:
+        return False
+    return True
+
+
+def _compile_cache() -> str | None:
+    """When the home folder cannot hold PyTensor's compile cache (read-only, missing, a file),
+    point PyTensor, numba and matplotlib at a temporary folder (before any of them is
+    imported) and return the line that says so; None when the home folder is fine or the user
+    chose the folders."""
+    flags = os.environ.get("PYTENSOR_FLAGS", "")
+    if "compiledir" in flags or "pytensor" in sys.modules:
+        return None
+    home = Path(os.path.expanduser("~"))
+    if _writable_dir(home / ".pytensor"):
+        return None
+    try:
+        tmp = tempfile.mkdtemp(prefix="bayes-latency-cache-")
+    except OSError as exc:
+        from bayes_latency.io import OutputWriteError, os_error_text
+
+        raise OutputWriteError(f"the home folder {home} is not writable and no temporary "
+                               f"folder can be made ({os_error_text(exc)}); set HOME or TMPDIR "
+                               f"to a writable folder") from None
+    os.environ["PYTENSOR_FLAGS"] = ",".join(f for f in (flags, f"base_compiledir={tmp}") if f)
+    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tmp, "numba"))
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(tmp, "matplotlib"))
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, tmp, True)
+    return (f"bayes-latency: note: the home folder {home} is not writable; compiling in the "
+            f"temporary folder {tmp} (removed at exit; set HOME to a writable folder to keep "
+            f"the compile cache)")
+
+
+def _kept_text() -> str:
+    """What an interrupted command leaves: the outputs it had moved into place, or nothing."""
+    from bayes_latency.io import written_paths
+
+    kept = written_paths()
+    if not kept:
+        return "nothing written"
+    names = ", ".join(str(p) for p in kept[:3]) + (f" and {len(kept) - 3} more"
+                                                   if len(kept) > 3 else "")
+    return f"kept what was complete: {names}"
+
+
+class _Stdout:
+    """Standard output that remembers the error of a failed write (a full device, an I/O
+    error), so that the message names standard output rather than a file."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def _drop_stdout() -> None:
+    """Point standard output at the null device: what is still buffered for a closed or failing
+    stdout is dropped instead of failing again at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ConvergenceError as e:
-        print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
-        return 1
-    except AdequacyError as e:
-        print(f"bayes-latency: {_one_line(e)}", file=sys.stderr)
-        return 1
-    except BayesLatencyError as e:
-        print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+    from bayes_latency.io import mark_interrupted, os_error_text, written_paths
+
+    written_paths(reset=True)
+    mark_interrupted(None)
+    stdout = sys.stdout = _Stdout(sys.stdout)
+    with _signals():
+        try:
+            if args.command in _COMPILING:
+                note = _compile_cache()
+                if note:
+                    print(note, file=sys.stderr)
+            rc = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed stdout fails here, not at exit
+            return rc
+        except ConvergenceError as e:
+            print(f"bayes-latency: fit did not converge: {_one_line(e)}", file=sys.stderr)
+            return 1
+        except AdequacyError as e:
+            print(f"bayes-latency: {_one_line(e)}", file=sys.stderr)
+            return 1
+        except BayesLatencyError as e:
+            print(f"bayes-latency: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:
+            # the reader of stdout is gone (``| head``): no more output, and no message there
+            _drop_stdout()
+            print(f"bayes-latency: error: standard output was closed (broken pipe); "
+                  f"{_kept_text()}", file=sys.stderr)
+            return 128 + signal.SIGPIPE
+        except OSError as e:
+            where = None
+            if stdout.error is not None and getattr(e, "filename", None) is None:
+                where = "standard output"
+                _drop_stdout()
+            print(f"bayes-latency: error: {_one_line(os_error_text(e, where))}"
+                  + (f"; {_kept_text()}" if where else ""), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", None) or mark_interrupted() or signal.SIGINT
+            how = "interrupted" if signum == signal.SIGINT else \
+                f"terminated ({signal.Signals(signum).name})"
+            print(f"bayes-latency: {how}; {_kept_text()}; temporary files removed",
+                  file=sys.stderr)
+            return 128 + int(signum)
+        finally:
+            mark_interrupted(None)  # library calls after this command are not interrupted
+            if sys.stdout is stdout:
+                sys.stdout = stdout._inner
 
 
 def _one_line(exc: BaseException) -> str:

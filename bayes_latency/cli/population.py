@@ -69,8 +69,10 @@ def population_command(args: argparse.Namespace) -> int:
     src = Path(args.source)
     if not src.exists():
         raise BayesLatencyError(f"SOURCE {src}: no such file or folder")
-    out = check_output_path(args.out, [src] + [Path(p) for p in (args.priors, args.rows) if p],
-                            kind="file")
+    from bayes_latency.cli.fit import table_inputs
+
+    out = check_output_path(args.out, [*table_inputs(src), *table_inputs(args.rows)]
+                            + ([Path(args.priors)] if args.priors else []), kind="file")
     label = args.label or str(src)
     if src.is_file() and src.suffix in (".nc", ".zarr"):
         from bayes_latency.model.estimator import LatencyModel

@@ -51,6 +51,7 @@ from bayes_latency.data.serving_yaml import (
     serving_config,
 )
 from bayes_latency.data.tables import (
+    MANIFEST,
     clear_table,
     read_table,
     remove_manifest,
@@ -59,7 +60,12 @@ from bayes_latency.data.tables import (
     write_partition,
 )
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
-from bayes_latency.io import atomic_write_text, check_output_path, folder_lock
+from bayes_latency.io import (
+    atomic_write_text,
+    check_output_path,
+    folder_lock,
+    staged_folder,
+)
 from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = [
@@ -462,19 +468,26 @@ def ingest(paths: Sequence[Path], out: Path, config: Path | None = None,
         names a running process; a lock of a process that no longer runs is taken over, with
         a note in the report).
     """
+    owned = [*TABLES, *(f"{t}.parquet" for t in TABLES), MANIFEST, "ingest_report.json",
+             "reconstruction_report.json"]
     out = check_output_path(
         out, [*paths, *([config] if config is not None else [])], kind="dir",
-        names=[*TABLES, *(f"{t}.parquet" for t in TABLES), "tables.json", "ingest_report.json",
-               "reconstruction_report.json", ".bayes_latency.lock"])
-    with folder_lock(out, "ingest") as lock_notes:
-        total = _ingest_locked(paths, out, config, scheduler, iteration_notes)
+        names=[*owned, ".bayes_latency.lock"])
+    # every table is written into a staging folder and moved into ``out`` at the end (the
+    # manifest last): ``out`` holds one ingest's tables, and nothing of a failed one
+    with folder_lock(out, "ingest") as lock_notes, \
+            staged_folder(out, owned=owned, last=[MANIFEST]) as stage:
+        total = _ingest_locked(paths, out, config, scheduler, iteration_notes, dest=stage)
     total.notes[:0] = lock_notes
     return total
 
 
 def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, scheduler: Any,
-                   iteration_notes: IterationNotes | None) -> IngestReport:
-    """:func:`ingest`'s work, while it holds the lock of ``out``."""
+                   iteration_notes: IterationNotes | None, dest: Path | None = None
+                   ) -> IngestReport:
+    """:func:`ingest`'s work, while it holds the lock of ``out``; the files are written into
+    ``dest`` (default ``out``), messages name ``out``."""
+    dest = out if dest is None else dest
     from bayes_latency.data.otlp.read import SCANNER_MIN_INPUT_BYTES, _default_experiment_id
     from bayes_latency.parallel import run_units
 
@@ -498,13 +511,13 @@ def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, schedu
             raise ConfigError(f"experiment id {key!r} appears twice in the inputs "
                               f"(set experiment_id in the serving YAML)")
         seen.add(key)
-    remove_manifest(out)
+    remove_manifest(dest)
     for name in TABLES:
-        clear_table(out, name)
+        clear_table(dest, name)
     sizes = [_size(trace) for trace, *_ in inputs]
     # small inputs are read line by line: the byte scanner's compilation does not pay off
     chunk = 0 if sum(sizes) < SCANNER_MIN_INPUT_BYTES else None
-    results = run_units(_ingest_unit, [(*item, out, iteration_notes, chunk) for item in inputs],
+    results = run_units(_ingest_unit, [(*item, dest, iteration_notes, chunk) for item in inputs],
                         scheduler=scheduler,
                         cost_s=sum(sizes) / INGEST_BYTES_PER_S, weights=sizes, desc="ingest",
                         unit="B", batch=True)
@@ -541,14 +554,14 @@ def _ingest_locked(paths: Sequence[Path], out: Path, config: Path | None, schedu
                 df = empty_observations()
             else:
                 df = empties.get(name, pd.DataFrame())
-            write_partition(out, name, order[0], df)
+            write_partition(dest, name, order[0], df)
             written_rows[name].append(order[0])
         written.append(name)
-    write_manifest(out, order, {k: v for k, v in written_rows.items() if v})
+    write_manifest(dest, order, {k: v for k, v in written_rows.items() if v})
     total.notes.append(f"wrote {', '.join(written)} to {out}")
-    atomic_write_text(out / "ingest_report.json", json.dumps(
+    atomic_write_text(dest / "ingest_report.json", json.dumps(
         {"total": total.to_dict(), "experiments": per_exp}, indent=2, default=str))
-    atomic_write_text(out / "reconstruction_report.json",
+    atomic_write_text(dest / "reconstruction_report.json",
                       json.dumps(recon, indent=2, default=str))
     for eid, rec in recon.items():
         agree = rec.get("agreement")

@@ -351,14 +351,14 @@ class Population:
 
     def save(self, path: str | Path) -> Path:
         """Write the population atomically as compressed netCDF (float32 draws)."""
-        from bayes_latency.io import atomic_path
+        from bayes_latency.io import atomic_path, write_netcdf
         from bayes_latency.model.posterior.persistence import COMPRESSION
 
         ds = self.to_dataset()
         enc = {v: dict(COMPRESSION) for v in ds.data_vars
                if np.issubdtype(ds[v].dtype, np.number)}
         with atomic_path(path) as tmp:
-            ds.to_netcdf(tmp, engine="h5netcdf", encoding=enc)
+            write_netcdf(ds, tmp, encoding=enc)
         return Path(path)
 
 

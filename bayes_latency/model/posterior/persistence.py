@@ -257,7 +257,9 @@ def save_result(result: xr.DataTree | None, path: str | Path, thin: int | None =
     if path.suffix == ".zarr":
         out.to_zarr(path, mode="w")
     else:
-        out.to_netcdf(path, engine="h5netcdf", encoding=encoding(out))
+        from bayes_latency.io import write_netcdf
+
+        write_netcdf(out, path, encoding=encoding(out))  # built in memory: a full disk is an OSError
     return path
 
 

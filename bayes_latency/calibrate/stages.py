@@ -33,6 +33,7 @@ import pandas as pd
 
 from bayes_latency.errors import ConfigError, TraceFormatError
 from bayes_latency.schedule.replay import ClientStage, stratified_lengths
+from bayes_latency.textfiles import read_text, refuse_special
 
 __all__ = ["QUANTILE_LEVELS", "check_client_report", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
            "stages_table"]
@@ -129,12 +130,13 @@ def model_config_dict(model: str | Path) -> dict[str, Any]:
     path = MODELS_DIR / f"{short}.json" if short is not None else Path(str(model)).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    refuse_special(path, "config.json", UnknownArchitectureError)
     if not path.is_file():
         raise UnknownArchitectureError(
             f"unknown model {str(model)!r}: not a known name and not a config.json path; "
             f"known: {', '.join(known_architectures())}")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(path, "config.json", UnknownArchitectureError))
     except (OSError, ValueError) as exc:
         raise UnknownArchitectureError(f"{path}: cannot read config.json: {exc}") from None
     if not isinstance(doc, dict):

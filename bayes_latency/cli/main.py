@@ -131,7 +131,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise BayesLatencyError(f"--kv-blocks {args.kv_blocks}: must be >= 1")
     if not (0 < args.tol < 1):
         raise BayesLatencyError(f"--tol {args.tol}: must be in (0, 1)")
+    from bayes_latency.cli.export import MAX_EXPORT_DRAWS
+
+    if args.export_draws is not None and args.export_draws > MAX_EXPORT_DRAWS:
+        raise BayesLatencyError(f"--export-draws {args.export_draws}: must be an integer in "
+                                f"[0, {MAX_EXPORT_DRAWS:,}] (each draw is a full coefficient "
+                                f"vector in the export)")
+    from bayes_latency.textfiles import refuse_special
+
     result = Path(args.result)
+    refuse_special(result, "RESULT (client result)", BayesLatencyError)
     if not result.exists():
         raise BayesLatencyError(f"RESULT {result}: no such file or folder")
     inputs = [result] + ([Path(args.tables)] if args.tables else []) \

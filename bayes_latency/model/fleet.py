@@ -453,9 +453,10 @@ def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> P
         Another model version or population format, altered priors, or other terms.
     """
     from bayes_latency.priors import load_priors
-    from bayes_latency.textfiles import load_yaml
+    from bayes_latency.textfiles import load_yaml, refuse_special
 
     path = Path(path)
+    refuse_special(path, "population file", BayesLatencyError)
     if not path.is_file():
         raise BayesLatencyError(f"population file {path} does not exist")
     try:

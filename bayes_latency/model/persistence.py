@@ -278,7 +278,10 @@ class SavedFit:
 def read_result(path: str | Path) -> SavedFit:
     """Read a result file; refuses a file made by another model version and one whose
     embedded priors do not hash like its recorded priors hash (altered)."""
+    from bayes_latency.textfiles import refuse_special
+
     path = Path(path)
+    refuse_special(path, "posterior file", BayesLatencyError)
     if not path.exists():
         raise BayesLatencyError(f"posterior file {path} does not exist")
     try:

@@ -18,7 +18,7 @@ import yaml
 
 from bayes_latency.errors import ConfigError, UnknownGPUError
 from bayes_latency.physics.blis import BlisHardware
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import load_yaml, read_text, refuse_special
 
 GPUS_FILE = Path(__file__).resolve().parent / "data" / "gpus.yaml"
 """The shipped datasheet file."""
@@ -192,6 +192,7 @@ def load_gpu(name_or_path: str | Path | GPU) -> GPU:
     if canon is not None:
         return _shipped()[canon]
     p = Path(s).expanduser()
+    refuse_special(p, "GPU datasheet", ConfigError)
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise UnknownGPUError(f"GPU datasheet file {p} does not exist; "

@@ -32,7 +32,7 @@ import yaml
 from bayes_latency.data.client.frames import _empty_requests, plausibility_notes, summary_frame
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
-from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
+from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text, refuse_special
 
 __all__ = ["ACCEPTED_FORMATS", "add_folder_client_results", "read_client_results"]
 
@@ -221,6 +221,7 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
         report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
         return out, report
     if not path.is_dir():
+        refuse_special(path, "client result", TraceFormatError)
         raise TraceFormatError("no such file or folder", file=str(path))
     has_ip, vllm, headers = _folder_sources(path)
     n = int(has_ip) + len(vllm) + len(headers)

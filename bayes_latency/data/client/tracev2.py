@@ -47,7 +47,7 @@ from bayes_latency.data.client.frames import (
 )
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import load_yaml, read_text, refuse_special
 
 __all__ = ["HEADER_FIELDS", "REQUIRED_COLUMNS", "read_tracev2", "read_tracev2_header"]
 
@@ -118,6 +118,7 @@ def read_tracev2_header(path: str | Path) -> dict[str, Any]:
 
 def _data_path(header: Path) -> Path:
     cand = header.with_suffix(".csv")
+    refuse_special(cand, "TraceV2 data CSV", TraceFormatError)
     if not cand.is_file():
         raise TraceFormatError(f"no TraceV2 data CSV next to the header (expected {cand.name}; "
                                f"pass data= explicitly)", file=str(header))
@@ -198,6 +199,7 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
         report.notes.append(f"{header.name}: mode={hdr.get('mode')!r}: a simulated trace, "
                             f"not a measurement")
     warm = hdr["warm_up_requests"]
+    refuse_special(data, "TraceV2 data CSV", TraceFormatError)
     try:
         fh = open(data, encoding="utf-8-sig", newline="")
     except OSError as exc:

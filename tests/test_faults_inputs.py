@@ -7,6 +7,7 @@ is; a case that could hang runs in a subprocess with a timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,50 @@ def test_export_draws_bounded_before_work(tmp_path: Path, capsys):
                       "--export", tmp_path / "x.yaml", "--export-draws", "100000000"], capsys)
     assert rc == 2 and not list(tmp_path.iterdir())
     one_line_error(err, "--export-draws 100000000", f"{MAX_EXPORT_DRAWS:,}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. A --save-detailed result too large to replay whole: a stated window of its requests
+# ---------------------------------------------------------------------------------------------
+
+def _bench_doc(n: int) -> dict:
+    doc = json.loads(BENCH.read_text())
+    reps = -(-n // len(doc["ttfts"]))
+    for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "queue_times",
+              "generated_texts", "errors"):
+        doc[k] = (doc[k] * reps)[:n]
+    doc["start_times"] = [0.25 * i for i in range(n)]
+    doc["errors"] = [""] * n
+    doc["num_prompts"] = doc["completed"] = n
+    doc["failed"] = 0
+    doc["duration"] = 0.25 * n
+    return doc
+
+
+def test_large_detailed_result_replays_a_stated_window(tmp_path: Path, monkeypatch):
+    from bayes_latency.calibrate import stages as st
+    from bayes_latency.data.client.read import read_client_results
+
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(_bench_doc(300)))
+    tabs, _ = read_client_results(p)
+    monkeypatch.setattr(st, "MAX_REPLAY_REQUESTS", 100)
+    notes: list[str] = []
+    (stage,) = st.client_stages(tabs, "llama-2-7b", "H100", 1, 5000, notes=notes)
+    req = tabs["client_requests"]
+    ok = req[(req["status"] == "ok") & (req["output_tokens"] >= 1)].sort_values("send_s")
+    assert len(stage.arrival_s) == 100
+    assert list(stage.arrival_s) == pytest.approx(list(ok["send_s"].head(100)))
+    assert stage.observed["ttft_mean_us"] == pytest.approx(ok["ttft_s"].head(100).mean() * 1e6)
+    assert len(notes) == 1 and f"{len(ok)} requests" in notes[0] and "first 100" in notes[0]
+    # drawn stages (summary only) keep the same bound
+    doc = _bench_doc(300)
+    for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+              "queue_times", "generated_texts", "errors"):
+        doc.pop(k)
+    doc["mean_e2el_ms"] = 1000.0
+    p.write_text(json.dumps(doc))
+    tabs, _ = read_client_results(p)
+    notes.clear()
+    (stage,) = st.client_stages(tabs, "llama-2-7b", "H100", 1, 5000, notes=notes)
+    assert stage.count == 100 and len(notes) == 1

@@ -181,3 +181,110 @@ def test_large_detailed_result_replays_a_stated_window(tmp_path: Path, monkeypat
     notes.clear()
     (stage,) = st.client_stages(tabs, "llama-2-7b", "H100", 1, 5000, notes=notes)
     assert stage.count == 100 and len(notes) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Populations and posteriors read by dimension name, checked on load
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_population(tiny_posterior, tmp_path_factory) -> Path:
+    """``bayes-latency population`` of the session's tiny fit."""
+    out = tmp_path_factory.mktemp("pop") / "pop.nc"
+    assert main(["population", str(tiny_posterior[1]), "--out", str(out)]) == 0
+    return out
+
+
+def _damaged_population(src: Path, dst: Path, how: str) -> Path:
+    import numpy as np
+    import xarray as xr
+
+    ds = xr.open_dataset(src, engine="h5netcdf").load()
+    if how == "trimmed":
+        ds = ds.isel(coef=slice(0, -1))
+    elif how == "transposed":
+        ds = ds.transpose(*reversed(list(ds.dims)))
+    elif how == "nan":
+        mu = ds["mu"].values.copy()
+        mu[0, 0] = np.nan
+        ds["mu"] = (ds["mu"].dims, mu)
+    ds.to_netcdf(dst, engine="h5netcdf")
+    return dst
+
+
+@pytest.mark.parametrize("how,want", [("trimmed", "dimension 'coef' has"),
+                                      ("nan", "variable mu has 1 of")])
+def test_damaged_population_is_refused_naming_file_and_variable(how, want, tiny_population,
+                                                                tmp_path, capsys):
+    bad = _damaged_population(tiny_population, tmp_path / f"pop_{how}.nc", how)
+    rc, _, err = run(["calibrate", BENCH, *CAL, "--population", bad, "--out",
+                      tmp_path / "c.nc"], capsys)
+    assert rc == 2 and not (tmp_path / "c.nc").exists()
+    one_line_error(err, f"pop_{how}.nc", want, "bayes-latency population")
+
+
+def test_transposed_population_reads_like_the_original(tiny_population, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from bayes_latency.model.fleet import load_population
+
+    a = load_population(tiny_population)
+    b = load_population(_damaged_population(tiny_population, tmp_path / "t.nc", "transposed"))
+    cfg = pd.DataFrame({"model": ["llama-2-7b"], "gpu": ["H100"], "tp": [1]},
+                       index=pd.Index(["x"], name="config_id"))
+    pa, pb = a.config_prior(cfg), b.config_prior(cfg)
+    assert np.array_equal(pa.mean, pb.mean) and np.array_equal(pa.chol, pb.chol)
+
+
+def test_population_with_nan_is_not_written(tiny_population, tmp_path):
+    import numpy as np
+
+    from bayes_latency.errors import BayesLatencyError
+    from bayes_latency.model.fleet import load_population
+
+    pop = load_population(tiny_population)
+    mu = pop.draws["mu"].values.copy()
+    mu[1, 2] = np.inf
+    pop.draws["mu"] = (pop.draws["mu"].dims, mu)
+    with pytest.raises(BayesLatencyError, match=r"not written: variable mu has 1 of"):
+        pop.save(tmp_path / "p.nc")
+    assert not list(tmp_path.iterdir())
+
+
+def _damaged_posterior(src: Path, dst: Path, how: str) -> Path:
+    import numpy as np
+    import xarray as xr
+
+    dt = xr.open_datatree(src, engine="h5netcdf").load()
+    post = dt["posterior"].to_dataset()
+    if how == "transposed":
+        post = post.transpose(*reversed(list(post.dims)))
+    elif how == "trimmed":
+        post = post.isel(term=slice(0, -1))
+    elif how == "nan":
+        beta = post["beta"].values.copy()
+        beta[0, 0, 0, 0] = np.nan
+        post["beta"] = (post["beta"].dims, beta)
+    dt["posterior"] = xr.DataTree(post)
+    dt.to_netcdf(dst, engine="h5netcdf")
+    return dst
+
+
+def test_damaged_posteriors(tiny_posterior, tmp_path, capsys):
+    post = tiny_posterior[1]
+    ref = tmp_path / "ref.yaml"
+    rc, _, err = run(["export", post, *CAL, "--out", ref], capsys)
+    assert rc == 0, err
+    t = _damaged_posterior(post, tmp_path / "t.nc", "transposed")
+    rc, _, err = run(["export", t, *CAL, "--out", tmp_path / "t.yaml"], capsys)
+    assert rc == 0, err
+    strip = lambda p: [ln for ln in p.read_text().splitlines()  # noqa: E731
+                       if "posterior_file" not in ln and "posterior_sha256" not in ln]
+    assert strip(tmp_path / "t.yaml") == strip(ref)
+    for how, want in (("trimmed", "dimension 'term' of the posterior has"),
+                      ("nan", "posterior variable beta has 1 of")):
+        bad = _damaged_posterior(post, tmp_path / f"{how}.nc", how)
+        rc, _, err = run(["export", bad, *CAL, "--out", tmp_path / f"{how}.yaml"], capsys)
+        assert rc == 2 and not (tmp_path / f"{how}.yaml").exists()
+        one_line_error(err, f"{how}.nc", want)

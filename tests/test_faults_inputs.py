@@ -288,3 +288,78 @@ def test_damaged_posteriors(tiny_posterior, tmp_path, capsys):
         rc, _, err = run(["export", bad, *CAL, "--out", tmp_path / f"{how}.yaml"], capsys)
         assert rc == 2 and not (tmp_path / f"{how}.yaml").exists()
         one_line_error(err, f"{how}.nc", want)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Messages: one line, what is wrong and what to do
+# ---------------------------------------------------------------------------------------------
+
+DATA = ROOT / "tests" / "data"
+
+
+def _tracev2_pair(tmp_path: Path, edit) -> Path:
+    import pandas as pd
+
+    df = pd.read_csv(DATA / "blis_observe.csv", keep_default_na=False, dtype=str)
+    edit(df)
+    (tmp_path / "obs.yaml").write_text((DATA / "blis_observe.yaml").read_text())
+    df.to_csv(tmp_path / "obs.csv", index=False)
+    return tmp_path / "obs.yaml"
+
+
+def test_negative_tracev2_time_is_called_a_negative_time(tmp_path: Path):
+    from bayes_latency.data.client.tracev2 import read_tracev2
+    from bayes_latency.errors import TraceFormatError
+
+    def neg(df):
+        df.loc[0, "send_time_us"] = "-1500"
+
+    with pytest.raises(TraceFormatError, match=r"a time in microseconds, and negative") as ei:
+        read_tracev2(_tracev2_pair(tmp_path, neg), strict=True)
+    assert ei.value.field == "send_time_us" and "token count" not in str(ei.value)
+
+    def neg_tokens(df):
+        df.loc[0, "output_tokens"] = "-3"
+
+    with pytest.raises(TraceFormatError, match=r"a token count, and negative"):
+        read_tracev2(_tracev2_pair(tmp_path, neg_tokens), strict=True)
+
+
+def test_vllm_result_without_e2el_names_the_vllm_option(tmp_path: Path, capsys):
+    doc = json.loads(BENCH.read_text())
+    for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+              "queue_times", "generated_texts", "errors"):
+        doc.pop(k)
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(doc))
+    rc, _, err = run(["calibrate", p, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "summary.json", "mean_e2el_ms", "--percentile-metrics ttft,tpot,itl,e2el")
+
+
+@pytest.mark.parametrize("flops,bw", [("1.0e-300", "1.0e300"), ("989", "3.35e12")])
+def test_absurd_gpu_datasheet_one_line_no_numpy_warnings(flops, bw, tiny_posterior, tmp_path):
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text(f"MyGPU:\n  peak_flops_bf16: {flops}\n  hbm_bandwidth: {bw}\n"
+                   f"  memory_bytes: 85520809984\n  interconnect_bandwidth: 450.0e9\n")
+    rc, _, err = run_cli(["export", tiny_posterior[1], "--model", "llama-2-7b", "--gpu", gpu,
+                          "--tp", "1", "--out", tmp_path / "x.yaml"])
+    assert rc == 2 and "RuntimeWarning" not in err
+    one_line_error(err, "gpu.yaml", "peak_flops_bf16", "plausible range")
+
+
+def test_laplace_draws_raise_no_future_warnings():
+    import warnings
+
+    import pymc as pm
+
+    from bayes_latency.model.sampler import _laplace_draws
+
+    with pm.Model(coords={"k": [0, 1, 2]}) as model:
+        s = pm.HalfNormal("s", 1.0, dims="k")
+        z = pm.ZeroSumNormal("z", dims="k")
+        pm.Normal("y", z, s, observed=[0.5, -0.2, -0.3])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            ds = _laplace_draws(model, 20, 2, seed=0)
+    assert ds["s"].shape == (2, 10, 3)

@@ -177,11 +177,15 @@ def _finite(v: Any) -> bool:
 def _observed(ttft_s: float, e2e_s: float, out_mean: float, where: str) -> dict[str, float]:
     """The measured means a calibration fits (µs); both TTFT and E2E are needed (E2E anchors the
     scale of the coefficients, TTFT splits it between prefill and decode)."""
-    for name, v, field in (("TTFT", ttft_s, "ttft_mean_s; vLLM: mean_ttft_ms"),
-                           ("E2E", e2e_s, "e2e_mean_s; vLLM: mean_e2el_ms")):
+    for name, v, field, metric in (("TTFT", ttft_s, "ttft_mean_s; vLLM: mean_ttft_ms", "ttft"),
+                                   ("E2E", e2e_s, "e2e_mean_s; vLLM: mean_e2el_ms", "e2el")):
         if not (_finite(v) and float(v) > 0):
-            raise ConfigError(f"{where}: no mean {name} of successful requests (field {field}"
-                              f", got {v!r}); a calibration needs both the TTFT and E2E means")
+            raise ConfigError(
+                f"{where}: no mean {name} of successful requests (field {field}, got {v!r}); a "
+                f"calibration needs both the TTFT and E2E means: `vllm bench serve` records "
+                f"mean_{metric}_ms only for the metrics of --percentile-metrics (default "
+                f"ttft,tpot,itl): rerun with --percentile-metrics ttft,tpot,itl,e2el, or with "
+                f"--save-detailed (the per-request latencies give both)")
     return {"ttft_mean_us": float(ttft_s) * 1e6, "e2e_mean_us": float(e2e_s) * 1e6,
             "output_len_mean": float(out_mean) if _finite(out_mean) else math.nan}
 

@@ -125,6 +125,20 @@ def _data_path(header: Path) -> Path:
     return cand
 
 
+def _int_cell_message(column: str, cell: str) -> str:
+    """Why an integer cell of ``column`` is refused: a time (``*_us``) or a token count."""
+    v = _parse_int(cell)
+    if column.endswith("_us"):
+        if v is not None and v < 0:
+            return (f"a time in microseconds, and negative ({cell!r}); TraceV2 times are "
+                    f"non-negative integers: check the client's clock and the column's units")
+        return (f"expected a time in whole microseconds (a non-negative integer below 2**62), "
+                f"got {cell!r}")
+    if v is not None and v < 0:
+        return f"a token count, and negative ({cell!r}); expected an integer >= 0"
+    return f"expected a token count (a non-negative integer <= 1e9), got {cell!r}"
+
+
 def _parse_int(text: str) -> int | None:
     """An integer cell (Go writes %d; '12.0' is accepted); None if not an integer below 2**62."""
     t = text.strip()
@@ -261,9 +275,7 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
                     break
                 vals[c] = v
             if err is not None:
-                bad(f"malformed:{err}", line, err,
-                    f"expected a non-negative integer (token counts <= 1e9), got "
-                    f"{row[idx[err]]!r}")
+                bad(f"malformed:{err}", line, err, _int_cell_message(err, row[idx[err]]))
                 continue
             if rid in seen:
                 bad("duplicate_request_id", line, "request_id", f"request_id {rid} seen before")

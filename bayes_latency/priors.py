@@ -369,7 +369,7 @@ def load_priors(path: str | Path | Mapping[str, Any] | None = None,
     if isinstance(path, Mapping):
         return parse_priors(path, "<dict>", terms, alpha_terms)
     p = Path(path) if path is not None else DEFAULT_PRIORS_PATH
-    refuse_special(p, "prior file", PriorError)
+    refuse_special(p, "prior file", PriorError, folders_ok=False)
     if not p.is_file():
         raise PriorError(f"{p}: prior file not found")
     try:

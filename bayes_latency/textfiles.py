@@ -38,7 +38,8 @@ from yaml.constructor import ConstructorError
 from bayes_latency.errors import BayesLatencyError
 
 __all__ = ["MAX_ALIAS_NODES", "NotRegularFileError", "TextEncodingError", "check_regular",
-           "file_kind", "load_yaml", "read_bytes", "read_text", "refuse_special"]
+           "check_text_start", "file_kind", "load_yaml", "read_bytes", "read_text",
+           "refuse_special"]
 
 #: Most nodes (scalars, lists, mappings) the aliases of a YAML document may add when each use is
 #: expanded. The YAML inputs of the package (serving configs, priors, GPU datasheets) use
@@ -74,6 +75,11 @@ def _refusal(path: str | Path, what: str, kind: str) -> str:
     return f"{path}: {what} is {kind}, not a regular file; {todo}"
 
 
+def _unreadable(path: str | Path, what: str) -> str:
+    return (f"{path}: {what} is not readable by this user (permission denied); make it readable "
+            f"(chmod a+r) or pass a readable copy")
+
+
 def check_regular(path: str | Path, what: str = "file",
                   error: type[BayesLatencyError] = NotRegularFileError) -> os.stat_result:
     """``os.stat(path)`` of a regular file; anything else refused with what it is.
@@ -102,18 +108,33 @@ def check_regular(path: str | Path, what: str = "file",
 
 
 def refuse_special(path: str | Path, what: str = "file",
-                   error: type[BayesLatencyError] = NotRegularFileError) -> None:
-    """Refuse ``path`` when it exists and is neither a regular file nor a folder.
+                   error: type[BayesLatencyError] = NotRegularFileError,
+                   folders_ok: bool = True) -> None:
+    """Refuse ``path`` when it exists and is not a regular file (nor a folder, when
+    ``folders_ok``).
 
-    For inputs that may be either (an experiment folder or a trace file): a missing path and a
-    dangling symbolic link pass (the caller says "no such file" its own way).
+    For the inputs a command checks before its work: a missing path and a dangling symbolic
+    link pass (the caller says "no such file" its own way).
 
     Raises
     ------
     error
-        When ``path`` is a FIFO, a device, a socket, or a loop of symbolic links.
+        When ``path`` is a FIFO, a device, a socket, a loop of symbolic links, a path too long
+        for the file system, or a folder where only a file will do.
     """
-    if not os.path.lexists(path) or os.path.isdir(path):
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            text = str(path)
+            raise error(f"{text[:60]}...: {what}: path of {len(text):,} characters, too long "
+                        f"for the file system (a name over 255 bytes, or a path over 4096)"
+                        ) from None
+        if exc.errno not in (errno.ELOOP,):
+            return
+    if folders_ok and os.path.isdir(path):
         return
     try:
         check_regular(path, what, error)
@@ -133,7 +154,10 @@ def read_bytes(path: str | Path, what: str = "file",
         When ``path`` is not a regular file (see :func:`check_regular`), or grew while read.
     """
     check_regular(path, what, error)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except PermissionError:
+        raise error(_unreadable(path, what)) from None
     try:
         st = os.fstat(fd)
         kind = file_kind(st.st_mode)
@@ -157,6 +181,37 @@ _MAGIC = ((b"\x1f\x8b", "gzip-compressed; decompress it first (gunzip)"),
           (b"PK\x03\x04", "a zip archive; extract the file first (unzip)"),
           (b"\xff\xfe", "UTF-16 text (little-endian byte-order mark); save it as UTF-8"),
           (b"\xfe\xff", "UTF-16 text (big-endian byte-order mark); save it as UTF-8"))
+
+
+def check_text_start(path: str | Path, what: str = "file",
+                     error: type[BayesLatencyError] = TextEncodingError,
+                     compressed_ok: bool = False) -> None:
+    """Refuse a text input that is empty, compressed or UTF-16, from its first bytes only.
+
+    For readers that stream a file (traces) or try several formats on it (client results),
+    before they parse it: the refusal says what the file is and what to do, where a parser
+    would report a syntax error. ``compressed_ok``: gzip is read by the caller (a ``.gz``
+    name).
+
+    Raises
+    ------
+    OSError
+        When the file cannot be read (the caller names it its own way).
+    error
+        When ``path`` is not a regular file, is empty, or starts like a compressed file or
+        UTF-16 text.
+    """
+    check_regular(path, what, error)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except PermissionError:
+        raise error(_unreadable(path, what)) from None
+    if not head:
+        raise error(f"{path}: {what} is empty (0 bytes)")
+    for magic, kind in _MAGIC:
+        if head.startswith(magic) and not (compressed_ok and magic == b"\x1f\x8b"):
+            raise error(f"{path}: {what} is {kind}")
 
 
 def read_text(path: str | Path, what: str = "file",

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.data.client.frames import MAX_PLAUSIBLE_LATENCY_S
 from bayes_latency.errors import ConfigError, TraceFormatError
 from bayes_latency.schedule.replay import ClientStage, stratified_lengths
 from bayes_latency.textfiles import read_text, refuse_special
@@ -186,6 +187,14 @@ def _observed(ttft_s: float, e2e_s: float, out_mean: float, where: str) -> dict[
                 f"mean_{metric}_ms only for the metrics of --percentile-metrics (default "
                 f"ttft,tpot,itl): rerun with --percentile-metrics ttft,tpot,itl,e2el, or with "
                 f"--save-detailed (the per-request latencies give both)")
+        if float(v) > MAX_PLAUSIBLE_LATENCY_S:
+            raise ConfigError(f"{where}: implausible mean {name} {float(v):.6g} s (field {field}; "
+                              f"above {MAX_PLAUSIBLE_LATENCY_S:g} s, which no LLM server "
+                              f"produces): check the field's unit; nothing to calibrate on")
+    if float(e2e_s) < float(ttft_s):
+        raise ConfigError(f"{where}: mean E2E {float(e2e_s) * 1e3:.6g} ms below mean TTFT "
+                          f"{float(ttft_s) * 1e3:.6g} ms: a request ends after its first token; "
+                          f"check the result's fields (ttft / e2el, their units)")
     return {"ttft_mean_us": float(ttft_s) * 1e6, "e2e_mean_us": float(e2e_s) * 1e6,
             "output_len_mean": float(out_mean) if _finite(out_mean) else math.nan}
 

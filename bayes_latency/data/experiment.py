@@ -61,7 +61,13 @@ from bayes_latency.data.tables import (
 )
 from bayes_latency.errors import BayesLatencyError, ConfigError, TraceFormatError
 from bayes_latency.io import atomic_write_text, check_output_path, folder_lock
-from bayes_latency.textfiles import check_regular, load_yaml, read_text, refuse_special
+from bayes_latency.textfiles import (
+    check_regular,
+    check_text_start,
+    load_yaml,
+    read_text,
+    refuse_special,
+)
 
 __all__ = [
     "TABLES",
@@ -330,6 +336,9 @@ def _inputs(paths: Sequence[Path], config: Path | None, skipped: list[Path] | No
         else:
             refuse_special(p, "trace", TraceFormatError)
             raise TraceFormatError("no such file or folder", file=str(p))
+    for trace, *_ in items:
+        check_text_start(trace, "trace", TraceFormatError,
+                         compressed_ok=trace.suffix.lower() == ".gz")
     return items
 
 

@@ -554,13 +554,14 @@ def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> P
     from bayes_latency.textfiles import load_yaml, refuse_special
 
     path = Path(path)
-    refuse_special(path, "population file", BayesLatencyError)
+    refuse_special(path, "population file", BayesLatencyError, folders_ok=False)
     if not path.is_file():
         raise BayesLatencyError(f"population file {path} does not exist")
     try:
         ds = xr.open_dataset(path, engine="h5netcdf").load()
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-        raise BayesLatencyError(f"cannot read population file {path}: {e}") from e
+        raise BayesLatencyError(f"cannot read population file {path} (truncated, or not a "
+                                f"netCDF file written by `bayes-latency population`?): {e}") from e
     a = dict(ds.attrs)
     if "population_format" not in a or "mu" not in ds:
         raise BayesLatencyError(f"{path} is not a population file (no population_format "
@@ -569,10 +570,14 @@ def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> P
         raise ModelMismatchError(f"{path}: population format {a['population_format']!r}, this "
                                  f"bayes_latency reads format {POPULATION_FORMAT!r}; rebuild it")
     if str(a.get("model_version")) != MODEL_VERSION:
+        from bayes_latency.model.persistence import newer_model_version
+
         raise ModelMismatchError(
             f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-            f"({__version__}) uses model version {MODEL_VERSION!r}. Rebuild the population "
-            "(`bayes-latency population TABLES --out P`).")
+            f"({__version__}) uses model version {MODEL_VERSION!r}. "
+            + ("Upgrade bayes-latency to read it, or rebuild" if newer_model_version(
+                a.get("model_version")) else "Rebuild")
+            + " the population (`bayes-latency population TABLES --out P`).")
     priors = load_priors(load_yaml(a["priors_yaml"]))
     if priors.hash != a.get("priors_hash"):
         raise ModelMismatchError(f"{path}: the embedded priors hash to {priors.hash}, not to the "

@@ -348,19 +348,30 @@ def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
     return out
 
 
+def newer_model_version(version: Any) -> bool:
+    """Whether a file's ``model_version`` is a later one than this package's."""
+    try:
+        return int(str(version)) > int(MODEL_VERSION)
+    except ValueError:
+        return False
+
+
 def read_result(path: str | Path) -> SavedFit:
     """Read a result file; refuses a file made by another model version and one whose
     embedded priors do not hash like its recorded priors hash (altered)."""
     from bayes_latency.textfiles import refuse_special
 
     path = Path(path)
-    refuse_special(path, "posterior file", BayesLatencyError)
+    refuse_special(path, "posterior file", BayesLatencyError,
+                   folders_ok=path.suffix == ".zarr")
     if not path.exists():
         raise BayesLatencyError(f"posterior file {path} does not exist")
     try:
         dt = xr.open_datatree(path, engine="zarr" if path.suffix == ".zarr" else "h5netcdf").load()
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-        raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
+        raise BayesLatencyError(f"cannot read posterior file {path} (truncated, or not a netCDF "
+                                f"file written by `bayes-latency fit` or `calibrate`?): "
+                                f"{e}") from e
     a = dt.attrs
     if "population_format" in a:
         raise BayesLatencyError(
@@ -376,7 +387,9 @@ def read_result(path: str | Path) -> SavedFit:
     if a.get("model_version") != MODEL_VERSION:
         raise ModelMismatchError(
             f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-            f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
+            f"({__version__}) uses model version {MODEL_VERSION!r}. "
+            + ("Upgrade bayes-latency to read it, or refit with this version."
+               if newer_model_version(a.get("model_version")) else "Refit with this version."))
     terms = tuple(json.loads(a["terms"]))
     try:
         dt = checked_posterior(dt, terms)

@@ -206,7 +206,7 @@ def load_gpu(name_or_path: str | Path | GPU) -> GPU:
     if canon is not None:
         return _shipped()[canon]
     p = Path(s).expanduser()
-    refuse_special(p, "GPU datasheet", ConfigError)
+    refuse_special(p, "GPU datasheet", ConfigError, folders_ok=False)
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise UnknownGPUError(f"GPU datasheet file {p} does not exist; "

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,7 +284,7 @@ def test_damaged_posteriors(tiny_posterior, tmp_path, capsys):
                        if "posterior_file" not in ln and "posterior_sha256" not in ln]
     assert strip(tmp_path / "t.yaml") == strip(ref)
     for how, want in (("trimmed", "dimension 'term' of the posterior has"),
-                      ("nan", "posterior variable beta has 1 of")):
+                      ("nan", "posterior variable beta has 1 of 6,600 draws NaN")):
         bad = _damaged_posterior(post, tmp_path / f"{how}.nc", how)
         rc, _, err = run(["export", bad, *CAL, "--out", tmp_path / f"{how}.yaml"], capsys)
         assert rc == 2 and not (tmp_path / f"{how}.yaml").exists()
@@ -363,3 +364,250 @@ def test_laplace_draws_raise_no_future_warnings():
             warnings.simplefilter("error", FutureWarning)
             ds = _laplace_draws(model, 20, 2, seed=0)
     assert ds["s"].shape == (2, 10, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# New classes of odd inputs
+# ---------------------------------------------------------------------------------------------
+
+OTHER_TOOLS = {
+    "genai-perf": {"request_throughput": {"unit": "requests/sec", "avg": 3.2},
+                   "request_latency": {"unit": "ms", "avg": 950.1},
+                   "time_to_first_token": {"unit": "ms", "avg": 40.2},
+                   "input_config": {"model": ["meta-llama/Llama-2-7b-hf"]}},
+    "SGLang": {"backend": "sglang", "request_rate": 4.0, "duration": 30.1, "completed": 120,
+               "total_input_tokens": 66000, "total_output_tokens": 14880,
+               "request_throughput": 3.98, "mean_e2e_latency_ms": 951.2,
+               "mean_ttft_ms": 40.5, "mean_tpot_ms": 7.6},
+    "LLMPerf": {"version": "2023-08-31", "model": "meta-llama/Llama-2-7b-hf",
+                "num_concurrent_requests": 4, "results_ttft_s_mean": 0.0402,
+                "results_end_to_end_latency_s_mean": 0.951},
+    "GuideLLM": {"benchmarks": [{"type_": "generative_benchmark",
+                                 "metrics": {"request_latency": {"successful": {"mean": 0.95}}}}]},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(OTHER_TOOLS))
+def test_other_tools_results_are_named(tool: str, tmp_path: Path, capsys):
+    p = tmp_path / "result.json"
+    text = json.dumps(OTHER_TOOLS[tool])
+    p.write_text(text + "\n" if tool != "SGLang" else text + "\n" + text + "\n")  # JSON lines
+    rc, _, err = run(["calibrate", p, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "result.json", tool, "vllm bench serve --save-result --save-detailed")
+
+
+@pytest.mark.parametrize("kind,want", [("gzip", "gzip-compressed; decompress it first"),
+                                       ("zstd", "zstd-compressed"),
+                                       ("utf16", "UTF-16 text"),
+                                       ("empty", "is empty (0 bytes)")])
+def test_compressed_utf16_or_empty_result_and_config(kind: str, want: str, tmp_path: Path,
+                                                     tiny_fleet_seed5: Path, capsys):
+    import gzip
+
+    def encode(data: bytes) -> bytes:
+        return {"gzip": lambda: gzip.compress(data),
+                "zstd": lambda: b"\x28\xb5\x2f\xfd" + data,  # the frame magic is enough
+                "utf16": lambda: data.decode().encode("utf-16"),
+                "empty": lambda: b""}[kind]()
+
+    res = tmp_path / "res.json"
+    res.write_bytes(encode(BENCH.read_bytes()))
+    rc, _, err = run(["calibrate", res, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "res.json", f"client result {'is ' if kind != 'empty' else ''}", want)
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    cfg = tmp_path / "serving.yaml"
+    cfg.write_bytes(encode((exp / "serving.yaml").read_bytes()))
+    rc, _, err = run(["ingest", exp / "traces.jsonl", "--config", cfg, "--out",
+                      tmp_path / "o"], capsys)
+    assert rc == 2
+    one_line_error(err, "serving.yaml", "serving config")
+
+
+def test_gzip_trace_without_gz_name_and_empty_trace(tiny_fleet_seed5: Path, tmp_path: Path,
+                                                    capsys):
+    import gzip
+
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    trace = tmp_path / "traces.jsonl"
+    trace.write_bytes(gzip.compress((exp / "traces.jsonl").read_bytes()[:20000]))
+    rc, _, err = run(["ingest", trace, "--config", exp / "serving.yaml", "--out",
+                      tmp_path / "o"], capsys)
+    assert rc == 2
+    one_line_error(err, "traces.jsonl", "trace is gzip-compressed")
+    trace.write_bytes(b"")
+    rc, _, err = run(["ingest", trace, "--config", exp / "serving.yaml", "--out",
+                      tmp_path / "o2"], capsys)
+    assert rc == 2
+    one_line_error(err, "traces.jsonl", "trace is empty (0 bytes)")
+
+
+def test_crlf_config_reads_like_lf(tiny_fleet_seed5: Path, tmp_path: Path):
+    from bayes_latency.data.experiment import load_serving_yaml
+
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    cfg = tmp_path / "serving.yaml"
+    cfg.write_bytes((exp / "serving.yaml").read_bytes().replace(b"\n", b"\r\n"))
+    a, b = load_serving_yaml(exp / "serving.yaml"), load_serving_yaml(cfg)
+    a.pop("_source", None), b.pop("_source", None)
+    assert {k: v for k, v in a.items() if "source" not in k} == \
+        {k: v for k, v in b.items() if "source" not in k}
+
+
+def test_file_that_grows_while_read_is_refused(tmp_path: Path, monkeypatch):
+    from bayes_latency import textfiles
+    from bayes_latency.errors import ConfigError
+
+    p = tmp_path / "serving.yaml"
+    p.write_text("model: llama-2-7b\ngpu: H100\n")
+    real = os.fstat
+
+    def shrunk(fd: int):
+        st = real(fd)
+        return os.stat_result((*st[:6], st.st_size - 5, *st[7:]))
+
+    monkeypatch.setattr(textfiles.os, "fstat", shrunk)
+    with pytest.raises(ConfigError, match="grew while being read"):
+        textfiles.read_text(p, "serving config", ConfigError)
+
+
+def test_unreadable_file_says_permission(tmp_path: Path, monkeypatch, capsys):
+    from bayes_latency import textfiles
+
+    p = tmp_path / "res.json"
+    p.write_text(BENCH.read_text())
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(textfiles, "open", denied, raising=False)
+    monkeypatch.setattr(textfiles.os, "open", denied)
+    rc, _, err = run(["calibrate", p, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "res.json", "not readable", "permission denied")
+
+
+@pytest.mark.parametrize("option", ["--priors", "--population", "--gpu"])
+def test_folder_where_a_file_is_read(option: str, tmp_path: Path, capsys):
+    folder = tmp_path / "thing.yaml"
+    folder.mkdir()
+    args = {"--model": "llama-2-7b", "--gpu": "H100", option: folder}
+    argv = ["calibrate", BENCH, "--tp", "1", "--out", tmp_path / "c.nc"]
+    for k, v in args.items():
+        argv += [k, v]
+    rc, _, err = run(argv, capsys)
+    assert rc == 2
+    one_line_error(err, "thing.yaml", "is a directory", "not a folder")
+
+
+def test_symlink_loop_is_named(tmp_path: Path, capsys):
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    rc, _, err = run(["calibrate", tmp_path / "a.json", *CAL, "--out", tmp_path / "c.nc"],
+                     capsys)
+    assert rc == 2
+    one_line_error(err, "a.json", "loop of symbolic links")
+
+
+@pytest.mark.parametrize("field,value,want", [
+    ("mean_e2el_ms", 1e300, "implausible mean E2E"),
+    ("mean_e2el_ms", 10.0, "mean E2E 10 ms below mean TTFT"),
+])
+def test_implausible_client_means_are_refused_before_a_fit(field, value, want, tmp_path, capsys):
+    doc = json.loads(BENCH.read_text())
+    for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+              "queue_times", "generated_texts", "errors"):
+        doc.pop(k)
+    doc[field] = value
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    t0 = time.monotonic()
+    rc, _, err = run(["calibrate", p, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2 and time.monotonic() - t0 < 20
+    one_line_error(err, "r.json", want)
+
+
+def test_truncated_or_foreign_posterior(tiny_posterior, tmp_path, capsys):
+    post = tiny_posterior[1]
+    cut = tmp_path / "cut.nc"
+    cut.write_bytes(post.read_bytes()[:20000])
+    foreign = tmp_path / "foreign.nc"
+    foreign.write_text(BENCH.read_text())
+    for bad in (cut, foreign):
+        rc, _, err = run(["export", bad, *CAL, "--out", tmp_path / "x.yaml"], capsys)
+        assert rc == 2
+        one_line_error(err, bad.name, "truncated, or not a netCDF file")
+
+
+def test_newer_model_version_says_upgrade(tiny_posterior, tiny_population, tmp_path, capsys):
+    import xarray as xr
+
+    dt = xr.open_datatree(tiny_posterior[1], engine="h5netcdf").load()
+    dt.attrs["model_version"] = "999"
+    dt.to_netcdf(tmp_path / "new.nc", engine="h5netcdf")
+    rc, _, err = run(["export", tmp_path / "new.nc", *CAL, "--out", tmp_path / "x.yaml"],
+                     capsys)
+    assert rc == 2
+    one_line_error(err, "new.nc", "'999'", "Upgrade bayes-latency")
+    ds = xr.open_dataset(tiny_population, engine="h5netcdf").load()
+    ds.attrs["model_version"] = "999"
+    ds.to_netcdf(tmp_path / "newpop.nc", engine="h5netcdf")
+    rc, _, err = run(["calibrate", BENCH, *CAL, "--population", tmp_path / "newpop.nc",
+                      "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "newpop.nc", "Upgrade bayes-latency")
+
+
+def test_empty_parquet_partition_is_named(tiny_posterior, tmp_path, capsys):
+    import shutil
+
+    tables = tmp_path / "T"
+    shutil.copytree(tiny_posterior[0], tables)
+    part = sorted((tables / "observations").rglob("*.parquet"))[0]
+    part.write_bytes(b"")
+    rc, _, err = run(["fit", tables, "--out", tmp_path / "f.nc", "--sampler", "laplace"], capsys)
+    assert rc == 2 and not (tmp_path / "f.nc").exists()
+    one_line_error(err, part.name, "Parquet")
+
+
+def test_million_identical_lines_trace_is_bounded(tiny_fleet_seed5: Path, tmp_path: Path):
+    trace = tmp_path / "same.jsonl"
+    trace.write_bytes(b"{}\n" * 1_000_000)
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    t0 = time.monotonic()
+    rc, _, err = run_cli(["ingest", trace, "--config", exp / "serving.yaml", "--out",
+                          tmp_path / "o"], timeout=25)
+    assert rc == 2 and time.monotonic() - t0 < 25
+    one_line_error(err, "same.jsonl", "no valid OTLP JSON line")
+
+
+def test_priors_duplicate_key_and_alias_bomb_config(tiny_fleet_seed5: Path, tmp_path: Path,
+                                                   capsys):
+    from bayes_latency.priors import DEFAULT_PRIORS_PATH
+
+    pri = tmp_path / "p.yaml"
+    pri.write_text(DEFAULT_PRIORS_PATH.read_text() + "\nschema_version: 1\n")
+    rc, _, err = run(["calibrate", BENCH, *CAL, "--priors", pri, "--out", tmp_path / "c.nc"],
+                     capsys)
+    assert rc == 2
+    one_line_error(err, "p.yaml", "duplicate key 'schema_version'")
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    bomb = ["a0: &a0 [" + ", ".join(['"x"'] * 9) + "]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    cfg = tmp_path / "serving.yaml"
+    cfg.write_text((exp / "serving.yaml").read_text() + "\n" + "\n".join(bomb) + "\n")
+    rc, _, err = run(["ingest", exp / "traces.jsonl", "--config", cfg, "--out",
+                      tmp_path / "o"], capsys)
+    assert rc == 2
+    one_line_error(err, "serving.yaml", "alias bomb")
+
+
+def test_unknown_architecture_config_json(tmp_path: Path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 2560,
+                               "num_hidden_layers": 64, "vocab_size": 50280}))
+    rc, _, err = run(["calibrate", BENCH, "--model", cfg, "--gpu", "H100", "--tp", "1",
+                      "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "config.json", "num_attention_heads")

@@ -275,7 +275,9 @@ class SavedFit:
     noise_load: str = "none"
 
 
-#: Posterior variables whose every draw must be finite, and the order of their dimensions.
+#: Posterior variables whose draws must not be NaN, and the order of their dimensions. An
+#: infinite draw (an overflowed coefficient) is read: ``check`` reports it as a finding and
+#: ``export`` refuses it, each naming where it lands.
 _CHECKED_VARS = {"beta": ("chain", "draw", "config", "term"),
                  "alpha": ("chain", "draw", "config", "alpha_term"),
                  "mu": ("chain", "draw", "coef")}
@@ -301,13 +303,13 @@ def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
     """``dt`` with its posterior read by dimension name: labels of ``config``, ``term``,
     ``alpha_term`` and ``coef`` in the order of the fit (``constant_data``, the attrs
     ``terms`` / ``alpha_terms``), every variable with ``chain, draw`` first, ``beta``, ``alpha``
-    and ``mu`` in the order the readers take them and finite.
+    and ``mu`` in the order the readers take them and without NaN.
 
     Raises
     ------
     BayesLatencyError
         No ``chain`` / ``draw`` dimension, labels that differ from the fit's, a checked variable
-        of other dimensions or with values that are not finite (naming the variable).
+        of other dimensions or with NaN draws (naming the variable).
     """
     post = dt["posterior"].to_dataset()
     for dim in ("chain", "draw"):
@@ -335,11 +337,10 @@ def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
                 raise BayesLatencyError(f"posterior variable {name} has dimensions "
                                         f"{tuple(var.dims)}, expected {want}")
             var = var.transpose(*want)
-            vals = np.asarray(var.values, dtype=float)
-            bad = int(vals.size - np.count_nonzero(np.isfinite(vals)))
+            bad = int(np.count_nonzero(np.isnan(np.asarray(var.values, dtype=float))))
             if bad:
                 raise BayesLatencyError(f"posterior variable {name} has {bad:,} of "
-                                        f"{vals.size:,} draws not finite (NaN or inf)")
+                                        f"{var.size:,} draws NaN")
         elif {"chain", "draw"} <= set(var.dims):
             var = var.transpose("chain", "draw", ...)
         fixed[name] = var

@@ -611,3 +611,33 @@ def test_unknown_architecture_config_json(tmp_path: Path, capsys):
                       "--out", tmp_path / "c.nc"], capsys)
     assert rc == 2
     one_line_error(err, "config.json", "num_attention_heads")
+
+
+def test_trace_that_grows_while_read_is_refused(tiny_fleet_seed5: Path, tmp_path: Path,
+                                                monkeypatch, capsys):
+    from bayes_latency.data import jsonl
+
+    exp = tiny_fleet_seed5 / "llama-2-7b-h100-tp1-general"
+    real = os.fstat
+
+    def shrunk(fd: int):
+        st = real(fd)
+        return os.stat_result((*st[:6], st.st_size // 2, *st[7:]))
+
+    import types
+
+    monkeypatch.setattr(jsonl, "os", types.SimpleNamespace(fstat=shrunk))
+    rc, _, err = run(["ingest", exp / "traces.jsonl", "--config", exp / "serving.yaml",
+                      "--out", tmp_path / "o"], capsys)
+    assert rc == 2 and not list((tmp_path / "o").glob("*/*.parquet"))
+    one_line_error(err, "traces.jsonl", "grew while being read")
+
+
+@pytest.mark.parametrize("reader", ["microbench", "steps"])
+def test_fifo_step_or_microbench_table(reader: str, fifo: Path):
+    code = ("from bayes_latency.data.microbench import read_splitwise as r" if reader ==
+            "microbench" else "from bayes_latency.data.steps import load_step_table as r")
+    proc = subprocess.run([sys.executable, "-c", f"{code}\ntry:\n    r({str(fifo)!r})\n"
+                           f"except Exception as e:\n    print(type(e).__name__, e)"],
+                          capture_output=True, text=True, timeout=25)
+    assert "TraceFormatError" in proc.stdout and "is a FIFO" in proc.stdout, proc

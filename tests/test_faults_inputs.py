@@ -641,3 +641,28 @@ def test_fifo_step_or_microbench_table(reader: str, fifo: Path):
                            f"except Exception as e:\n    print(type(e).__name__, e)"],
                           capture_output=True, text=True, timeout=25)
     assert "TraceFormatError" in proc.stdout and "is a FIFO" in proc.stdout, proc
+
+
+def test_client_clock_jump_in_start_times_is_refused(tmp_path: Path, capsys):
+    doc = json.loads(BENCH.read_text())
+    doc["start_times"][3] = 1e12
+    p = tmp_path / "jump.json"
+    p.write_text(json.dumps(doc))
+    t0 = time.monotonic()
+    rc, _, err = run(["calibrate", p, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2 and time.monotonic() - t0 < 20
+    one_line_error(err, "jump.json", "send times span 1e+12 s", "recorded duration",
+                   "clock jumped")
+
+
+def test_tracev2_far_future_times_are_refused(tmp_path: Path, capsys):
+    def future(df):
+        for c in ("send_time_us", "first_chunk_time_us", "last_chunk_time_us",
+                  "arrival_time_us"):
+            if c in df:
+                df.loc[2, c] = str(int(df.loc[2, c]) + 10**18)
+
+    hdr = _tracev2_pair(tmp_path, future)
+    rc, _, err = run(["calibrate", hdr, *CAL, "--out", tmp_path / "c.nc"], capsys)
+    assert rc == 2
+    one_line_error(err, "obs", "send times span", "a week", "clock jumped")

@@ -259,6 +259,30 @@ def _inference_perf_pdf(results: Path | None, stage: str) -> dict[int, float] | 
 MAX_REPLAY_REQUESTS = 20_000
 
 
+#: Longest span of a stage's send times (s) a replay takes (a week); with the run's recorded
+#: duration, the sends must also fit in it (plus :data:`SEND_SPAN_SLACK`).
+MAX_SEND_SPAN_S = 7 * 86400.0
+#: Relative and absolute slack of the send times' span over the run's recorded duration.
+SEND_SPAN_SLACK = (0.1, 1.0)
+
+
+def _check_send_span(eid: str, t: np.ndarray, duration: float | None) -> None:
+    """Refuse send times that span more than the run lasted (a clock that jumped)."""
+    span = float(t.max() - t.min())
+    known = duration is not None and _finite(duration) and float(duration) > 0
+    limit = min(float(duration) * (1 + SEND_SPAN_SLACK[0]) + SEND_SPAN_SLACK[1] if known
+                else MAX_SEND_SPAN_S, MAX_SEND_SPAN_S)
+    if span > limit:
+        gaps = np.diff(np.sort(t))
+        k = int(np.argmax(gaps))
+        raise ConfigError(
+            f"{eid}: the requests' send times span {span:.6g} s, longer than "
+            + (f"the run's recorded duration ({float(duration):.6g} s)"
+               if known and span <= MAX_SEND_SPAN_S else f"{MAX_SEND_SPAN_S:g} s (a week)")
+            + f"; the largest jump is {gaps[k]:.6g} s, after the {k + 1}-th send: the client's "
+            f"clock jumped (start_times / send_time_us); fix or drop those requests")
+
+
 def _window_note(where: str, n: int, how: str) -> str:
     return (f"{where}: {n:,} requests, more than a replay simulates ({MAX_REPLAY_REQUESTS:,}); "
             f"replaying the first {MAX_REPLAY_REQUESTS:,} {how}")
@@ -334,7 +358,8 @@ def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
 
 
 def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any],
-                   notes: list[str] | None = None) -> ClientStage | None:
+                   notes: list[str] | None = None,
+                   duration: float | None = None) -> ClientStage | None:
     """One stage of a run's recorded successful requests (None when they cannot be replayed);
     the first :data:`MAX_REPLAY_REQUESTS` by send time when there are more (noted)."""
     ok = req[req["status"] == "ok"]
@@ -347,6 +372,7 @@ def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any],
         return None
     sub = ok[good]
     t, p, o = t[good], p[good], o[good]
+    _check_send_span(eid, t, duration)
     order = np.argsort(t, kind="stable")
     if len(order) > MAX_REPLAY_REQUESTS:
         if notes is not None:
@@ -436,7 +462,8 @@ def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path
             raise ConfigError(f"{eid}: the result records tp={int(rtp.iloc[0])}, not --tp {tp}")
         if req is not None and len(req):
             mine = req[req["experiment_id"] == eid]
-            st = _request_stage(str(eid), mine, common, notes) if len(mine) else None
+            dur = rows["duration_s"].max() if "duration_s" in rows else None
+            st = _request_stage(str(eid), mine, common, notes, dur) if len(mine) else None
             if st is not None:
                 out.append(st)
                 continue

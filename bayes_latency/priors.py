@@ -35,7 +35,7 @@ import yaml
 from bayes_latency.errors import PriorError
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, TERMS
 from bayes_latency.physics.hardware import GPU, resolve_gpu_name
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import load_yaml, read_text, refuse_special
 
 SCHEMA_VERSION = 1
 """The prior-file schema this module reads."""
@@ -369,6 +369,7 @@ def load_priors(path: str | Path | Mapping[str, Any] | None = None,
     if isinstance(path, Mapping):
         return parse_priors(path, "<dict>", terms, alpha_terms)
     p = Path(path) if path is not None else DEFAULT_PRIORS_PATH
+    refuse_special(p, "prior file", PriorError, folders_ok=False)
     if not p.is_file():
         raise PriorError(f"{p}: prior file not found")
     try:

@@ -18,6 +18,12 @@ A closed-loop run (``max_concurrency`` set) without per-request send times canno
 open-loop: the client's sends depend on the server's speed. It is refused with an error naming
 the field (rerun with ``--save-detailed``). inference-perf's shared-prefix prompt shape comes
 from the folder's ``profile.yaml`` when present.
+
+A replay's memory and time grow with its requests (and their tokens): a stage of more than
+:data:`MAX_REPLAY_REQUESTS` requests is replayed as its first :data:`MAX_REPLAY_REQUESTS`, and a
+note says so. Recorded requests: the first by send time, a contiguous window that keeps the
+load's arrival process, with the measured means taken over the same requests; drawn requests:
+the first of the same arrival process (the stage's means are those of a stationary load).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.data.client.frames import MAX_PLAUSIBLE_LATENCY_S
 from bayes_latency.errors import ConfigError, TraceFormatError
 from bayes_latency.schedule.replay import ClientStage, stratified_lengths
+from bayes_latency.textfiles import read_text, refuse_special
 
-__all__ = ["QUANTILE_LEVELS", "check_client_report", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
+__all__ = ["MAX_REPLAY_REQUESTS", "QUANTILE_LEVELS", "check_client_report", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
            "stages_table"]
 
 #: Quantile levels of inference-perf distributions, key -> level.
@@ -129,12 +137,13 @@ def model_config_dict(model: str | Path) -> dict[str, Any]:
     path = MODELS_DIR / f"{short}.json" if short is not None else Path(str(model)).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    refuse_special(path, "config.json", UnknownArchitectureError)
     if not path.is_file():
         raise UnknownArchitectureError(
             f"unknown model {str(model)!r}: not a known name and not a config.json path; "
             f"known: {', '.join(known_architectures())}")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(path, "config.json", UnknownArchitectureError))
     except (OSError, ValueError) as exc:
         raise UnknownArchitectureError(f"{path}: cannot read config.json: {exc}") from None
     if not isinstance(doc, dict):
@@ -169,11 +178,23 @@ def _finite(v: Any) -> bool:
 def _observed(ttft_s: float, e2e_s: float, out_mean: float, where: str) -> dict[str, float]:
     """The measured means a calibration fits (µs); both TTFT and E2E are needed (E2E anchors the
     scale of the coefficients, TTFT splits it between prefill and decode)."""
-    for name, v, field in (("TTFT", ttft_s, "ttft_mean_s; vLLM: mean_ttft_ms"),
-                           ("E2E", e2e_s, "e2e_mean_s; vLLM: mean_e2el_ms")):
+    for name, v, field, metric in (("TTFT", ttft_s, "ttft_mean_s; vLLM: mean_ttft_ms", "ttft"),
+                                   ("E2E", e2e_s, "e2e_mean_s; vLLM: mean_e2el_ms", "e2el")):
         if not (_finite(v) and float(v) > 0):
-            raise ConfigError(f"{where}: no mean {name} of successful requests (field {field}"
-                              f", got {v!r}); a calibration needs both the TTFT and E2E means")
+            raise ConfigError(
+                f"{where}: no mean {name} of successful requests (field {field}, got {v!r}); a "
+                f"calibration needs both the TTFT and E2E means: `vllm bench serve` records "
+                f"mean_{metric}_ms only for the metrics of --percentile-metrics (default "
+                f"ttft,tpot,itl): rerun with --percentile-metrics ttft,tpot,itl,e2el, or with "
+                f"--save-detailed (the per-request latencies give both)")
+        if float(v) > MAX_PLAUSIBLE_LATENCY_S:
+            raise ConfigError(f"{where}: implausible mean {name} {float(v):.6g} s (field {field}; "
+                              f"above {MAX_PLAUSIBLE_LATENCY_S:g} s, which no LLM server "
+                              f"produces): check the field's unit; nothing to calibrate on")
+    if float(e2e_s) < float(ttft_s):
+        raise ConfigError(f"{where}: mean E2E {float(e2e_s) * 1e3:.6g} ms below mean TTFT "
+                          f"{float(ttft_s) * 1e3:.6g} ms: a request ends after its first token; "
+                          f"check the result's fields (ttft / e2el, their units)")
     return {"ttft_mean_us": float(ttft_s) * 1e6, "e2e_mean_us": float(e2e_s) * 1e6,
             "output_len_mean": float(out_mean) if _finite(out_mean) else math.nan}
 
@@ -232,9 +253,44 @@ def _inference_perf_pdf(results: Path | None, stage: str) -> dict[int, float] | 
         return None
 
 
+#: Most requests of one stage a replay simulates (see the module docstring). A calibration of
+#: one 20,000-request ``--save-detailed`` result (prompts ~550, outputs ~125 tokens, llama-2-7b
+#: H100) peaks at 0.98 GB and takes 37 s; 1,000,000 requests do not fit in memory.
+MAX_REPLAY_REQUESTS = 20_000
+
+
+#: Longest span of a stage's send times (s) a replay takes (a week); with the run's recorded
+#: duration, the sends must also fit in it (plus :data:`SEND_SPAN_SLACK`).
+MAX_SEND_SPAN_S = 7 * 86400.0
+#: Relative and absolute slack of the send times' span over the run's recorded duration.
+SEND_SPAN_SLACK = (0.1, 1.0)
+
+
+def _check_send_span(eid: str, t: np.ndarray, duration: float | None) -> None:
+    """Refuse send times that span more than the run lasted (a clock that jumped)."""
+    span = float(t.max() - t.min())
+    known = duration is not None and _finite(duration) and float(duration) > 0
+    limit = min(float(duration) * (1 + SEND_SPAN_SLACK[0]) + SEND_SPAN_SLACK[1] if known
+                else MAX_SEND_SPAN_S, MAX_SEND_SPAN_S)
+    if span > limit:
+        gaps = np.diff(np.sort(t))
+        k = int(np.argmax(gaps))
+        raise ConfigError(
+            f"{eid}: the requests' send times span {span:.6g} s, longer than "
+            + (f"the run's recorded duration ({float(duration):.6g} s)"
+               if known and span <= MAX_SEND_SPAN_S else f"{MAX_SEND_SPAN_S:g} s (a week)")
+            + f"; the largest jump is {gaps[k]:.6g} s, after the {k + 1}-th send: the client's "
+            f"clock jumped (start_times / send_time_us); fix or drop those requests")
+
+
+def _window_note(where: str, n: int, how: str) -> str:
+    return (f"{where}: {n:,} requests, more than a replay simulates ({MAX_REPLAY_REQUESTS:,}); "
+            f"replaying the first {MAX_REPLAY_REQUESTS:,} {how}")
+
+
 def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
                    results: Path | None, profile: dict[str, Any] | None,
-                   seed: int) -> ClientStage:
+                   seed: int, notes: list[str] | None = None) -> ClientStage:
     eid = str(row["experiment_id"])
     where = f"{eid} stage {row['stage']}"
     mc = row.get("max_concurrency")
@@ -252,6 +308,11 @@ def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
     if not _finite(count) or int(count) < 1:
         raise ConfigError(f"{where}: no request count (field count / num_prompts)")
     count = int(count)
+    if count > MAX_REPLAY_REQUESTS:
+        if notes is not None:
+            notes.append(_window_note(where, count, "of the same arrival process (the measured "
+                                      "means are taken as those of a stationary load)"))
+        count = MAX_REPLAY_REQUESTS
     plen = row.get("prompt_len_mean")
     if not _finite(plen) or float(plen) < 1:
         raise ConfigError(f"{where}: no mean prompt length (field prompt_len_mean; vLLM: "
@@ -296,8 +357,11 @@ def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
                        count=count, prompt_len=prompt, output_pdf=pdf, **shape, **common)
 
 
-def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any]) -> ClientStage | None:
-    """One stage of a run's recorded successful requests (None when they cannot be replayed)."""
+def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any],
+                   notes: list[str] | None = None,
+                   duration: float | None = None) -> ClientStage | None:
+    """One stage of a run's recorded successful requests (None when they cannot be replayed);
+    the first :data:`MAX_REPLAY_REQUESTS` by send time when there are more (noted)."""
     ok = req[req["status"] == "ok"]
     t = ok["send_s"].to_numpy(dtype=float)
     t = np.where(np.isfinite(t), t, ok["arrival_s"].to_numpy(dtype=float))
@@ -307,14 +371,21 @@ def _request_stage(eid: str, req: pd.DataFrame, common: dict[str, Any]) -> Clien
     if not good.any():
         return None
     sub = ok[good]
-    observed = _observed(float(np.nanmean(sub["ttft_s"].to_numpy(dtype=float))),
-                         float(np.nanmean(sub["e2e_s"].to_numpy(dtype=float))),
-                         float(o[good].mean()), eid)
-    order = np.argsort(t[good], kind="stable")
+    t, p, o = t[good], p[good], o[good]
+    _check_send_span(eid, t, duration)
+    order = np.argsort(t, kind="stable")
+    if len(order) > MAX_REPLAY_REQUESTS:
+        if notes is not None:
+            notes.append(_window_note(eid, len(order), "by send time (the measured means are "
+                                      "those of the same requests)"))
+        order = order[:MAX_REPLAY_REQUESTS]
+    observed = _observed(float(np.nanmean(sub["ttft_s"].to_numpy(dtype=float)[order])),
+                         float(np.nanmean(sub["e2e_s"].to_numpy(dtype=float)[order])),
+                         float(o[order].mean()), eid)
     return ClientStage(run_id=eid, stage=0, observed=observed,
-                       arrival_s=tuple(float(x) for x in t[good][order]),
-                       prompt_tokens=tuple(int(x) for x in p[good][order]),
-                       output_tokens=tuple(int(x) for x in o[good][order]), **common)
+                       arrival_s=tuple(float(x) for x in t[order]),
+                       prompt_tokens=tuple(int(x) for x in p[order]),
+                       output_tokens=tuple(int(x) for x in o[order]), **common)
 
 
 def _check_model(recorded: pd.Series, model: str | Path, eid: str) -> None:
@@ -332,8 +403,8 @@ def _check_model(recorded: pd.Series, model: str | Path, eid: str) -> None:
 def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: int,
                   kv_blocks: int, path: str | Path | None = None,
                   max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
-                  block_size: int = 16, prefix_caching: bool = True, seed: int = 0
-                  ) -> list[ClientStage]:
+                  block_size: int = 16, prefix_caching: bool = True, seed: int = 0,
+                  notes: list[str] | None = None) -> list[ClientStage]:
     """The replayable load stages of client results (see the module docstring).
 
     Parameters
@@ -352,6 +423,9 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
         The server's scheduler settings.
     seed
         Seed of gamma arrivals and of output lengths drawn from a distribution.
+    notes
+        When given, a note is appended for each stage replayed as a window of its requests
+        (more than :data:`MAX_REPLAY_REQUESTS`).
 
     Raises
     ------
@@ -368,7 +442,7 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
                   max_num_batched_tokens=int(max_num_batched_tokens),
                   block_size=int(block_size), prefix_caching=bool(prefix_caching))
     try:
-        return _client_stages(lc, req, model, tp, common, path, seed)
+        return _client_stages(lc, req, model, tp, common, path, seed, notes)
     except ConfigError as exc:  # name the results the stage came from
         if path is None or str(path) in str(exc):
             raise
@@ -376,8 +450,8 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
 
 
 def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path, tp: int,
-                   common: dict[str, Any], path: str | Path | None, seed: int
-                   ) -> list[ClientStage]:
+                   common: dict[str, Any], path: str | Path | None, seed: int,
+                   notes: list[str] | None = None) -> list[ClientStage]:
     """:func:`client_stages`' work."""
     results, profile = _stage_files(Path(path) if path is not None else None)
     out: list[ClientStage] = []
@@ -388,14 +462,16 @@ def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path
             raise ConfigError(f"{eid}: the result records tp={int(rtp.iloc[0])}, not --tp {tp}")
         if req is not None and len(req):
             mine = req[req["experiment_id"] == eid]
-            st = _request_stage(str(eid), mine, common) if len(mine) else None
+            dur = rows["duration_s"].max() if "duration_s" in rows else None
+            st = _request_stage(str(eid), mine, common, notes, dur) if len(mine) else None
             if st is not None:
                 out.append(st)
                 continue
         stage_rows = rows[rows["stage"].astype(str) != "summary"]
         use = stage_rows if len(stage_rows) else rows
         for i, (_, row) in enumerate(use.iterrows()):
-            out.append(_summary_stage(row.to_dict(), i, common, results, profile, seed))
+            out.append(_summary_stage(row.to_dict(), i, common, results, profile, seed,
+                                      notes))
     for s in out:
         s.validate()
     return out

@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
     _check_finite,
@@ -111,19 +113,20 @@ def export_command(args: argparse.Namespace) -> int:
     model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
     config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
     try:
-        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
-        prov = provenance(model.result.attrs, args.posterior)
-        n_draws = int(getattr(args, "draws", 0) or 0)
-        if args.format == "blis":
-            text = blis_yaml(coefs, config, prov, n_draws=n_draws)
-            _check_finite(load_yaml(text))
-        elif args.format == "json":
-            doc = export_document(coefs, config, prov, n_draws=n_draws,
-                                  step_noise=step_noise_of(model, coefs))
-            _check_finite(doc)
-            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-        else:
-            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+        with np.errstate(all="ignore"):  # a non-finite result is refused by _check_finite
+            coefs = model.coefficients(args.model, args.gpu, int(args.tp))
+            prov = provenance(model.result.attrs, args.posterior)
+            n_draws = int(getattr(args, "draws", 0) or 0)
+            if args.format == "blis":
+                text = blis_yaml(coefs, config, prov, n_draws=n_draws)
+                _check_finite(load_yaml(text))
+            elif args.format == "json":
+                doc = export_document(coefs, config, prov, n_draws=n_draws,
+                                      step_noise=step_noise_of(model, coefs))
+                _check_finite(doc)
+                text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+            else:
+                raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
     except BayesLatencyError as exc:  # name the posterior the bad coefficients come from
         if str(args.posterior) in str(exc):
             raise

@@ -167,7 +167,16 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise BayesLatencyError(f"--kv-blocks {args.kv_blocks}: must be >= 1")
     if not (0 < args.tol < 1):
         raise BayesLatencyError(f"--tol {args.tol}: must be in (0, 1)")
+    from bayes_latency.cli.export import MAX_EXPORT_DRAWS
+
+    if args.export_draws is not None and args.export_draws > MAX_EXPORT_DRAWS:
+        raise BayesLatencyError(f"--export-draws {args.export_draws}: must be an integer in "
+                                f"[0, {MAX_EXPORT_DRAWS:,}] (each draw is a full coefficient "
+                                f"vector in the export)")
+    from bayes_latency.textfiles import refuse_special
+
     result = Path(args.result)
+    refuse_special(result, "RESULT (client result)", BayesLatencyError)
     if not result.exists():
         raise BayesLatencyError(f"RESULT {result}: no such file or folder")
     from bayes_latency.cli.fit import table_inputs
@@ -204,9 +213,13 @@ def calibrate_command(args: argparse.Namespace) -> int:
     check_client_report(report, result)
     kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
                                                                       args.tp)
+    windows: list[str] = []
     stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,
                            max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+                           max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
+                           notes=windows)
+    for note in windows:
+        print(f"note: {note}")
     print(f"{len(stages)} load stage(s) to replay on {arch.name} / {gpu.name} / TP {args.tp}, "
           f"{kv} KV blocks per GPU" + ("" if args.kv_blocks else " (BLIS's formula)"))
     with pd.option_context("display.width", 140, "display.max_columns", 20):

@@ -66,7 +66,10 @@ def population_command(args: argparse.Namespace) -> int:
         raise BayesLatencyError(f"--samples {args.samples}: must be in [10, 100000]")
     if args.leave_out is not None:
         parse_leave_out(args.leave_out)
+    from bayes_latency.textfiles import refuse_special
+
     src = Path(args.source)
+    refuse_special(src, "SOURCE", BayesLatencyError)
     if not src.exists():
         raise BayesLatencyError(f"SOURCE {src}: no such file or folder")
     from bayes_latency.cli.fit import table_inputs

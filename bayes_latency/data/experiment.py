@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
@@ -66,7 +67,13 @@ from bayes_latency.io import (
     folder_lock,
     staged_folder,
 )
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import (
+    check_regular,
+    check_text_start,
+    load_yaml,
+    read_text,
+    refuse_special,
+)
 
 __all__ = [
     "TABLES",
@@ -89,9 +96,15 @@ _TRACE_NAMES = ("traces.jsonl", "traces.json", "traces.jsonl.gz", "traces.json.g
 
 
 def _find(folder: Path, names: Sequence[str]) -> Path | None:
+    """The first of ``names`` present in ``folder``; one that is there but is no regular file
+    (a folder named ``serving.yaml``, a FIFO) is refused with what it is."""
     for n in names:
-        if (folder / n).is_file():
-            return folder / n
+        cand = folder / n
+        if os.path.lexists(cand):
+            what = "trace" if n in _TRACE_NAMES else (
+                "serving config" if n in _CONFIG_NAMES else "input")
+            check_regular(cand, what, ConfigError if n in _CONFIG_NAMES else TraceFormatError)
+            return cand
     return None
 
 
@@ -327,7 +340,11 @@ def _inputs(paths: Sequence[Path], config: Path | None, skipped: list[Path] | No
                 cfg.pop("experiment_id", None)
             items.append((p, cfg, None, eid))
         else:
+            refuse_special(p, "trace", TraceFormatError)
             raise TraceFormatError("no such file or folder", file=str(p))
+    for trace, *_ in items:
+        check_text_start(trace, "trace", TraceFormatError,
+                         compressed_ok=trace.suffix.lower() == ".gz")
     return items
 
 

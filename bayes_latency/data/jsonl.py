@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,15 +88,20 @@ def iter_line_chunks(path: Path, size: int, split: bool = True
     ``\\n``; nothing is counted. With ``split=False`` the lines are not copied out of the
     chunk: the third item is the offset of each line in it (:func:`line_starts`).
 
+    A plain file is read up to the size it had when opened: one that grows past it (a trace
+    still being written) is refused, rather than followed for as long as its writer writes.
+
     Raises
     ------
     TraceFormatError
-        When the file cannot be opened or read (missing, a folder, a broken gzip stream).
+        When the file cannot be opened or read (missing, a folder, a broken gzip stream), or
+        grew while being read.
     """
     path = Path(path)
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as fh:
+            size0 = None if path.suffix == ".gz" else os.fstat(fh.fileno()).st_size
             first = 1
             while True:
                 buf = fh.read(size)
@@ -103,6 +109,11 @@ def iter_line_chunks(path: Path, size: int, split: bool = True
                     return
                 if not buf.endswith(b"\n"):
                     buf += fh.readline()
+                if size0 is not None and fh.tell() > size0:
+                    raise TraceFormatError(
+                        f"the file grew while being read (from {size0:,} bytes): it is still "
+                        f"being written; ingest it once its writer has finished (or a copy)",
+                        file=str(path))
                 if split:
                     lines = buf.split(b"\n")
                     if buf.endswith(b"\n"):

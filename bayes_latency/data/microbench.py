@@ -22,6 +22,7 @@ import pandas as pd
 
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import check_text_start
 
 __all__ = ["GPU_NAMES", "SPLITWISE_COLUMNS", "read_splitwise"]
 
@@ -68,7 +69,11 @@ def read_splitwise(path: str | Path, report: IngestReport | None = None) -> pd.D
     path = Path(path)
     report = report if report is not None else IngestReport(source=str(path))
     try:
+        check_text_start(path, "microbenchmark CSV", TraceFormatError,
+                         compressed_ok=path.suffix.lower() == ".gz")
         raw = pd.read_csv(path)
+    except TraceFormatError:
+        raise
     except Exception as exc:  # parser / IO errors of many kinds
         raise TraceFormatError(f"cannot read microbenchmark CSV: {exc}", file=str(path)) from exc
     for col in _REQUIRED:

@@ -43,6 +43,7 @@ import pandas as pd
 from bayes_latency.data.otlp.read import STEP_COLUMNS, STEP_INT_COLUMNS
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
+from bayes_latency.textfiles import check_regular
 
 __all__ = [
     "REQUIRED_STEP_COLUMNS",
@@ -108,6 +109,7 @@ def load_step_table(path: str | Path, experiment_id: str | None = None,
     report = report if report is not None else IngestReport(source=str(path))
     suffix = path.suffix.lower()
     try:
+        check_regular(path, "step table", TraceFormatError)
         if suffix in (".parquet", ".pq"):
             raw = pd.read_parquet(path)
         elif suffix == ".csv":

@@ -613,4 +613,5 @@ def _check_finite(doc: Any, where: str = "") -> None:
             _check_finite(v, f"{where}[{i}]")
     elif isinstance(doc, float) and not np.isfinite(doc):
         raise BayesLatencyError(f"the export would hold a non-finite number at {where} "
-                                f"({doc}): the posterior is unusable for this configuration")
+                                f"({doc}): the posterior, or the model's config.json or GPU "
+                                f"datasheet given, is unusable for this configuration")

@@ -8,6 +8,7 @@ fields, either flat (one GPU) or a mapping ``{name: {fields}}`` holding exactly 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,7 +19,7 @@ import yaml
 
 from bayes_latency.errors import ConfigError, UnknownGPUError
 from bayes_latency.physics.blis import BlisHardware
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import load_yaml, read_text, refuse_special
 
 GPUS_FILE = Path(__file__).resolve().parent / "data" / "gpus.yaml"
 """The shipped datasheet file."""
@@ -86,6 +87,14 @@ class GPU:
         return float(self.peak_flops_bf16)
 
 
+#: Plausible range of each datasheet field (units of the datasheet: FLOP/s, bytes/s, bytes): wide
+#: around every GPU made (an L4's 121 TFLOP/s to a B200's 4.5 PFLOP/s of FP8), narrow enough to
+#: catch a value in other units (989 for 989 TFLOP/s) or a typo of the exponent.
+PLAUSIBLE = {"peak_flops_bf16": (1e12, 1e17, "FLOP/s"), "peak_flops_fp8": (1e12, 1e17, "FLOP/s"),
+             "hbm_bandwidth": (1e10, 1e15, "bytes/s"), "memory_bytes": (1e9, 1e13, "bytes"),
+             "interconnect_bandwidth": (1e8, 1e14, "bytes/s"), "sm_count": (1, 1e5, "SMs")}
+
+
 def _gpu_from_mapping(name: str, d: Mapping[str, Any], src: str) -> GPU:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{src}: GPU {name!r} is not a mapping of datasheet fields")
@@ -107,6 +116,11 @@ def _gpu_from_mapping(name: str, d: Mapping[str, Any], src: str) -> GPU:
             raise ConfigError(f"{src}: GPU {name!r}: field {f!r} is not a number: {v!r}") from None
         if not fv > 0:
             raise ConfigError(f"{src}: GPU {name!r}: field {f!r} must be > 0, got {v!r}")
+        lo, hi, unit = PLAUSIBLE.get(f, (0.0, math.inf, ""))
+        if not lo <= fv <= hi:
+            raise ConfigError(f"{src}: GPU {name!r}: field {f!r} = {v!r} is outside the "
+                              f"plausible range [{lo:g}, {hi:g}] {unit}; write it in {unit} "
+                              f"(e.g. an H100's peak_flops_bf16 is 989.0e12, not 989)")
         vals[f] = fv
     aliases = d.get("aliases") or ()
     if isinstance(aliases, str):
@@ -192,6 +206,7 @@ def load_gpu(name_or_path: str | Path | GPU) -> GPU:
     if canon is not None:
         return _shipped()[canon]
     p = Path(s).expanduser()
+    refuse_special(p, "GPU datasheet", ConfigError, folders_ok=False)
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise UnknownGPUError(f"GPU datasheet file {p} does not exist; "

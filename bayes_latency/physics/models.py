@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from bayes_latency.errors import UnknownArchitectureError
 from bayes_latency.physics.architecture import Architecture
 from bayes_latency.physics.hf_config import architecture_from_config
-from bayes_latency.textfiles import read_text
+from bayes_latency.textfiles import read_text, refuse_special
 
 __all__ = ["MODELS_DIR", "known_architectures", "load_architecture", "resolve_name"]
 
@@ -124,8 +125,9 @@ def load_architecture(name_or_path: str | Path | Mapping[str, Any] | Architectur
     if short is not None and (MODELS_DIR / f"{short}.json").is_file():
         return _load_shipped(short)
     p = Path(s).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and os.path.lexists(p / "config.json"):
         p = p / "config.json"
+    refuse_special(p, "config.json", UnknownArchitectureError)
     if p.is_file():
         try:
             cfg = json.loads(read_text(p, "config.json", UnknownArchitectureError))

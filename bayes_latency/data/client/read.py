@@ -32,7 +32,13 @@ import yaml
 from bayes_latency.data.client.frames import _empty_requests, plausibility_notes, summary_frame
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
-from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
+from bayes_latency.textfiles import (
+    TextEncodingError,
+    check_text_start,
+    load_yaml,
+    read_text,
+    refuse_special,
+)
 
 __all__ = ["ACCEPTED_FORMATS", "add_folder_client_results", "read_client_results"]
 
@@ -65,6 +71,35 @@ def _first_json_object(path: Path) -> Any:
                 return json.loads(line)
             except (ValueError, RecursionError):
                 return None
+    return None
+
+
+#: What to record instead of another tool's result (the formats :data:`ACCEPTED_FORMATS` lists).
+RERUN_HINT = ("record the load with `vllm bench serve --save-result --save-detailed "
+              "--percentile-metrics ttft,tpot,itl,e2el` (or inference-perf, or `blis observe`)")
+
+
+def other_tool(doc: Any) -> str | None:
+    """The benchmark tool whose result ``doc`` (a parsed JSON document) looks like, when it is
+    one this package does not read: genai-perf, SGLang's bench_serving, LLMPerf, GuideLLM."""
+    if isinstance(doc, list) and doc and isinstance(doc[0], dict):
+        doc = doc[0]
+    if not isinstance(doc, dict):
+        return None
+    keys = set(doc)
+    if {"request_latency", "time_to_first_token"} <= keys or "input_config" in keys \
+            and isinstance(doc.get("request_throughput"), dict):
+        return "a genai-perf profile export (request_latency, time_to_first_token, ...)"
+    if "mean_e2e_latency_ms" in keys and "mean_e2el_ms" not in keys:
+        return ("an SGLang bench_serving result (mean_e2e_latency_ms; its fields are not "
+                "vllm bench serve's)")
+    if any(k.startswith("results_") for k in keys) and ("num_concurrent_requests" in keys
+                                                        or "results_ttft_s_mean" in keys):
+        return "an LLMPerf summary (results_ttft_s_mean, results_end_to_end_latency_s_mean, ...)"
+    bench = doc.get("benchmarks")
+    if isinstance(bench, list) and bench and isinstance(bench[0], dict) \
+            and ("metrics" in bench[0] or "type_" in bench[0]):
+        return "a GuideLLM benchmarks report (benchmarks[].metrics)"
     return None
 
 
@@ -123,9 +158,14 @@ def _read_one_file(path: Path, experiment_id: str | None
         from bayes_latency.data.client.tracev2 import read_tracev2
 
         return read_tracev2(header, path, experiment_id=experiment_id)
+    check_text_start(path, "client result", TraceFormatError)
     doc = _first_json_object(path)
     if doc is None:
         raise TraceFormatError(f"not JSON, YAML or CSV; {ACCEPTED_FORMATS}", file=str(path))
+    tool = other_tool(doc)
+    if tool is not None:
+        raise TraceFormatError(f"{tool}, a format bayes-latency does not read; {RERUN_HINT}",
+                               file=str(path))
     if _is_vllm_doc(doc):
         from bayes_latency.data.client.vllm_bench import read_vllm_bench
 
@@ -221,6 +261,7 @@ def read_client_results(path: str | Path, experiment_id: str | None = None
         report.notes.extend(plausibility_notes(out["lifecycle"], str(path)))
         return out, report
     if not path.is_dir():
+        refuse_special(path, "client result", TraceFormatError)
         raise TraceFormatError("no such file or folder", file=str(path))
     has_ip, vllm, headers = _folder_sources(path)
     n = int(has_ip) + len(vllm) + len(headers)

@@ -47,7 +47,7 @@ from bayes_latency.data.client.frames import (
 )
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import TraceFormatError
-from bayes_latency.textfiles import load_yaml, read_text
+from bayes_latency.textfiles import load_yaml, read_text, refuse_special
 
 __all__ = ["HEADER_FIELDS", "REQUIRED_COLUMNS", "read_tracev2", "read_tracev2_header"]
 
@@ -118,10 +118,25 @@ def read_tracev2_header(path: str | Path) -> dict[str, Any]:
 
 def _data_path(header: Path) -> Path:
     cand = header.with_suffix(".csv")
+    refuse_special(cand, "TraceV2 data CSV", TraceFormatError)
     if not cand.is_file():
         raise TraceFormatError(f"no TraceV2 data CSV next to the header (expected {cand.name}; "
                                f"pass data= explicitly)", file=str(header))
     return cand
+
+
+def _int_cell_message(column: str, cell: str) -> str:
+    """Why an integer cell of ``column`` is refused: a time (``*_us``) or a token count."""
+    v = _parse_int(cell)
+    if column.endswith("_us"):
+        if v is not None and v < 0:
+            return (f"a time in microseconds, and negative ({cell!r}); TraceV2 times are "
+                    f"non-negative integers: check the client's clock and the column's units")
+        return (f"expected a time in whole microseconds (a non-negative integer below 2**62), "
+                f"got {cell!r}")
+    if v is not None and v < 0:
+        return f"a token count, and negative ({cell!r}); expected an integer >= 0"
+    return f"expected a token count (a non-negative integer <= 1e9), got {cell!r}"
 
 
 def _parse_int(text: str) -> int | None:
@@ -198,6 +213,7 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
         report.notes.append(f"{header.name}: mode={hdr.get('mode')!r}: a simulated trace, "
                             f"not a measurement")
     warm = hdr["warm_up_requests"]
+    refuse_special(data, "TraceV2 data CSV", TraceFormatError)
     try:
         fh = open(data, encoding="utf-8-sig", newline="")
     except OSError as exc:
@@ -259,9 +275,7 @@ def read_tracev2(header: str | Path, data: str | Path | None = None,
                     break
                 vals[c] = v
             if err is not None:
-                bad(f"malformed:{err}", line, err,
-                    f"expected a non-negative integer (token counts <= 1e9), got "
-                    f"{row[idx[err]]!r}")
+                bad(f"malformed:{err}", line, err, _int_cell_message(err, row[idx[err]]))
                 continue
             if rid in seen:
                 bad("duplicate_request_id", line, "request_id", f"request_id {rid} seen before")

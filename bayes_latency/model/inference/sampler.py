@@ -276,9 +276,12 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     import pymc as pm
     import pytensor
 
-    mode = pm.find_MAP(progressbar=False, seed=seed)
+    # the MAP from the model's initial point (no jitter), values of the unconstrained variables
+    fit = pm.find_MAP(progressbar=False, random_seed=seed, jitter=False,
+                      return_inferencedata=True, idata_kwargs={"include_transformed": True})
     ip = model.initial_point()
     vars_ = model.value_vars
+    mode = {v.name: np.asarray(fit["posterior"][v.name].values)[0, 0] for v in vars_}
     flat = np.concatenate([np.atleast_1d(mode[v.name]).ravel() for v in vars_])
     sizes = [int(np.prod(ip[v.name].shape)) for v in vars_]
     shapes = [ip[v.name].shape for v in vars_]

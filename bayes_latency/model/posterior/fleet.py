@@ -350,9 +350,23 @@ class Population:
         return ds
 
     def save(self, path: str | Path) -> Path:
-        """Write the population atomically as compressed netCDF (float32 draws)."""
+        """Write the population atomically as compressed netCDF (float32 draws).
+
+        Raises
+        ------
+        BayesLatencyError
+            Draws that are not finite, or not of the population's coefficients and levels
+            (:func:`checked_draws`): nothing is written.
+        """
         from bayes_latency.io import atomic_path, write_netcdf
         from bayes_latency.model.posterior.persistence import COMPRESSION
+
+        try:
+            checked_draws(self.draws, self.coefs, self.configs)
+        except BayesLatencyError as exc:
+            raise BayesLatencyError(f"{path}: population not written: {exc}; the fit it comes "
+                                    f"from is damaged (refit, or check it with `bayes-latency "
+                                    f"check`)") from None
 
         ds = self.to_dataset()
         enc = {v: dict(COMPRESSION) for v in ds.data_vars
@@ -496,27 +510,113 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
     return pop
 
 
-def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> Population:
-    """Read a population file, checking its format, model version, embedded priors and, when
-    ``terms`` are given, that they are the population's.
+def _draw_dims(name: str) -> tuple[str, ...] | None:
+    """The dimensions of a population variable in the order the readers take them (None for a
+    variable the readers do not use)."""
+    if name.startswith("eff_") and name[4:] in _FACTORS:
+        return (level_dim(name[4:]), "coef", "sample")
+    if name.startswith("sigma_") and name.endswith("_common"):
+        return ("sample",)
+    if name == "mu" or name.startswith("sigma_"):
+        return ("coef", "sample")
+    return None
+
+
+def checked_draws(draws: xr.Dataset, coefs: tuple[str, ...],
+                  configs: pd.DataFrame | None = None) -> xr.Dataset:
+    """A population's draws read by dimension name: its coefficients in the order ``coefs``,
+    each variable transposed to the order the readers take (``eff_<factor> (<level>, coef,
+    sample)``, ``mu`` and ``sigma_<factor> (coef, sample)``, ``sigma_<factor>_common
+    (sample)``), after checking shapes and values.
+
+    Parameters
+    ----------
+    draws
+        The draws (a file's variables, or :attr:`Population.draws`).
+    coefs
+        The population's beta terms then alpha terms.
+    configs
+        The fitted configurations (``model``, ``gpu``, ``tp``, ``stack``): each level must be
+        one of its factor's ``eff_<factor>`` levels.
 
     Raises
     ------
     BayesLatencyError
-        Missing or unreadable file, or not a population file.
+        Naming the variable: no ``coef`` or ``sample`` dimension, other coefficients than
+        ``coefs``, a variable of other dimensions, a configuration level missing from its
+        effects, a value that is not finite or a negative scale.
+    """
+    for dim in ("coef", "sample"):
+        if dim not in draws.dims or draws.sizes[dim] < 1:
+            raise BayesLatencyError(f"no {dim!r} dimension (or an empty one)")
+    have = [str(c) for c in draws["coef"].values]
+    if sorted(have) != sorted(coefs):
+        missing = [c for c in coefs if c not in have]
+        extra = [c for c in have if c not in coefs]
+        raise BayesLatencyError(
+            f"dimension 'coef' has {len(have)} coefficients where the population's terms and "
+            f"alpha terms are {len(coefs)}" + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else ""))
+    draws = draws.sel(coef=list(coefs))
+    out = {}
+    for name, var in draws.data_vars.items():
+        want = _draw_dims(str(name))
+        if want is None:
+            out[name] = var
+            continue
+        if sorted(var.dims) != sorted(want):
+            raise BayesLatencyError(f"variable {name} has dimensions {tuple(var.dims)}, "
+                                    f"expected {want}")
+        var = var.transpose(*want)
+        vals = np.asarray(var.values, dtype=float)
+        bad = int(np.size(vals) - np.count_nonzero(np.isfinite(vals)))
+        if bad:
+            raise BayesLatencyError(f"variable {name} has {bad:,} of {vals.size:,} values "
+                                    f"not finite (NaN or inf)")
+        if str(name).startswith("sigma_") and np.any(vals < 0):
+            raise BayesLatencyError(f"variable {name} (a scale) has negative values")
+        out[name] = var
+    draws = draws.assign(out)
+    if configs is not None:
+        for factor, col in (("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("stack", "stack")):
+            eff = draws.get(f"eff_{factor}")
+            if eff is None or col not in configs:
+                continue
+            levels = {str(v) for v in eff[level_dim(factor)].values}
+            lost = sorted({str(v) for v in configs[col]} - levels)
+            if lost:
+                raise BayesLatencyError(f"variable eff_{factor} has no level {lost} of the "
+                                        f"fitted configurations (dimension "
+                                        f"{level_dim(factor)!r} trimmed?)")
+    return draws
+
+
+def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> Population:
+    """Read a population file, checking its format, model version, embedded priors and, when
+    ``terms`` are given, that they are the population's.
+
+    The draws are read by dimension name and checked (:func:`checked_draws`).
+
+    Raises
+    ------
+    BayesLatencyError
+        Missing or unreadable file, not a population file, or damaged draws (naming the file
+        and the variable).
     ModelMismatchError
         Another model version or population format, altered priors, or other terms.
     """
     from bayes_latency.priors import load_priors
-    from bayes_latency.textfiles import load_yaml
+    from bayes_latency.textfiles import load_yaml, refuse_special
 
     path = Path(path)
+    refuse_special(path, "population file", BayesLatencyError, folders_ok=False)
     if not path.is_file():
         raise BayesLatencyError(f"population file {path} does not exist")
     try:
         ds = xr.open_dataset(path, engine="h5netcdf").load()
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-        raise BayesLatencyError(f"cannot read population file {path}: {e}") from e
+        raise BayesLatencyError(f"cannot read population file {path} (truncated, or not a "
+                                f"netCDF file written by `bayes-latency population`?): {e}") from e
     a = dict(ds.attrs)
     if "population_format" not in a or "mu" not in ds:
         raise BayesLatencyError(f"{path} is not a population file (no population_format "
@@ -525,10 +625,14 @@ def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> P
         raise ModelMismatchError(f"{path}: population format {a['population_format']!r}, this "
                                  f"bayes_latency reads format {POPULATION_FORMAT!r}; rebuild it")
     if str(a.get("model_version")) != MODEL_VERSION:
+        from bayes_latency.model.posterior.persistence import newer_model_version
+
         raise ModelMismatchError(
             f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-            f"({__version__}) uses model version {MODEL_VERSION!r}. Rebuild the population "
-            "(`bayes-latency population TABLES --out P`).")
+            f"({__version__}) uses model version {MODEL_VERSION!r}. "
+            + ("Upgrade bayes-latency to read it, or rebuild" if newer_model_version(
+                a.get("model_version")) else "Rebuild")
+            + " the population (`bayes-latency population TABLES --out P`).")
     priors = load_priors(load_yaml(a["priors_yaml"]))
     if priors.hash != a.get("priors_hash"):
         raise ModelMismatchError(f"{path}: the embedded priors hash to {priors.hash}, not to the "
@@ -545,13 +649,18 @@ def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> P
                            index=pd.Index(ds["config"].values.astype(str), name="config_id"))
     draws = ds.drop_vars(["config_llm", "config_gpu", "config_tp", "config_stack", "config"])
     draws.attrs = {}
+    alpha_terms = tuple(json.loads(a["alpha_terms"]))
+    try:
+        draws = checked_draws(draws, pop_terms + alpha_terms, configs)
+    except BayesLatencyError as exc:
+        raise BayesLatencyError(f"population file {path}: {exc}; rebuild it with `bayes-latency "
+                                f"population`") from None
     attrs = {k: v for k, v in a.items()
              if k not in ("priors_yaml", "priors_hash", "terms", "alpha_terms",
                           "population_format")}
     attrs["priors_hash"] = priors.hash
     return Population(draws=draws, configs=configs, terms=pop_terms,
-                      alpha_terms=tuple(json.loads(a["alpha_terms"])), priors=priors,
-                      attrs=attrs)
+                      alpha_terms=alpha_terms, priors=priors, attrs=attrs)
 
 
 def resolve_population(spec: str | Path | None, terms: tuple[str, ...] | None = None

@@ -277,16 +277,104 @@ class SavedFit:
     noise_load: str = "none"
 
 
+#: Posterior variables whose draws must not be NaN, and the order of their dimensions. An
+#: infinite draw (an overflowed coefficient) is read: ``check`` reports it as a finding and
+#: ``export`` refuses it, each naming where it lands.
+_CHECKED_VARS = {"beta": ("chain", "draw", "config", "term"),
+                 "alpha": ("chain", "draw", "config", "alpha_term"),
+                 "mu": ("chain", "draw", "coef")}
+
+
+def _coord(ds: xr.Dataset, dim: str, want: list[str], what: str) -> list[str] | None:
+    """``want`` when ``ds`` has dimension ``dim`` with the same labels (any order), None when
+    it has no such dimension; otherwise an error naming the difference."""
+    if dim not in ds.dims:
+        return None
+    have = [str(v) for v in ds[dim].values] if dim in ds.coords else []
+    if sorted(have) != sorted(want):
+        missing = [v for v in want if v not in have]
+        extra = [v for v in have if v not in want]
+        raise BayesLatencyError(
+            f"dimension {dim!r} of the posterior has {len(have)} labels where {what} are "
+            f"{len(want)}" + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else ""))
+    return want
+
+
+def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
+    """``dt`` with its posterior read by dimension name: labels of ``config``, ``term``,
+    ``alpha_term`` and ``coef`` in the order of the fit (``constant_data``, the attrs
+    ``terms`` / ``alpha_terms``), every variable with ``chain, draw`` first, ``beta``, ``alpha``
+    and ``mu`` in the order the readers take them and without NaN.
+
+    Raises
+    ------
+    BayesLatencyError
+        No ``chain`` / ``draw`` dimension, labels that differ from the fit's, a checked variable
+        of other dimensions or with NaN draws (naming the variable).
+    """
+    post = dt["posterior"].to_dataset()
+    for dim in ("chain", "draw"):
+        if dim not in post.dims or post.sizes[dim] < 1:
+            raise BayesLatencyError(f"the posterior has no {dim!r} dimension (or an empty one)")
+    alpha = [str(t) for t in json.loads(dt.attrs["alpha_terms"])] \
+        if "alpha_terms" in dt.attrs else None
+    sel: dict[str, list[str]] = {}
+    for dim, want, what in (("term", list(terms), "the fit's terms"),
+                            ("alpha_term", alpha, "the fit's alpha terms"),
+                            ("coef", None if alpha is None else list(terms) + alpha,
+                             "the fit's coefficients")):
+        if want is not None and (got := _coord(post, dim, want, what)) is not None:
+            sel[dim] = got
+    if "constant_data" in dt.children and "config" in dt["constant_data"].dims:
+        cfg = [str(c) for c in dt["constant_data"].to_dataset()["config"].values]
+        if (got := _coord(post, "config", cfg, "the fit's configurations")) is not None:
+            sel["config"] = got
+    post = post.sel(sel) if sel else post
+    fixed = {}
+    for name, var in post.data_vars.items():
+        want = _CHECKED_VARS.get(str(name))
+        if want is not None:
+            if sorted(var.dims) != sorted(want):
+                raise BayesLatencyError(f"posterior variable {name} has dimensions "
+                                        f"{tuple(var.dims)}, expected {want}")
+            var = var.transpose(*want)
+            bad = int(np.count_nonzero(np.isnan(np.asarray(var.values, dtype=float))))
+            if bad:
+                raise BayesLatencyError(f"posterior variable {name} has {bad:,} of "
+                                        f"{var.size:,} draws NaN")
+        elif {"chain", "draw"} <= set(var.dims):
+            var = var.transpose("chain", "draw", ...)
+        fixed[name] = var
+    out = dt.copy()
+    out["posterior"] = xr.DataTree(post.assign(fixed))
+    return out
+
+
+def newer_model_version(version: Any) -> bool:
+    """Whether a file's ``model_version`` is a later one than this package's."""
+    try:
+        return int(str(version)) > int(MODEL_VERSION)
+    except ValueError:
+        return False
+
+
 def read_result(path: str | Path) -> SavedFit:
     """Read a result file; refuses a file made by another model version and one whose
     embedded priors do not hash like its recorded priors hash (altered)."""
+    from bayes_latency.textfiles import refuse_special
+
     path = Path(path)
+    refuse_special(path, "posterior file", BayesLatencyError,
+                   folders_ok=path.suffix == ".zarr")
     if not path.exists():
         raise BayesLatencyError(f"posterior file {path} does not exist")
     try:
         dt = xr.open_datatree(path, engine="zarr" if path.suffix == ".zarr" else "h5netcdf").load()
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-        raise BayesLatencyError(f"cannot read posterior file {path}: {e}") from e
+        raise BayesLatencyError(f"cannot read posterior file {path} (truncated, or not a netCDF "
+                                f"file written by `bayes-latency fit` or `calibrate`?): "
+                                f"{e}") from e
     a = dt.attrs
     if "population_format" in a:
         raise BayesLatencyError(
@@ -302,8 +390,15 @@ def read_result(path: str | Path) -> SavedFit:
     if a.get("model_version") != MODEL_VERSION:
         raise ModelMismatchError(
             f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-            f"({__version__}) uses model version {MODEL_VERSION!r}. Refit with this version.")
+            f"({__version__}) uses model version {MODEL_VERSION!r}. "
+            + ("Upgrade bayes-latency to read it, or refit with this version."
+               if newer_model_version(a.get("model_version")) else "Refit with this version."))
     terms = tuple(json.loads(a["terms"]))
+    try:
+        dt = checked_posterior(dt, terms)
+    except BayesLatencyError as exc:
+        raise BayesLatencyError(f"posterior file {path}: {exc}; the file is damaged, refit "
+                                f"(or restore the file `bayes-latency fit` wrote)") from None
     embedded = None
     if "priors_yaml" in a:
         from bayes_latency.priors import load_priors

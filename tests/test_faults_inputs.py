@@ -70,8 +70,9 @@ def test_fifo_config_is_refused_without_waiting(fifo: Path, tiny_fleet_seed5: Pa
 
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "stdin_pipe", "folder"])
 def test_odd_result_files_say_what_they_are(kind: str, fifo: Path, tmp_path: Path):
+    (tmp_path / "results").mkdir()
     path = {"fifo": fifo, "dev_zero": Path("/dev/zero"), "stdin_pipe": Path("/dev/stdin"),
-            "folder": tmp_path}[kind]
+            "folder": tmp_path / "results"}[kind]
     if kind == "dev_zero" and not path.exists():
         pytest.skip("no /dev/zero")
     rc, _, err = run_cli(["calibrate", path, *CAL, "--out", tmp_path / "c.nc"],
@@ -478,8 +479,12 @@ def test_unreadable_file_says_permission(tmp_path: Path, monkeypatch, capsys):
     p = tmp_path / "res.json"
     p.write_text(BENCH.read_text())
 
-    def denied(*a, **k):
-        raise PermissionError(13, "Permission denied")
+    real_open = textfiles.os.open
+
+    def denied(path, *a, **k):  # the result file only: the output check still probes its folder
+        if Path(path) == p:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *a, **k)
 
     monkeypatch.setattr(textfiles, "open", denied, raising=False)
     monkeypatch.setattr(textfiles.os, "open", denied)
@@ -671,3 +676,16 @@ def test_tracev2_far_future_times_are_refused(tmp_path: Path, capsys):
     rc, _, err = run(["calibrate", hdr, *CAL, "--out", tmp_path / "c.nc"], capsys)
     assert rc == 2
     one_line_error(err, "obs", "send times span", "a week", "clock jumped")
+
+
+@pytest.mark.parametrize("command", ["calibrate", "fit", "export", "check"])
+def test_an_input_path_too_long_for_the_file_system(command: str, tmp_path: Path, capsys):
+    long = tmp_path / ("a" * 5000)
+    argv = {"calibrate": ["calibrate", long, *CAL, "--out", tmp_path / "c.nc"],
+            "fit": ["fit", long, "--out", tmp_path / "c.nc"],
+            "export": ["export", long, *CAL, "--out", tmp_path / "c.json"],
+            "check": ["check", long]}[command]
+    rc, _, err = run(argv, capsys)
+    assert rc == 2
+    one_line_error(err, "too long")
+    assert not (tmp_path / "c.nc").exists() and not (tmp_path / "c.json").exists()

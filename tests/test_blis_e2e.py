@@ -346,8 +346,10 @@ def test_one_real_run_end_to_end(real_dir: Path, tmp_path: Path) -> None:
                    "--out", str(tmp_path / "out")])
     assert rc == 0
     t = pd.read_csv(tmp_path / "out" / "blis_e2e.csv")
-    assert len(t) == 2 and (t["sim_completed"] == 16800).all()
-    pub = t[t["source"] == "blis-published"].iloc[0]
+    # both expansions (the default): every round of the closed-loop sessions runs too
+    assert len(t) == 4 and (t["sim_completed"] == 16800).all()
+    assert list(t["expansion"]) == ["prefix"] * 2 + ["inference-perf"] * 2
+    pub = t[(t["source"] == "blis-published") & (t["expansion"] == "prefix")].iloc[0]
     # Published coefficients on this run (measured at f90a1e3): E2E within 10%, TTFT ~ -50%.
     assert abs(pub["err_e2e_mean"]) < 0.10 and abs(pub["err_decode_interval"]) < 0.10
 

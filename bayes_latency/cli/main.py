@@ -107,7 +107,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
         return study_blis(Path(args.out), blis=args.blis, exports=args.exports,
                           n_draws=args.draws, runs=args.runs, data=args.data,
-                          blis_src=args.blis_src, parallel=args.parallel)
+                          blis_src=args.blis_src, parallel=args.parallel,
+                          expansion=args.expansion)
     if args.name == "fewshot":
         from bayes_latency.study.client.fewshot import main as study_fewshot
 
@@ -606,6 +607,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", default=None, help="(blis) only runs whose name contains this")
     s.add_argument("--data", default=None, help="(blis) real-data folder")
     s.add_argument("--parallel", type=int, default=2, help="(blis) BLIS runs at a time")
+    s.add_argument("--expansion", default="both", choices=["prefix", "inference-perf", "both"],
+                   help="(blis) how a run becomes BLIS workloads: prefix (open-loop arrivals, "
+                        "each user's whole prompt cached), inference-perf (BLIS's own expansion "
+                        "of the profile: closed-loop sessions, system prompt shared) or both "
+                        "(default %(default)s)")
     s.add_argument("--resume", action="store_true",
                    help="(client) reuse the calibrated posterior of an earlier run in OUT/client, "
                         "and the tables of the parts not run")

@@ -9,14 +9,18 @@ workload specs), ``blis run --latency-model trained-physics`` with
     configuration: its mean block, and ``--draws`` of its posterior draws, whose simulated means
     give a 90% prediction band (order statistics of the draws, :func:`band`) for the mean E2E and TTFT.
 
-Each load stage is one BLIS invocation (open-loop Poisson arrivals at the rate the real client
-achieved, the stage's request count, real output lengths, explicit per-GPU KV blocks); the
-per-request records of the stages (``--metrics-path`` JSON, ``requests``) are pooled into the
-run's statistics, as the client's summary pools its stages. Real numbers are the client's
+Each load stage is one BLIS invocation per expansion (:data:`~bayes_latency.study.blis.spec.
+EXPANSIONS`): ``prefix`` (open-loop Poisson arrivals at the rate the real client achieved, the
+stage's request count, each user's whole prompt cached, real output lengths) and
+``inference-perf`` (the profile's ``inference_perf:`` fields expanded by BLIS: closed-loop
+sessions, the system prompt shared), both with explicit per-GPU KV blocks and the same workload
+seeds; the per-request records of the stages (``--metrics-path`` JSON, ``requests``) are pooled
+into the run's statistics, as the client's summary pools its stages. Real numbers are the client's
 successes; on the simulated side the 4 overloaded reasoning runs get the client's 300 s deadline
 (``--timeout``) and only completed requests count, the 12 normal runs have no deadline.
 
-Writes ``OUT/blis_e2e.md`` and ``OUT/blis_e2e.csv`` (one row per run x coefficient source),
+Writes ``OUT/blis_e2e.md`` and ``OUT/blis_e2e.csv`` (one row per run x coefficient source x
+expansion),
 atomically (:mod:`~bayes_latency.study.blis.report`). Signed relative errors are ``sim / real - 1``.
 """
 
@@ -49,6 +53,7 @@ from bayes_latency.study.blis.metrics import (  # noqa: F401 - re-exported (see 
 )
 from bayes_latency.study.blis.spec import (
     CLIENT_TIMEOUT_S,
+    EXPANSIONS,
     FIXED_FLAGS,
     PUBLISHED,
     BlisSetupError,
@@ -59,7 +64,7 @@ from bayes_latency.study.blis.spec import (
     export_path,
     kv_blocks_per_gpu,
     load_export,
-    stage_spec,
+    workload_spec,
 )
 
 __all__ = ["BlisSetup", "SimStats", "StageResult", "band", "blis_command", "check_blis",
@@ -142,6 +147,7 @@ class _Job:
     stage: StageWorkload
     result: StageResult | None = None
     rep: int = 0  # a point set's arrival realization (:func:`point_seed`)
+    expansion: str = "prefix"  # how the stage becomes a BLIS workload (spec.EXPANSIONS)
 
 
 @dataclass
@@ -162,6 +168,7 @@ class StudyResult:
     seed: int = 42
     draw_seeds: bool = True
     point_seeds: int = 1
+    expansions: tuple[str, ...] = ("prefix",)
     #: One row per (run, posterior draw): its workload seed and simulated means (s), so bands
     #: can be recomputed without simulating again.
     draws: pd.DataFrame | None = None
@@ -187,10 +194,11 @@ def draw_seed(seed: int, draw: int, draw_seeds: bool = True) -> int:
 
 def _run_job(job: _Job, setup: BlisSetup, work: Path, model_dirs: Mapping[str, Path],
              kv: Mapping[tuple[str, int], int], seed: int) -> StageResult:
-    tag = f"{job.run.run_id}-{job.source}-{job.draw}-r{job.rep}-s{job.stage.index}"
+    tag = (f"{job.run.run_id}-{job.expansion}-{job.source}-{job.draw}-r{job.rep}"
+           f"-s{job.stage.index}")
     spec_path, metrics_path = work / f"{tag}.yaml", work / f"{tag}.json"
-    spec_path.write_text(yaml.safe_dump(stage_spec(job.run, job.stage, seed=seed),
-                                        sort_keys=False), encoding="utf-8")
+    spec = workload_spec(job.expansion, job.run, job.stage, seed=seed)
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     cmd = blis_command(setup, job.run, job.coeffs, spec_path, metrics_path,
                        model_dirs[job.run.model], kv[(job.run.model, job.run.tp)])
     env = dict(os.environ, GOMAXPROCS="1")
@@ -237,7 +245,8 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
               progress: Callable[[str], None] | None = None,
               sources: Mapping[tuple[str, int], tuple[Coefficients, Sequence[Coefficients]]]
               | None = None, draw_seeds: bool = True,
-              point_seeds: int = POINT_SEEDS) -> StudyResult:
+              point_seeds: int = POINT_SEEDS,
+              expansions: Sequence[str] = ("prefix",)) -> StudyResult:
     """Simulate ``runs`` in BLIS with the published coefficients and (optionally) the exports.
 
     Parameters
@@ -277,15 +286,25 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
     sources
         ``{(model, tp): (mean, draws)}`` used instead of reading ``exports`` (e.g. coefficients
         of an in-memory fit); ``draws`` are cut to ``n_draws``.
+    expansions
+        How each stage becomes a BLIS workload (:data:`~bayes_latency.study.blis.spec.
+        EXPANSIONS`): every coefficient set is simulated under each, with the same workload
+        seeds, so the ``prefix`` numbers do not depend on what else is simulated.
 
     Returns
     -------
     StudyResult
-        ``table``: one row per run x source (``blis-published``, ``export-mean``) with real and
-        simulated statistics, signed errors and, on ``export-mean`` rows, the draws' bands.
+        ``table``: one row per run x source (``blis-published``, ``export-mean``) x expansion
+        with real and simulated statistics, signed errors and, on ``export-mean`` rows, the
+        draws' bands.
     """
     t_start = time.perf_counter()
     point_seeds = max(1, int(point_seeds))
+    expansions = tuple(dict.fromkeys(expansions))
+    unknown = [e for e in expansions if e not in EXPANSIONS]
+    if unknown or not expansions:
+        raise BlisSetupError(f"unknown expansion {unknown[0] if unknown else '(none)'!r}; "
+                             f"choose from {', '.join(EXPANSIONS)}")
     if sources is not None:
         sources = {k: (m, list(d)[:n_draws]) for k, (m, d) in sources.items()}
         exports = exports if exports is not None else "(in memory)"
@@ -302,9 +321,11 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
             mean, draws = sources[(r.model, r.tp)]
             sets.append(("export-mean", -1, mean))
             sets += [("export-draw", i, d) for i, d in enumerate(draws)]
-        for src, i, c in sets:
-            reps = range(point_seeds if src == "export-mean" else 1)
-            jobs += [_Job(r, src, i, c, st, rep=k) for k in reps for st in r.stages]
+        for ex in expansions:
+            for src, i, c in sets:
+                reps = range(point_seeds if src == "export-mean" else 1)
+                jobs += [_Job(r, src, i, c, st, rep=k, expansion=ex)
+                         for k in reps for st in r.stages]
     # Longest first (requests x output tokens) so two workers finish together.
     order = sorted(jobs, key=lambda j: -j.stage.count * j.stage.output_len_mean)
     with tempfile.TemporaryDirectory(prefix="blis_e2e_") as tmp:
@@ -343,14 +364,16 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
                        n_draws=n_draws if sources else 0,
                        exports=str(exports) if exports is not None else None, parallel=parallel,
                        seed=int(seed), draw_seeds=bool(draw_seeds),
-                       point_seeds=point_seeds if sources else 1)
+                       point_seeds=point_seeds if sources else 1, expansions=expansions)
 
 
-def _row(run: RealRun, source: str, sim: SimStats, kv: int) -> dict[str, Any]:
+def _row(run: RealRun, source: str, sim: SimStats, kv: int,
+         expansion: str = "prefix") -> dict[str, Any]:
     real = run.real
     row: dict[str, Any] = {
         "run_id": run.run_id, "run": run.short_id, "model": run.model, "tp": run.tp,
         "workload": run.workload, "stress": run.stress, "source": source,
+        "expansion": expansion,
     }
     pairs = {"e2e_mean": ("e2e_mean_s", sim.e2e_mean), "e2e_p90": ("e2e_p90_s", sim.e2e_p90),
              "ttft_mean": ("ttft_mean_s", sim.ttft_mean), "ttft_p90": ("ttft_p90_s", sim.ttft_p90),
@@ -370,58 +393,67 @@ def _row(run: RealRun, source: str, sim: SimStats, kv: int) -> dict[str, Any]:
 
 
 def _pooled_draws(runs: Sequence[RealRun], jobs: Sequence[_Job]
-                  ) -> dict[str, list[tuple[int, SimStats]]]:
-    """Per run: ``(draw, pooled statistics)`` of each posterior draw simulated, by draw."""
-    by: dict[tuple[str, int], list[StageResult]] = {}
+                  ) -> dict[tuple[str, str], list[tuple[int, SimStats]]]:
+    """Per (run, expansion): ``(draw, pooled statistics)`` of each posterior draw simulated,
+    by draw."""
+    by: dict[tuple[str, str, int], list[StageResult]] = {}
     for j in jobs:
         if j.result is not None and j.source == "export-draw":
-            by.setdefault((j.run.run_id, j.draw), []).append(j.result)
+            by.setdefault((j.run.run_id, j.expansion, j.draw), []).append(j.result)
     out_len = {r.run_id: r.real["output_len_mean"] for r in runs}
-    pooled: dict[str, list[tuple[int, SimStats]]] = {}
-    for (rid, i), v in sorted(by.items()):
+    pooled: dict[tuple[str, str], list[tuple[int, SimStats]]] = {}
+    for (rid, ex, i), v in sorted(by.items()):
         if rid in out_len:
-            pooled.setdefault(rid, []).append((i, pool_stages(v, out_len[rid])))
+            pooled.setdefault((rid, ex), []).append((i, pool_stages(v, out_len[rid])))
     return pooled
 
 
+def _expansions(jobs: Sequence[_Job]) -> list[str]:
+    """The expansions of ``jobs`` in :data:`EXPANSIONS` order."""
+    have = {j.expansion for j in jobs}
+    return [e for e in EXPANSIONS if e in have] + sorted(have - set(EXPANSIONS))
+
+
 def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str, int], int],
-           pooled: dict[str, list[tuple[int, SimStats]]] | None = None) -> pd.DataFrame:
-    """One row per run x point source, with the bands of the draws (:func:`_pooled_draws`,
-    computed here unless given)."""
+           pooled: dict[tuple[str, str], list[tuple[int, SimStats]]] | None = None
+           ) -> pd.DataFrame:
+    """One row per run x point source x expansion (expansions in :data:`EXPANSIONS` order, the
+    runs in order within each), with the bands of the draws (:func:`_pooled_draws`, computed
+    here unless given)."""
     if pooled is None:
         pooled = _pooled_draws(runs, jobs)
-    by: dict[tuple[str, str], dict[int, list[StageResult]]] = {}
+    by: dict[tuple[str, str, str], dict[int, list[StageResult]]] = {}
     for j in jobs:
         if j.result is not None and j.draw < 0:
-            by.setdefault((j.run.run_id, j.source), {}).setdefault(j.rep, []).append(j.result)
+            by.setdefault((j.run.run_id, j.source, j.expansion), {}).setdefault(
+                j.rep, []).append(j.result)
     rows = []
-    for r in runs:
-        out_len = r.real["output_len_mean"]
-        for src in ("blis-published", "export-mean"):
-            if (r.run_id, src) not in by:
-                continue
-            point, reps = _pool_reps(by[(r.run_id, src)], out_len)
-            row = _row(r, src, point, kv[(r.model, r.tp)])
-            row["point_seeds"] = len(reps)
-            for m in ("e2e_mean", "ttft_mean"):  # relative sd over the realizations
-                v = np.asarray([getattr(x, m) for x in reps], dtype=float)
-                row[f"{m}_seed_sd"] = float(np.std(v, ddof=1) / np.mean(v)) \
-                    if len(v) > 1 and np.mean(v) > 0 else math.nan
-            if src == "export-mean":
-                draws = [st for _, st in pooled.get(r.run_id, [])]
-                row["n_draws"] = len(draws)
-                for m in ("e2e_mean", "ttft_mean"):
-                    vals = [getattr(d, m) for d in draws]
-                    b = band(vals, r.real[f"{m}_s"])
-                    row[f"band_{m}_lo_s"], row[f"band_{m}_hi_s"] = b["lo"], b["hi"]
-                    row[f"{m}_in_band"], row[f"band_{m}_width"] = b["inside"], b["width"]
-                    # the draws' median: a point over arrival realizations too (draw seeds)
-                    med = float(np.nanmedian(vals)) if len(vals) else math.nan
-                    row[f"band_{m}_median_s"] = med
-                    row[f"err_{m}_draw_median"] = rel_err(med, r.real[f"{m}_s"])
-                row["blis_seconds"] += sum(d.seconds for d in draws)
-                row["blis_cpu_seconds"] += sum(d.cpu_seconds for d in draws)
-            rows.append(row)
+    for ex, r, src in ((ex, r, src) for ex in _expansions(jobs) for r in runs
+                       for src in ("blis-published", "export-mean")):
+        if (r.run_id, src, ex) not in by:
+            continue
+        point, reps = _pool_reps(by[(r.run_id, src, ex)], r.real["output_len_mean"])
+        row = _row(r, src, point, kv[(r.model, r.tp)], expansion=ex)
+        row["point_seeds"] = len(reps)
+        for m in ("e2e_mean", "ttft_mean"):  # relative sd over the realizations
+            v = np.asarray([getattr(x, m) for x in reps], dtype=float)
+            row[f"{m}_seed_sd"] = float(np.std(v, ddof=1) / np.mean(v)) \
+                if len(v) > 1 and np.mean(v) > 0 else math.nan
+        if src == "export-mean":
+            draws = [st for _, st in pooled.get((r.run_id, ex), [])]
+            row["n_draws"] = len(draws)
+            for m in ("e2e_mean", "ttft_mean"):
+                vals = [getattr(d, m) for d in draws]
+                b = band(vals, r.real[f"{m}_s"])
+                row[f"band_{m}_lo_s"], row[f"band_{m}_hi_s"] = b["lo"], b["hi"]
+                row[f"{m}_in_band"], row[f"band_{m}_width"] = b["inside"], b["width"]
+                # the draws' median: a point over arrival realizations too (draw seeds)
+                med = float(np.nanmedian(vals)) if len(vals) else math.nan
+                row[f"band_{m}_median_s"] = med
+                row[f"err_{m}_draw_median"] = rel_err(med, r.real[f"{m}_s"])
+            row["blis_seconds"] += sum(d.seconds for d in draws)
+            row["blis_cpu_seconds"] += sum(d.cpu_seconds for d in draws)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -440,14 +472,15 @@ def _pool_reps(reps: Mapping[int, Sequence[StageResult]], out_len: float
 
 
 def _draw_table(runs: Sequence[RealRun], jobs: Sequence[_Job], seed: int, draw_seeds: bool,
-                pooled: dict[str, list[tuple[int, SimStats]]] | None = None) -> pd.DataFrame:
-    """Per (run, posterior draw): workload seed and pooled simulated means (s)."""
+                pooled: dict[tuple[str, str], list[tuple[int, SimStats]]] | None = None
+                ) -> pd.DataFrame:
+    """Per (run, expansion, posterior draw): workload seed and pooled simulated means (s)."""
     if pooled is None:
         pooled = _pooled_draws(runs, jobs)
     rows = []
-    for r in runs:
-        for i, st in pooled.get(r.run_id, []):
-            rows.append({"run_id": r.run_id, "run": r.short_id, "draw": i,
+    for ex, r in ((ex, r) for ex in _expansions(jobs) for r in runs):
+        for i, st in pooled.get((r.run_id, ex), []):
+            rows.append({"run_id": r.run_id, "run": r.short_id, "expansion": ex, "draw": i,
                          "workload_seed": draw_seed(seed, i, draw_seeds),
                          "e2e_mean_s": st.e2e_mean, "ttft_mean_s": st.ttft_mean,
                          "decode_interval_s": st.decode_interval,

@@ -133,6 +133,11 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int | None = 
     folders = simulate_fleet(fleet, out / "fleet", seed=seed, progress=False)
     pr.step("simulate", f"{len(folders)} experiments written to {show / 'fleet'}")
     report = ingest(folders, out / "tables", iteration_notes=ingest_notes)
+    if show != out:  # the report names the experiment folders where they end up
+        from bayes_latency.io import atomic_write_text
+
+        rep = out / "tables" / "ingest_report.json"
+        atomic_write_text(rep, rep.read_text().replace(str(out), str(show)))
     tables = load_tables(out / "tables")
     obs = tables["observations"]
     pr.step("ingest", f"{len(obs):,} observation rows, {report.n_dropped} records dropped")

@@ -214,7 +214,7 @@ def _damaged_population(src: Path, dst: Path, how: str) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("how,want", [("trimmed", "dimension 'coef' has"),
+@pytest.mark.parametrize("how,want", [("trimmed", "dimension 'coef' of the population has"),
                                       ("nan", "variable mu has 1 of")])
 def test_damaged_population_is_refused_naming_file_and_variable(how, want, tiny_population,
                                                                 tmp_path, capsys):

@@ -549,14 +549,10 @@ def checked_draws(draws: xr.Dataset, coefs: tuple[str, ...],
     for dim in ("coef", "sample"):
         if dim not in draws.dims or draws.sizes[dim] < 1:
             raise BayesLatencyError(f"no {dim!r} dimension (or an empty one)")
-    have = [str(c) for c in draws["coef"].values]
-    if sorted(have) != sorted(coefs):
-        missing = [c for c in coefs if c not in have]
-        extra = [c for c in have if c not in coefs]
-        raise BayesLatencyError(
-            f"dimension 'coef' has {len(have)} coefficients where the population's terms and "
-            f"alpha terms are {len(coefs)}" + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {extra}" if extra else ""))
+    from bayes_latency.model.posterior.persistence import _coord
+
+    _coord(draws, "coef", list(coefs), "the population's terms and alpha terms",
+           owner="the population")
     draws = draws.sel(coef=list(coefs))
     out = {}
     for name, var in draws.data_vars.items():

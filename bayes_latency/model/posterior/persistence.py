@@ -285,9 +285,11 @@ _CHECKED_VARS = {"beta": ("chain", "draw", "config", "term"),
                  "mu": ("chain", "draw", "coef")}
 
 
-def _coord(ds: xr.Dataset, dim: str, want: list[str], what: str) -> list[str] | None:
+def _coord(ds: xr.Dataset, dim: str, want: list[str], what: str,
+           owner: str = "the posterior") -> list[str] | None:
     """``want`` when ``ds`` has dimension ``dim`` with the same labels (any order), None when
-    it has no such dimension; otherwise an error naming the difference."""
+    it has no such dimension; otherwise an error naming the difference (``owner``: whose
+    dimension, in the message)."""
     if dim not in ds.dims:
         return None
     have = [str(v) for v in ds[dim].values] if dim in ds.coords else []
@@ -295,7 +297,7 @@ def _coord(ds: xr.Dataset, dim: str, want: list[str], what: str) -> list[str] | 
         missing = [v for v in want if v not in have]
         extra = [v for v in have if v not in want]
         raise BayesLatencyError(
-            f"dimension {dim!r} of the posterior has {len(have)} labels where {what} are "
+            f"dimension {dim!r} of {owner} has {len(have)} labels where {what} are "
             f"{len(want)}" + (f"; missing {missing}" if missing else "")
             + (f"; unknown {extra}" if extra else ""))
     return want

@@ -364,7 +364,7 @@ def test_laplace_draws_raise_no_future_warnings():
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
             ds = _laplace_draws(model, 20, 2, seed=0)
-    assert ds["s"].shape == (2, 10, 3)
+    assert ds["s_log__"].shape == (2, 10, 3)  # the value variables' draws, as nutpie's trace
 
 
 # ---------------------------------------------------------------------------------------------

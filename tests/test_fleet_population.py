@@ -80,7 +80,10 @@ def test_seen_levels_give_a_tighter_prior_than_an_unseen_model(pop_file):
         (np.log(0.13), NOISE_LOG_SD_DEFAULT))
     assert "benchmark_mean" not in prior.noise_prior
     sd = prior.sd
-    assert np.median(sd[0]) < 0.5 * np.median(sd[1]), sd
+    # every term's prior is tighter for the seen configuration; where the data speak (the terms
+    # the tiny fleet identifies), by more than half
+    assert np.all(sd[0] < sd[1]), sd
+    assert np.min(sd[0] / sd[1]) < 0.5, sd
     # the two configurations of the unseen model share its drawn effect: correlated priors
     cov = prior.chol @ prior.chol.T
     K = len(pop.coefs)

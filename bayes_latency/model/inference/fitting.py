@@ -63,7 +63,7 @@ def draw_posterior(model: pm.Model, state: FitState, *, draws: int, tune: int, c
         dt = sample(model, state.sampler, draws=draws, tune=tune, chains=chains, seed=seed,
                     progress=progress, target_accept=target_accept, adaptation=adaptation,
                     timings=timings)
-    if state.sampler == "nutpie":
+    if state.sampler in ("nutpie", "laplace"):  # draws of the value variables
         t0 = time.perf_counter()
         dt["posterior"] = xr.DataTree(_with_deterministics(model, dt["posterior"].to_dataset()))
         timings["deterministics_s"] = time.perf_counter() - t0

@@ -271,10 +271,19 @@ def _sample_until(compiled: object, draws: int, until: Until, kw: dict,
     return _truncate(final, keep)
 
 
+#: Least curvature of the Laplace approximation's Gaussian in unconstrained space (see
+#: :func:`_laplace_draws`): at most unit sd along any direction.
+LAPLACE_MIN_CURVATURE = 1.0
+
+
 def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Dataset:
-    """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate)."""
+    """Approximate posterior: Gaussian at the mode in unconstrained space (labelled approximate).
+
+    Returns the draws of the model's value variables (``chain``, ``draw``, ...), as nutpie's
+    trace holds them; the free variables and the deterministics are computed from them by
+    :func:`bayes_latency.model.posterior.deterministics._with_deterministics`, as for nutpie.
+    """
     import pymc as pm
-    import pytensor
 
     # the MAP from the model's initial point (no jitter), values of the unconstrained variables
     fit = pm.find_MAP(progressbar=False, random_seed=seed, jitter=False,
@@ -303,25 +312,17 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
         e[j] = h
         H[:, j] = -(np.asarray(dlogp(unpack(flat + e))) - np.asarray(dlogp(unpack(flat - e)))) / (2 * h)
     w, V = np.linalg.eigh(0.5 * (H + H.T))
-    w = np.clip(w, 1e-8, None)
+    # directions the posterior leaves flat, or curved the wrong way (a mode the optimiser did not
+    # quite reach, a variable at a bound), get the curvature of a standard normal prior, that of
+    # every non-centred variable of the model: an eigenvalue near 0 would put draws ~1e4 sd away
+    w = np.clip(w, LAPLACE_MIN_CURVATURE, None)
     rng = np.random.default_rng(seed)
-    z = rng.standard_normal((n, len(flat)))
-    draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
-    # map unconstrained draws to all model variables
-    names = [v.name for v in model.unobserved_RVs]
-    fn = pytensor.function(vars_, [model[nm] for nm in names], on_unused_input="ignore")
-    out = {nm: [] for nm in names}
-    for row in draws:
-        point = unpack(row)
-        for nm, val in zip(names, fn(*[point[v.name] for v in vars_]), strict=True):
-            out[nm].append(val)
     per = n // chains
-    ds = {}
-    for nm in names:
-        arr = np.asarray(out[nm])[: per * chains]
-        arr = arr.reshape((chains, per) + arr.shape[1:])
-        dims = ["chain", "draw"] + list(model.named_vars_to_dims.get(nm, [f"{nm}_dim_{j}" for j in range(arr.ndim - 2)]))
-        ds[nm] = (dims, arr)
-    coords = {k: list(v) for k, v in model.coords.items() if v is not None}
-    return xr.Dataset(ds, coords={k: v for k, v in coords.items()
-                                  if any(k in d[0] for d in ds.values())})
+    z = rng.standard_normal((per * chains, len(flat)))
+    draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
+    ds, i = {}, 0
+    for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
+        arr = draws[:, i:i + sz].reshape((chains, per) + tuple(shp))
+        ds[v.name] = (["chain", "draw"] + [f"{v.name}_dim_{j}" for j in range(len(shp))], arr)
+        i += sz
+    return xr.Dataset(ds, coords={"chain": np.arange(chains), "draw": np.arange(per)})

@@ -323,6 +323,12 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     ds, i = {}, 0
     for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
         arr = draws[:, i:i + sz].reshape((chains, per) + tuple(shp))
-        ds[v.name] = (["chain", "draw"] + [f"{v.name}_dim_{j}" for j in range(len(shp))], arr)
+        # an untransformed variable's value has the variable's name and dims, as in nutpie's trace
+        dims = model.named_vars_to_dims.get(v.name)
+        if dims is None or len(dims) != len(shp):
+            dims = [f"{v.name}_dim_{j}" for j in range(len(shp))]
+        ds[v.name] = (["chain", "draw", *dims], arr)
         i += sz
-    return xr.Dataset(ds, coords={"chain": np.arange(chains), "draw": np.arange(per)})
+    used = {d for dims, _ in ds.values() for d in dims}
+    coords = {d: list(v) for d, v in model.coords.items() if d in used and v is not None}
+    return xr.Dataset(ds, coords={"chain": np.arange(chains), "draw": np.arange(per), **coords})

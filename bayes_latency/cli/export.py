@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import xarray as xr
 
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.export.document import (
@@ -98,7 +100,7 @@ def export_command(args: argparse.Namespace) -> int:
     the configuration; returns 0. Without a posterior it is a zero-shot export from a fleet
     population (:func:`population_export`)."""
     from bayes_latency.checks.sanity import load_posterior
-    from bayes_latency.io import atomic_write_text, check_output_path
+    from bayes_latency.io import check_output_path
 
     if args.posterior is not None and getattr(args, "population", None) is not None:
         raise BayesLatencyError("give a posterior file or --population, not both (a posterior "
@@ -111,31 +113,13 @@ def export_command(args: argparse.Namespace) -> int:
                                        if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
     model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
-    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
-    try:
-        with np.errstate(all="ignore"):  # a non-finite result is refused by _check_finite
-            coefs = model.coefficients(args.model, args.gpu, int(args.tp))
-            prov = provenance(model.result.attrs, args.posterior)
-            n_draws = int(getattr(args, "draws", 0) or 0)
-            if args.format == "blis":
-                text = blis_yaml(coefs, config, prov, n_draws=n_draws)
-                _check_finite(load_yaml(text))
-            elif args.format == "json":
-                doc = export_document(coefs, config, prov, n_draws=n_draws,
-                                      step_noise=step_noise_of(model, coefs))
-                _check_finite(doc)
-                text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-            else:
-                raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
-    except BayesLatencyError as exc:  # name the posterior the bad coefficients come from
-        if str(args.posterior) in str(exc):
-            raise
-        raise type(exc)(f"{args.posterior}: {exc}") from exc
-    atomic_write_text(out, text)
-    for note in export_notes(coefs, config):
-        print(f"note: {note}")
-    print(f"wrote {args.format} export of {args.model} on {args.gpu} tp{args.tp} to {out}")
-    return 0
+
+    def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
+        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
+        return (coefs, provenance(model.result.attrs, args.posterior), None,
+                step_noise_of(model, coefs))
+
+    return _write_export(args, out, args.posterior, draws)
 
 
 def population_export(args: argparse.Namespace) -> int:
@@ -145,7 +129,7 @@ def population_export(args: argparse.Namespace) -> int:
     population), whose notes name every level the population did not see and what informed the
     others (:func:`~bayes_latency.export.document.population_notes`). Returns 0."""
     from bayes_latency.export.document import file_sha256, population_notes
-    from bayes_latency.io import atomic_write_text, check_output_path
+    from bayes_latency.io import check_output_path
     from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
     from bayes_latency.physics.hardware import load_gpu
 
@@ -161,30 +145,48 @@ def population_export(args: argparse.Namespace) -> int:
     inputs = [path] + [Path(p) for p in (args.model, args.gpu) if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
     pop = load_population(path)
-    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
-    n_draws = int(getattr(args, "draws", 0) or 0)
-    try:
+
+    def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
         coefs = pop.coefficients(args.model, args.gpu, int(args.tp))
         prov = {**provenance(pop.attrs), "population": pop.name,
                 "population_file": path.name, "population_sha256": file_sha256(path)}
-        origin = population_notes(pop.describe(), coefs)
-        if args.format == "blis":
-            text = blis_yaml(coefs, config, prov, n_draws=n_draws, origin_notes=origin,
-                             source="population")
-            _check_finite(load_yaml(text))
-        elif args.format == "json":
-            doc = export_document(coefs, config, prov, n_draws=n_draws, origin_notes=origin)
-            _check_finite(doc)
-            text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-        else:
-            raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
-    except BayesLatencyError as exc:  # name the population the bad coefficients come from
-        if str(path) in str(exc):
+        return coefs, prov, population_notes(pop.describe(), coefs), None
+
+    return _write_export(args, out, path, draws, zero_shot=True)
+
+
+def _write_export(args: argparse.Namespace, out: Path, source: str | Path,
+                  draws: Callable[[], tuple[xr.Dataset, dict, list[str] | None, dict | None]],
+                  zero_shot: bool = False) -> int:
+    """Render the configuration's export in ``args.format`` from ``draws()`` (coefficients,
+    provenance, notes on where they come from or None, step noise or None), refuse non-finite
+    numbers naming ``source`` (the posterior or population file), write it atomically to
+    ``out`` and print its notes. Returns 0."""
+    from bayes_latency.io import atomic_write_text
+
+    config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
+    n_draws = int(getattr(args, "draws", 0) or 0)
+    try:
+        with np.errstate(all="ignore"):  # a non-finite result is refused by _check_finite
+            coefs, prov, origin, step_noise = draws()
+            if args.format == "blis":
+                text = blis_yaml(coefs, config, prov, n_draws=n_draws, origin_notes=origin,
+                                 source="population" if zero_shot else "posterior")
+                _check_finite(load_yaml(text))
+            elif args.format == "json":
+                doc = export_document(coefs, config, prov, n_draws=n_draws,
+                                      step_noise=step_noise, origin_notes=origin)
+                _check_finite(doc)
+                text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+            else:
+                raise BayesLatencyError(f"unknown export format {args.format!r} (json or blis)")
+    except BayesLatencyError as exc:  # name the file the bad coefficients come from
+        if str(source) in str(exc):
             raise
-        raise type(exc)(f"{path}: {exc}") from exc
+        raise type(exc)(f"{source}: {exc}") from exc
     atomic_write_text(out, text)
     for note in export_notes(coefs, config, origin):
         print(f"note: {note}")
-    print(f"wrote zero-shot {args.format} export of {args.model} on {args.gpu} tp{args.tp} "
-          f"to {out}")
+    print(f"wrote {'zero-shot ' if zero_shot else ''}{args.format} export of {args.model} on "
+          f"{args.gpu} tp{args.tp} to {out}")
     return 0

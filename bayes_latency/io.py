@@ -24,7 +24,7 @@ from bayes_latency.errors import BayesLatencyError, TraceFormatError
 
 __all__ = ["OutputPathError", "OutputWriteError", "atomic_path", "atomic_write",
            "atomic_write_text", "check_output_path", "folder_lock", "os_error_text",
-           "read_parquet", "staged_folder", "write_bytes", "written_paths"]
+           "probe_writable", "read_parquet", "staged_folder", "write_bytes", "written_paths"]
 
 
 class OutputPathError(BayesLatencyError):
@@ -281,16 +281,28 @@ def check_output_path(out: str | Path, inputs: Iterable[str | Path] = (), kind: 
     except OSError as exc:
         raise OutputPathError(f"{option} {out}: cannot create folder "
                               f"{os_error_text(exc, parent)}") from None
-    try:  # a real write, not os.access: root passes access() on folders it cannot write to
-        fd, probe = tempfile.mkstemp(prefix=".bayes_latency.probe.", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
+    try:
+        probe_writable(parent)
     except OSError as exc:
         raise OutputPathError(f"{option} {out}: folder {os_error_text(exc, parent)}") from None
     if kind == "file" and out.is_file() and not out.stat().st_mode & 0o222:
         raise OutputPathError(f"{option} {out}: the existing file is read-only; make it "
                               f"writable (chmod u+w) or choose another path")
     return out
+
+
+def probe_writable(folder: str | Path) -> None:
+    """Create and remove a file in ``folder``: a real write, not :func:`os.access` (root passes
+    ``access()`` on folders it cannot write to, e.g. on a read-only file system).
+
+    Raises
+    ------
+    OSError
+        When no file can be created there.
+    """
+    fd, probe = tempfile.mkstemp(prefix=".bayes_latency.probe.", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _remove(path: Path) -> None:

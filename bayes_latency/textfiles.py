@@ -183,6 +183,13 @@ _MAGIC = ((b"\x1f\x8b", "gzip-compressed; decompress it first (gunzip)"),
           (b"\xfe\xff", "UTF-16 text (big-endian byte-order mark); save it as UTF-8"))
 
 
+def _packed_as(head: bytes, gzip_ok: bool = False) -> str | None:
+    """What the leading bytes ``head`` say a text input was saved as (compressed, UTF-16), with
+    what to do (:data:`_MAGIC`); None for anything else (gzip too when ``gzip_ok``)."""
+    return next((kind for magic, kind in _MAGIC
+                 if head.startswith(magic) and not (gzip_ok and magic == b"\x1f\x8b")), None)
+
+
 def check_text_start(path: str | Path, what: str = "file",
                      error: type[BayesLatencyError] = TextEncodingError,
                      compressed_ok: bool = False) -> None:
@@ -209,9 +216,9 @@ def check_text_start(path: str | Path, what: str = "file",
         raise error(_unreadable(path, what)) from None
     if not head:
         raise error(f"{path}: {what} is empty (0 bytes)")
-    for magic, kind in _MAGIC:
-        if head.startswith(magic) and not (compressed_ok and magic == b"\x1f\x8b"):
-            raise error(f"{path}: {what} is {kind}")
+    kind = _packed_as(head, gzip_ok=compressed_ok)
+    if kind is not None:
+        raise error(f"{path}: {what} is {kind}")
 
 
 def read_text(path: str | Path, what: str = "file",
@@ -240,9 +247,9 @@ def read_text(path: str | Path, what: str = "file",
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        for magic, kind in _MAGIC:
-            if data.startswith(magic):
-                raise error(f"{path}: {what} is {kind}") from None
+        kind = _packed_as(data[:8])
+        if kind is not None:
+            raise error(f"{path}: {what} is {kind}") from None
         raise error(f"{path}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
                     f"{exc.start}); save it as UTF-8") from None
 

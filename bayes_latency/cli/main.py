@@ -675,11 +675,11 @@ _COMPILING = frozenset({"fit", "calibrate", "population", "check", "export", "de
 
 def _writable_dir(path: Path) -> bool:
     """Whether ``path`` exists or can be made, and a file can be created in it."""
+    from bayes_latency.io import probe_writable
+
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".bayes_latency.probe.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(path)
     except OSError:
         return False
     return True

@@ -307,6 +307,7 @@ class Population:
             ``gpu``, ``tp``, ``stack``, ``unseen_levels``, ``config_id``).
         """
         from bayes_latency.data.observations.build import config_id
+        from bayes_latency.model.posterior.predict import coefficient_dataset
         from bayes_latency.model.posterior.unseen import unseen_config_theta
 
         design = self.design
@@ -317,17 +318,10 @@ class Population:
         theta, unseen = unseen_config_theta(self.draws, pa, model, gpu, int(tp), stack, rng,
                                             design=design,
                                             variant=str(self.attrs.get("variant", "hierarchy")))
-        S = theta.shape[0]
-        if n_draws is not None and int(n_draws) < S:
-            theta = theta[np.sort(rng.choice(S, size=int(n_draws), replace=False))]
-        nb = len(self.terms)
-        ds = xr.Dataset({"beta": (("sample", "term"), theta[:, :nb]),
-                         "alpha": (("sample", "alpha_term"), theta[:, nb:])},
-                        coords={"term": list(self.terms), "alpha_term": list(self.alpha_terms)})
-        ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "stack": stack,
-                         "unseen_levels": ",".join(unseen),
-                         "config_id": config_id(model, gpu, int(tp), stack)})
-        return ds
+        return coefficient_dataset(theta, self.terms, self.alpha_terms, rng, n_draws,
+                                   model=model, gpu=gpu, tp=int(tp), stack=stack,
+                                   unseen_levels=",".join(unseen),
+                                   config_id=config_id(model, gpu, int(tp), stack))
 
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:

@@ -15,7 +15,7 @@ Importing this module is light (no PyMC, PyTensor or ArviZ).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,6 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
 
     model, gpu = canonical_levels(state.design, model, gpu)
     post = post.stack(sample=("chain", "draw"))
-    S = post.sizes["sample"]
     rng = np.random.default_rng(seed)
     pa = prior_arrays(state.priors, state.coefs, [gpu])
     unseen: list[str] = []
@@ -94,15 +93,26 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
     else:
         theta, unseen = unseen_config_theta(post, pa, model, gpu, int(tp), stack, rng,
                                             design=state.design, variant=state.variant)
-    if n_draws is not None and n_draws < S:
-        idx = np.sort(rng.choice(S, size=n_draws, replace=False))
-        theta = theta[idx]
-    nb = len(state.terms)
+    return coefficient_dataset(theta, state.terms, state.alpha_terms, rng, n_draws,
+                               model=model, gpu=gpu, tp=int(tp), stack=stack,
+                               unseen_levels=",".join(unseen), config_id=cid)
+
+
+def coefficient_dataset(theta: np.ndarray, terms: Sequence[str], alpha_terms: Sequence[str],
+                        rng: np.random.Generator, n_draws: int | None = None,
+                        **attrs: object) -> xr.Dataset:
+    """``(sample, coef)`` coefficient draws (beta terms, then alpha terms) as the Dataset of
+    :func:`coefficient_draws`: ``beta (sample, term)``, ``alpha (sample, alpha_term)``, ``attrs``
+    (``model``, ``gpu``, ``tp``, ``stack``, ``unseen_levels``, ``config_id``); ``n_draws`` of
+    them drawn without replacement (in their order) when there are more."""
+    S = theta.shape[0]
+    if n_draws is not None and int(n_draws) < S:
+        theta = theta[np.sort(rng.choice(S, size=int(n_draws), replace=False))]
+    nb = len(terms)
     ds = xr.Dataset({"beta": (("sample", "term"), theta[:, :nb]),
                      "alpha": (("sample", "alpha_term"), theta[:, nb:])},
-                    coords={"term": list(state.terms), "alpha_term": list(state.alpha_terms)})
-    ds.attrs.update({"model": model, "gpu": gpu, "tp": int(tp), "stack": stack,
-                     "unseen_levels": ",".join(unseen), "config_id": cid})
+                    coords={"term": list(terms), "alpha_term": list(alpha_terms)})
+    ds.attrs.update(attrs)
     return ds
 
 

@@ -543,7 +543,7 @@ def checked_draws(draws: xr.Dataset, coefs: tuple[str, ...],
     for dim in ("coef", "sample"):
         if dim not in draws.dims or draws.sizes[dim] < 1:
             raise BayesLatencyError(f"no {dim!r} dimension (or an empty one)")
-    from bayes_latency.model.posterior.persistence import _coord
+    from bayes_latency.model.posterior.persistence import _coord, _ordered
 
     _coord(draws, "coef", list(coefs), "the population's terms and alpha terms",
            owner="the population")
@@ -554,10 +554,7 @@ def checked_draws(draws: xr.Dataset, coefs: tuple[str, ...],
         if want is None:
             out[name] = var
             continue
-        if sorted(var.dims) != sorted(want):
-            raise BayesLatencyError(f"variable {name} has dimensions {tuple(var.dims)}, "
-                                    f"expected {want}")
-        var = var.transpose(*want)
+        var = _ordered(var, want, f"variable {name}")
         vals = np.asarray(var.values, dtype=float)
         bad = int(np.size(vals) - np.count_nonzero(np.isfinite(vals)))
         if bad:

@@ -303,6 +303,14 @@ def _coord(ds: xr.Dataset, dim: str, want: list[str], what: str,
     return want
 
 
+def _ordered(var: xr.DataArray, want: tuple[str, ...], label: str) -> xr.DataArray:
+    """``var`` with its dimensions in the order ``want``; an error naming ``label`` (``posterior
+    variable beta``) when it has other dimensions."""
+    if sorted(var.dims) != sorted(want):
+        raise BayesLatencyError(f"{label} has dimensions {tuple(var.dims)}, expected {want}")
+    return var.transpose(*want)
+
+
 def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
     """``dt`` with its posterior read by dimension name: labels of ``config``, ``term``,
     ``alpha_term`` and ``coef`` in the order of the fit (``constant_data``, the attrs
@@ -337,10 +345,7 @@ def checked_posterior(dt: xr.DataTree, terms: tuple[str, ...]) -> xr.DataTree:
     for name, var in post.data_vars.items():
         want = _CHECKED_VARS.get(str(name))
         if want is not None:
-            if sorted(var.dims) != sorted(want):
-                raise BayesLatencyError(f"posterior variable {name} has dimensions "
-                                        f"{tuple(var.dims)}, expected {want}")
-            var = var.transpose(*want)
+            var = _ordered(var, want, f"posterior variable {name}")
             bad = int(np.count_nonzero(np.isnan(np.asarray(var.values, dtype=float))))
             if bad:
                 raise BayesLatencyError(f"posterior variable {name} has {bad:,} of "

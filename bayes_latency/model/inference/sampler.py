@@ -297,9 +297,10 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     dlogp = model.compile_dlogp(vars=model.free_RVs)
 
     def unpack(x: np.ndarray) -> dict:
+        """The value variables of flat vectors ``x (..., P)``, each ``(..., *shape)``."""
         out, i = {}, 0
         for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
-            out[v.name] = x[i:i + sz].reshape(shp)
+            out[v.name] = x[..., i:i + sz].reshape(x.shape[:-1] + tuple(shp))
             i += sz
         return out
 
@@ -320,15 +321,14 @@ def _laplace_draws(model: pm.Model, n: int, chains: int, seed: int) -> xr.Datase
     per = n // chains
     z = rng.standard_normal((per * chains, len(flat)))
     draws = flat[None, :] + (z / np.sqrt(w)[None, :]) @ V.T
-    ds, i = {}, 0
-    for v, sz, shp in zip(vars_, sizes, shapes, strict=True):
-        arr = draws[:, i:i + sz].reshape((chains, per) + tuple(shp))
+    values = unpack(draws.reshape(chains, per, -1))
+    ds = {}
+    for v, shp in zip(vars_, shapes, strict=True):
         # an untransformed variable's value has the variable's name and dims, as in nutpie's trace
         dims = model.named_vars_to_dims.get(v.name)
         if dims is None or len(dims) != len(shp):
             dims = [f"{v.name}_dim_{j}" for j in range(len(shp))]
-        ds[v.name] = (["chain", "draw", *dims], arr)
-        i += sz
+        ds[v.name] = (["chain", "draw", *dims], values[v.name])
     used = {d for dims, _ in ds.values() for d in dims}
     coords = {d: list(v) for d, v in model.coords.items() if d in used and v is not None}
     return xr.Dataset(ds, coords={"chain": np.arange(chains), "draw": np.arange(per), **coords})

@@ -31,6 +31,7 @@ the column.
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def read_gemm_tables(root: str | Path | None = None, framework: str = "vllm",
     unknown = [s for s in (systems or ()) if s not in SYSTEM_GPUS]
     if unknown:
         raise BayesLatencyError(f"systems {unknown}: no datasheet; known: {sorted(SYSTEM_GPUS)}")
-    frames, files, dropped = [], [], {}
+    frames, files, dropped = [], [], Counter()
     for system in systems or tuple(SYSTEM_GPUS):
         path = _latest(root / system / "gemm" / framework)
         if path is None:
@@ -166,14 +167,12 @@ def read_gemm_tables(root: str | Path | None = None, framework: str = "vllm",
         nums = t[["m", "n", "k", "latency_us"]].to_numpy(float)
         bad = ~(np.isfinite(nums).all(axis=1) & (nums > 0).all(axis=1))
         if bad.any():
-            dropped["non-finite or non-positive shape or latency"] = (
-                dropped.get("non-finite or non-positive shape or latency", 0) + int(bad.sum()))
+            dropped["non-finite or non-positive shape or latency"] += int(bad.sum())
         t = t[~bad]
         width = t["dtype"].map(_DTYPE_BYTES)
         unk = width.isna()
         if unk.any():
-            dropped["dtype without a known width"] = (
-                dropped.get("dtype without a known width", 0) + int(unk.sum()))
+            dropped["dtype without a known width"] += int(unk.sum())
         t, width = t[~unk], width[~unk].astype(float)
         m, n, k = (t[c].to_numpy(float) for c in ("m", "n", "k"))
         flops = 2.0 * m * n * k
@@ -188,7 +187,7 @@ def read_gemm_tables(root: str | Path | None = None, framework: str = "vllm",
         raise BayesLatencyError(f"{root}: no {framework} GEMM table for "
                                 f"{', '.join(systems or tuple(SYSTEM_GPUS))}")
     table = pd.concat(frames, ignore_index=True)[list(GEMM_COLUMNS)]
-    return GemmTables(table=table, files=files, dropped=dropped)
+    return GemmTables(table=table, files=files, dropped=dict(dropped))
 
 
 def roofline_efficiency(table: pd.DataFrame, bound_ratio: float = BOUND_RATIO,

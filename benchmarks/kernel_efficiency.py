@@ -29,9 +29,11 @@ from bayes_latency.data.kernels import (  # noqa: E402
     BOUND_RATIO,
     MIN_FLOPS,
     MIN_MEMORY_BYTES,
+    kernel_data_root,
     read_gemm_tables,
     roofline_efficiency,
 )
+from bayes_latency.io import atomic_write_text, check_output_path  # noqa: E402
 
 REFERENCE = "H100-SXM"
 
@@ -92,13 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "kernel_efficiency"),
                     help="output prefix (writes PREFIX.md and PREFIX.json)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    root = kernel_data_root()
+    for suffix in (".md", ".json"):  # checked before the tables are read
+        check_output_path(out.with_suffix(suffix), [root] if root else [], kind="file")
     tables = read_gemm_tables(framework=args.framework)
     eff = roofline_efficiency(tables.table)
     version = metadata.version("aiconfigurator-core")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(render(eff, tables, args.framework, machine(), version))
-    out.with_suffix(".json").write_text(json.dumps({
+    atomic_write_text(out.with_suffix(".md"), render(eff, tables, args.framework, machine(),
+                                                     version))
+    atomic_write_text(out.with_suffix(".json"), json.dumps({
         "aiconfigurator_core": version, "framework": args.framework,
         "files": [str(p.relative_to(p.parents[5])) for p in tables.files],
         "dropped": tables.dropped,
@@ -110,4 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bayes_latency.errors import BayesLatencyError
+
+    try:
+        raise SystemExit(main())
+    except BayesLatencyError as exc:
+        raise SystemExit(f"kernel_efficiency: error: {exc}") from None

@@ -13,6 +13,9 @@ steps, sampling on until the convergence gates pass), predicts the held-out rows
 - the mean of the per-split coverages (what ``results/real/README.md`` reports) and the share of
   all held-out iteration rows and of all held-out benchmark rows inside their bands.
 
+It fits the real fleet with its client means without each traced run in turn and predicts the
+run's iterations as a new run of its configuration (``benchmarks/heldout_runs.py``).
+
 It also fits the real data without some iterations of the two real vLLM runs, whose
 configurations the fit then still sees (:func:`within_run_masks`: blocks of consecutive
 iterations, and each run's last third, at a heavier load than any fitted step of the run), and
@@ -31,8 +34,9 @@ Usage::
     python benchmarks/heldout_real.py [--reuse DIR] [--work DIR] [--out PREFIX]
         [--noise-load NAME] [--compare NAME,NAME,...] [--within-only] [--keep-within]
 
-``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``; the within-run splits'
-fitted iterations in ``within_fitted.csv``), the per-split metrics (``cv.csv``) and the fits'
+``--work`` keeps the per-row bands (``held.csv``, ``within_held.csv``, ``loro_held.csv``; the
+within-run splits' fitted iterations in ``within_fitted.csv``), the per-split metrics
+(``cv.csv``) and the fits'
 convergence (``conv.csv``, ``within_conv.csv``); ``--reuse DIR`` renders the report from such a
 folder without fitting. Outputs: ``PREFIX.md`` and ``PREFIX.json`` (default
 ``results/benchmarks/heldout_real``). Needs the real data (``../shared/data/real``); 10-30 min on 2
@@ -62,6 +66,7 @@ from benchmarks.heldout_noise import (  # noqa: E402, F401 - the comparison's pi
     variant_dir,
     within_metrics,
 )
+from benchmarks.heldout_runs import report_loro, run_loro  # noqa: E402
 
 
 def settings_for(noise_load: str) -> object:
@@ -96,6 +101,8 @@ def run(work: Path, noise_load: str, compare: list[str], with_cv: bool = True,
     if not with_cv:
         record_machine(work, "end")
         return
+    if not (keep_within and (work / "loro_held.csv").exists()):
+        run_loro(data, work)
     cv, held, convs, _ = run_cv(data, define_splits(data.observations),
                                 settings_for(noise_load), terms=DEFAULT_TERMS)
     cv.to_csv(work / "cv.csv", index=False)
@@ -383,9 +390,11 @@ def report(work: Path, out: Path) -> dict:
     it = held[held["kind"] == "iteration"]
     bench = held[held["kind"] != "iteration"]
     within, within_lines = report_within(work)
+    loro, loro_lines = report_loro(work)
     comp, comp_lines = compare_noise_loads(work, host_lines()[0])
     res = {
         "within_run": within,
+        "leave_one_run_out": loro,
         "mean_split_coverage90": float(t["coverage90"].mean()),
         "median_split_mdape_pct": float(t["mdape_pct"].median()),
         "pooled_iteration_coverage90": float(it["in_90"].mean()) if len(it) else np.nan,
@@ -417,6 +426,11 @@ def report(work: Path, out: Path) -> dict:
         f"- Held-out benchmark rows (Splitwise means): {res['pooled_benchmark_coverage90']:.3f} of "
         f"{res['benchmark_rows']}; all rows: {res['pooled_all_coverage90']:.3f} of "
         f"{res['all_rows']}.",
+        *(["- One traced run held out, its configuration seen through its other runs' client "
+           "means: " + "; ".join(f"`{k}` **{v['coverage90']:.3f}** of {v['n']} iterations inside "
+                                 f"their 90% band (median width {v['median_band_rel_width']:.3f})"
+                                 for k, v in loro.items() if k != "splits") + "."]
+          if loro else []),
         *(["- Held-out iterations of configurations the fit sees (both runs, see the last "
            "section): " + "; ".join(f"`{k}` **{v['coverage90']:.3f}** of {v['n']} inside their "
                                      f"90% band ({v['coverage50']:.3f} inside their 50% band)"
@@ -442,7 +456,7 @@ def report(work: Path, out: Path) -> dict:
                      f"{r['median_band_rel_width']:.2f} of the median wide, for an observed / "
                      f"predicted ratio of {r['median_obs_over_pred']:.2f}: wider than needed.")
     lines.append("")
-    lines += comp_lines + within_lines
+    lines += loro_lines + comp_lines + within_lines
     out.with_suffix(".md").write_text("\n".join(lines))
     return res
 

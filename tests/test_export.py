@@ -171,8 +171,9 @@ def _fake_estimator(monkeypatch, coefs):
         def load(cls, path):
             return cls()
 
-        def coefficients(self, model, gpu, tp, n_draws=None, seed=0):
+        def coefficients(self, model, gpu, tp, n_draws=None, seed=0, new_run=False):
             assert (model, gpu, tp) == ("llama-2-7b", "H100", 1)
+            assert new_run  # an export is for simulating a new run of the configuration
             return coefs
 
         def noise(self, cfg, kind):

@@ -115,7 +115,8 @@ def export_command(args: argparse.Namespace) -> int:
     model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
 
     def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
-        coefs = model.coefficients(args.model, args.gpu, int(args.tp))
+        # the export is for simulating a run of the configuration: a new one
+        coefs = model.coefficients(args.model, args.gpu, int(args.tp), new_run=True)
         return (coefs, provenance(model.result.attrs, args.posterior), None,
                 step_noise_of(model, coefs))
 

@@ -303,7 +303,23 @@ def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None,
     :func:`config_notes`: is the configuration unseen, and where each level's effect came from),
     then :func:`blis_notes` (terms folded or left out)."""
     origin = config_notes(coefs) if origin_notes is None else list(origin_notes)
-    return origin + blis_notes(coefs, config)
+    return origin + run_notes(coefs) + blis_notes(coefs, config)
+
+
+def run_notes(coefs: xr.Dataset) -> list[str]:
+    """One note on which run the draws are (``coefs.attrs["run"]``, set by
+    :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`): a new run of the
+    configuration (its run-to-run scale and the runs it was fitted from), or the configuration's
+    average fitted run when the fit has no run-to-run scale; none when the attribute is absent."""
+    run = str(coefs.attrs.get("run", ""))
+    if run == "new run":
+        return [f"bands are for a new run of the configuration: each draw times "
+                f"exp(N(0, sigma_run^2 (1 + 1/n))), sigma_run {float(coefs.attrs['sigma_run']):.4f} "
+                f"(posterior mean), n = {int(coefs.attrs['n_runs'])} fitted run(s)"]
+    if run == "configuration":
+        return ["bands are the configuration's (its average fitted run): the fit repeats no "
+                "configuration, so it has no run-to-run scale to add for a new run"]
+    return []
 
 
 def blis_block(coefs: xr.Dataset, stat: str = "mean",

@@ -74,6 +74,7 @@ from bayes_latency.model.inference.sampler import (
 )
 from bayes_latency.model.posterior import persistence as _persistence
 from bayes_latency.model.posterior import predict as _predict
+from bayes_latency.model.posterior.shifts import RunTable
 from bayes_latency.model.posterior.state import FitState
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, term_names
 
@@ -230,6 +231,7 @@ class LatencyModel:
         self._rows: pd.DataFrame | None = None
         self._data_hash: str | None = None
         self._post_cache: tuple | None = None
+        self._runs_cache: tuple | None = None
 
     # ------------------------------------------------------------------ state
     def _scale(self) -> np.ndarray:
@@ -242,7 +244,18 @@ class LatencyModel:
         return FitState(priors=self.priors, design=self.design, method=self.method,
                         variant=self.variant, sampler=self.sampler, noise=self._noise,
                         summaries=self.summaries, identifiability=self.identifiability,
-                        data_hash=self._data_hash, noise_load=self.noise_load)
+                        data_hash=self._data_hash, noise_load=self.noise_load,
+                        runs=self._run_table())
+
+    def _run_table(self) -> RunTable | None:
+        """The fitted run and window shifts (:class:`~bayes_latency.model.posterior.shifts.RunTable`),
+        read once per result from its ``summaries`` group."""
+        if self.result is None or "summaries" not in self.result.children:
+            return None
+        node = self.result["summaries"]
+        if self._runs_cache is None or self._runs_cache[0] is not node:
+            self._runs_cache = (node, RunTable.from_dataset(node.to_dataset()))
+        return self._runs_cache[1]
 
     # ------------------------------------------------------------------ building
     def _prepare(self, observations: pd.DataFrame) -> pd.DataFrame:
@@ -435,7 +448,8 @@ class LatencyModel:
         return ds.sel(config=ids)
 
     def coefficients(self, model: str, gpu: str, tp: int, n_draws: int | None = None,
-                     seed: int = 0, stack: str = DEFAULT_STACK) -> xr.Dataset:
+                     seed: int = 0, stack: str = DEFAULT_STACK,
+                     new_run: bool = False) -> xr.Dataset:
         """Posterior draws of beta and alpha for any configuration.
 
         Levels (model, GPU, TP degree) seen in the data use their fitted effects; an unseen level
@@ -443,17 +457,24 @@ class LatencyModel:
         fitted mean (the ``n`` seen levels' zero-sum effects leave their average in the mean),
         so the bands of an unseen configuration widen honestly.
 
+        The draws are the configuration's coefficients: the average of its fitted runs. With
+        ``new_run=True`` each draw is multiplied by the factor of a new run,
+        ``exp(N(0, sigma_run^2 (1 + 1/n)))`` for a configuration of ``n`` fitted runs
+        (:mod:`bayes_latency.model.posterior.shifts`): the coefficients a simulation of the next
+        run of the configuration should scatter over.
+
         Returns
         -------
         xr.Dataset
             ``beta (sample, term)`` and ``alpha (sample, alpha_term)``; attrs say which levels
-            were unseen.
+            were unseen and whether the draws are a new run's (``run``).
         """
         return _predict.coefficient_draws(self._state(), self._post(), model, gpu, tp,
-                                          n_draws=n_draws, seed=seed, stack=stack)
+                                          n_draws=n_draws, seed=seed, stack=stack,
+                                          new_run=new_run)
 
     def predict(self, observations: pd.DataFrame, n_draws: int = 200,
-                seed: int = 0) -> xr.DataArray:
+                seed: int = 0, run: str = "auto") -> xr.DataArray:
         """Posterior draws of the expected value (µs) of each row of an observation table.
 
         ``observations`` are rows of the observation table, with their ``x_<term>`` features and
@@ -461,10 +482,15 @@ class LatencyModel:
         ``(sample, obs)`` of each row's expected value without observation noise
         (:meth:`sample_posterior_predictive` adds the noise). For a batch table of a
         configuration (seen or not), use :meth:`predict_batches`.
+
+        A row of a run the fit saw (its ``experiment_id``, or ``run_id``) is predicted with
+        that run's shift; any other row as a **new run** of its configuration, whose shift is
+        drawn from ``sigma_run`` (``run="new"``: every row a new run). The coordinate
+        ``run_status (obs)`` says which (:mod:`bayes_latency.model.posterior.shifts`).
         """
         _predict.require_row_columns(self.coefs, observations)
         return _predict.predict_rows(self._state(), self._post(), observations,
-                                     n_draws=n_draws, seed=seed)
+                                     n_draws=n_draws, seed=seed, run=run)
 
     def predict_batches(self, batches: pd.DataFrame | None, model: str, gpu: str, tp: int,
                         n_draws: int = 200, seed: int = 0, stack: str = DEFAULT_STACK,
@@ -476,15 +502,18 @@ class LatencyModel:
         default reference batches of :func:`bayes_latency.model.posterior.predict.predict_reference`). The
         configuration ``model`` / ``gpu`` / ``tp`` may be seen or unseen (:meth:`coefficients`
         draws its coefficients, an unseen one with its wider band); ``serving`` takes the knobs
-        of :class:`~bayes_latency.physics.serving.ServingConfig`. Returns a DataFrame: the batch
+        of :class:`~bayes_latency.physics.serving.ServingConfig`. The coefficients are a new run's
+        (``coefficients(new_run=True)``). Returns a DataFrame: the batch
         columns plus ``mean_us, median_us, q05_us, q95_us`` per row
         (:func:`bayes_latency.model.posterior.predict.predict_reference`); ``attrs["unseen_levels"]``
         names the levels the fit did not see.
         """
-        coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed, stack=stack)
+        coefs = self.coefficients(model, gpu, int(tp), n_draws=n_draws, seed=seed, stack=stack,
+                                  new_run=True)
         config = {"model": model, "gpu": gpu, "tp": int(tp), **serving}
         out = _predict.predict_reference(coefs, config, batches=batches)
         out.attrs["unseen_levels"] = coefs.attrs.get("unseen_levels", "")
+        out.attrs["run"] = coefs.attrs.get("run", "")
         return out
 
     def _row_noise(self, observations: pd.DataFrame
@@ -496,9 +525,10 @@ class LatencyModel:
         return row_noise(self._noise, observations)
 
     def sample_posterior_predictive(self, observations: pd.DataFrame, n_draws: int = 200,
-                                    seed: int = 0) -> xr.DataArray:
-        """Posterior predictive draws (µs) of each row, with the fitted heavy-tailed noise."""
-        mu = self.predict(observations, n_draws=n_draws, seed=seed)
+                                    seed: int = 0, run: str = "auto") -> xr.DataArray:
+        """Posterior predictive draws (µs) of each row, with the fitted heavy-tailed noise; rows
+        of fitted runs and new runs as in :meth:`predict` (coordinate ``run_status``)."""
+        mu = self.predict(observations, n_draws=n_draws, seed=seed, run=run)
         if not self._noise:
             self._noise_from_result()
         return _predict.replicate_rows(mu, self._noise, observations, seed=seed)

@@ -440,7 +440,9 @@ def workload_rows(stage: ClientStage, replay: Replay, arch: Architecture, gpu: G
     df["max_num_seqs"] = int(serving.max_num_seqs)
     df["ep"] = int(serving.ep)
     df["obs_id"] = [f"{stage.experiment_id}/{k}" for k in df["kind"]]
-    return _finish([df], terms)
+    out = _finish([df], terms)
+    out["run_id"] = stage.run_id  # the stages of one run share its run effect (model.definition.runs)
+    return out
 
 
 def predicted_means(replay: Replay, beta: Sequence[float], alpha: Mapping[str, float]

@@ -17,6 +17,7 @@ Read from ``../shared/data/real`` (never copied; see its README):
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,9 @@ def load_real_data(data_dir: Path) -> RealData:
         if len(it) != len(obs):
             raise RuntimeError(f"{eid}: {len(it)} iterations but {len(obs)} observation rows")
         obs["source"] = "steps"
+        # the traced run is one of the client lifecycle runs (its ``<model>-tp<N>-<workload>``):
+        # its steps and its client means share one run effect (model.definition.runs)
+        obs["run_id"] = re.sub(r"^\d{8}-\d{6}-", "", str(eid))
         obs["phase"] = np.where(it["prefill_tokens"].to_numpy(float) > 0, "mixed", "decode")
         obs["prefill_tokens_step"] = it["prefill_tokens"].to_numpy(float)
         obs["decode_tokens_step"] = it["decode_tokens"].to_numpy(float)

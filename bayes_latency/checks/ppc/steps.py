@@ -47,7 +47,8 @@ def ppc_rows(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray,
     -------
     DataFrame
         The key columns of ``obs_df`` present among ``obs_id, kind, experiment_id, workload,
-        model, gpu, tp, config_id, n_steps`` plus :data:`BAND_COLUMNS`.
+        model, gpu, tp, config_id, n_steps`` plus :data:`BAND_COLUMNS`, and ``run_status``
+        (``fitted run`` / ``new run``) when the draws carry it.
     """
     obs_df = obs_df.reset_index(drop=True)
     mat = align_draws(obs_df, ppc_draws)
@@ -55,7 +56,17 @@ def ppc_rows(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray,
     sub = obs_df[keep].reset_index(drop=True)
     bands = band_summary(mat[:, keep], sub["value_us"].to_numpy(dtype=float))
     keys = sub[[c for c in _KEY_COLUMNS if c in sub.columns]]
-    return pd.concat([keys, bands], axis=1)
+    out = pd.concat([keys, bands], axis=1)
+    if isinstance(ppc_draws, xr.DataArray) and "run_status" in ppc_draws.coords:
+        # fitted run (its own shift) or new run of the configuration (model.posterior.shifts)
+        status = pd.Series(ppc_draws["run_status"].values.astype(str),
+                           index=ppc_draws["obs"].values.astype(str)) \
+            if "obs" in ppc_draws.coords else pd.Series(ppc_draws["run_status"].values.astype(str))
+        ids = obs_df.loc[keep, "obs_id"].astype(str).to_numpy() if "obs_id" in obs_df.columns \
+            and "obs" in ppc_draws.coords else np.flatnonzero(keep)
+        out["run_status"] = status.reindex(ids).to_numpy() if "obs" in ppc_draws.coords \
+            else status.iloc[ids].to_numpy()
+    return out
 
 
 def step_ppc(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray,

@@ -133,6 +133,7 @@ from bayes_latency.model.definition.population import (  # noqa: F401  (re-expor
     _population,
     _sum_shift,
 )
+from bayes_latency.model.definition.runs import LEVELS, SIGMA_PRIOR, contrast_arrays
 from bayes_latency.model.definition.summaries import ConfigSummary, feature_columns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -195,6 +196,7 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             _theta_deterministics(theta, design)
             if rows is None:
                 _summary_potential(theta, summaries, design, np.exp(pa.mu_mean))
+                run_scales(summaries)
             else:
                 _row_likelihood(theta, design, rows, pa, noise_load)
             return model
@@ -241,12 +243,39 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         if rows is None:
             pm.Potential("loglik_marginal",
                          marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
+            run_scales(summaries)
         else:
             eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
             theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)
             _theta_deterministics(theta, design)
             _row_likelihood(theta, design, rows, pa, noise_load)
     return model
+
+
+def run_scales(summaries: list[ConfigSummary]) -> None:
+    """``sigma_run`` (and ``sigma_window`` when the fit has window contrasts,
+    :data:`~bayes_latency.model.definition.runs.WINDOWS`; :mod:`bayes_latency.model.definition.runs`),
+    half-normal (:data:`~bayes_latency.model.definition.runs.SIGMA_PRIOR`), with the likelihood
+    of every configuration's stage-1 contrasts: per level ``z_j ~ N(0, sigma^2 + lam_j)`` in the
+    eigenbasis of the contrasts' covariance (:func:`~bayes_latency.model.definition.runs.contrast_arrays`).
+    A level that no configuration of the data repeats (one run per configuration) has no scale
+    in the model: its predictions are the configuration's, as without run effects. The
+    contrasts enter as ``pm.Data`` (:data:`RUN_DATA`)."""
+    arrays = contrast_arrays([(s.contrast_hat, s.contrast_cov, s.contrast_level)
+                              for s in summaries if len(s.contrast_hat)])
+    for lv in LEVELS:
+        z, lam = arrays[lv]
+        if not len(z):  # nothing repeats at this level: no scale in the model
+            continue
+        sig = pm.HalfNormal(f"sigma_{lv}", sigma=SIGMA_PRIOR[lv])
+        zd = pm.Data(f"run_contrast_{lv}", z)
+        ld = pm.Data(f"run_contrast_var_{lv}", lam)
+        v = sig**2 + ld
+        pm.Potential(f"loglik_{lv}", -0.5 * pt.sum(zd * zd / v + pt.log(2 * np.pi * v)))
+
+
+#: Names of the run-effect contrasts as ``pm.Data`` (:func:`run_scales`).
+RUN_DATA = tuple(f"run_contrast{s}_{lv}" for lv in LEVELS for s in ("", "_var"))
 
 
 #: Whether members of a sum-only group (:func:`~bayes_latency.model.definition.identifiability.sum_groups`)
@@ -310,6 +339,7 @@ def _population_prior(design: Design, prior: ConfigPrior, summaries: list[Config
     if rows is None:
         pm.Potential("loglik_marginal",
                      marginal_loglik(m, sig_c, summaries, design, np.exp(pa.mu_mean)))
+        run_scales(summaries)
     else:
         eps = pm.Normal("eps_config", 0.0, 1.0, dims=("config", "coef"))
         theta = pt.maximum(m * (1.0 + sig_c[None, :] * eps), 1e-12)

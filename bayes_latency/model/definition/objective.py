@@ -90,9 +90,17 @@ class _ConfigProblem:
     """
 
     def __init__(self, rows: pd.DataFrame, coefs: tuple[str, ...], scale: np.ndarray,
-                 load: str = DEFAULT_NOISE_LOAD) -> None:
+                 load: str = DEFAULT_NOISE_LOAD, shift: np.ndarray | None = None) -> None:
         self.coefs = coefs
         self.K = len(coefs)
+        # run and window log shifts in contrast coordinates (.runs.shift_design): row i's mean
+        # is multiplied by exp(R[i] @ w); the parameters are u (K coefficients) then w (nw)
+        self.R = np.zeros((len(rows), 0)) if shift is None else np.asarray(shift, dtype=float)
+        self.nw = int(self.R.shape[1])
+        self.P = self.K + self.nw
+        #: precision of the shifts' Gaussian prior ``w ~ N(0, 1/prec)`` (0: flat; set by the
+        #: caller, see .summaries.summarize)
+        self.w_prec = np.zeros(self.nw)
         self.X = rows[feature_columns(coefs)].to_numpy(dtype=float)
         self.log_y_obs = np.log(rows["value_us"].to_numpy(dtype=float))
         self.n = np.maximum(rows["n_steps"].to_numpy(dtype=float), 1.0)
@@ -128,6 +136,8 @@ class _ConfigProblem:
         self.scale = scale
         self.Xs = self.X * scale[None, :]
         self.active = (self.X > 0).any(axis=0)
+        #: the optimiser's free entries of (u, w): active coefficients and every shift
+        self.active_x = np.concatenate([self.active, np.ones(self.nw, bool)])
         # where each kind's parameters sit in eta (tau: -1 for kinds without one)
         self.n_kinds = len(self.kinds)
         self.j_sigma = np.array([self.layout.index((k, "sigma")) for k in self.kinds], dtype=int)
@@ -194,9 +204,11 @@ class _ConfigProblem:
         Parameters
         ----------
         u, eta
-            Scaled coefficients (``K``) and noise parameters (``len(layout)``).
+            Scaled coefficients (``K``) followed by the shift contrasts (``nw``), and noise
+            parameters (``len(layout)``).
         order
-            0: value only; 1: and the gradient (``K + len(eta)``); 2: and the Hessian.
+            0: value only; 1: and the gradient (``P + len(eta)``, ``P = K + nw``); 2: and the
+            Hessian.
 
         Returns
         -------
@@ -208,11 +220,15 @@ class _ConfigProblem:
         Per row, with ``a = log s``, ``q = nu s^2 + r^2`` and ``r = log y - log mu``, the
         log density is ``G(nu) + nu a - (nu + 1)/2 log q``; the derivatives below follow from it.
         ``a`` depends on ``log sigma`` and ``log tau`` through the weights ``ws = sigma^2 / (n s^2)``
-        and ``wt = 1 - ws``; ``r`` on ``u`` through ``-z = -Xs / mu``.
+        and ``wt = 1 - ws``; ``r`` on ``u`` through ``-z = -Xs / mu`` and on the shifts ``w``
+        through ``-R`` (``r`` is linear in ``w``: no second-order term of its own).
         """
         ki, nk = self.kind_idx, self.n_kinds
-        mu = np.maximum(self.Xs @ u, 1e-300)
+        K, nw, P = self.K, self.nw, self.P
+        mu = np.maximum(self.Xs @ u[:K], 1e-300)
         r = self.log_y - np.log(mu)
+        if nw:
+            r = r - self.R @ u[K:P]
         _, tau, nu_k = self._kind_noise(eta)
         vs = self._row_sigma(eta) ** 2 * self.inv_n
         vt = (tau**2)[ki] * self.inv_n2
@@ -224,7 +240,7 @@ class _ConfigProblem:
         f = -float(np.sum(c_k[ki] - 0.5 * np.log(s2) - 0.5 * (nu + 1) * log1))
         if order == 0:
             return f, None, None
-        K, ne = self.K, len(self.layout)
+        ne = len(self.layout)
         q = nu * s2 + r2
         nu1 = nu + 1.0
         ws, wt = vs / s2, vt / s2
@@ -233,15 +249,17 @@ class _ConfigProblem:
         l_a = nu * (r2 - s2) / q
         psi_k = 0.5 * special.digamma((nu_k + 1) / 2) - 0.5 * special.digamma(nu_k / 2) - 0.5 / nu_k
         l_nu = psi_k[ki] - 0.5 * log1 + 0.5 * nu1 * r2 / (nu * q)
-        g = np.zeros(K + ne)
+        g = np.zeros(P + ne)
         g[:K] = l_r @ z  # d l / d u = -l_r z; negated
-        g[K + self.j_sigma] = -np.bincount(ki, l_a * ws, nk)
+        if nw:
+            g[K:P] = l_r @ self.R  # d l / d w = -l_r R; negated
+        g[P + self.j_sigma] = -np.bincount(ki, l_a * ws, nk)
         hg, dl = self.has_gamma, self._dl_free(eta)
         if hg.any():
-            g[K + self.j_gamma[hg]] = -np.bincount(ki, l_a * ws * dl, nk)[hg]
+            g[P + self.j_gamma[hg]] = -np.bincount(ki, l_a * ws * dl, nk)[hg]
         if self.has_tau.any():
-            g[K + self.j_tau[self.has_tau]] = -np.bincount(ki, l_a * wt, nk)[self.has_tau]
-        g[K + self.j_nu] = -np.bincount(ki, l_nu * nu, nk)
+            g[P + self.j_tau[self.has_tau]] = -np.bincount(ki, l_a * wt, nk)[self.has_tau]
+        g[P + self.j_nu] = -np.bincount(ki, l_nu * nu, nk)
         if order == 1:
             return f, g, None
         q2 = q * q
@@ -253,8 +271,12 @@ class _ConfigProblem:
         tri_k = (0.25 * special.polygamma(1, (nu_k + 1) / 2) - 0.25 * special.polygamma(1, nu_k / 2)
                  + 0.5 / nu_k)
         l_bb = nu * nu * (tri_k[ki] - s2 / q + 0.5 * nu1 * s2 * s2 / q2) + nu * l_nu
-        H = np.zeros((K + ne, K + ne))
+        H = np.zeros((P + ne, P + ne))
         H[:K, :K] = -((z * (l_rr + l_r)[:, None]).T @ z)
+        if nw:
+            H[:K, K:P] = -((z * l_rr[:, None]).T @ self.R)
+            H[K:P, :K] = H[:K, K:P].T
+            H[K:P, K:P] = -((self.R * l_rr[:, None]).T @ self.R)
         # d2 l / du d eta_j = -l_{r eta_j} z, gathered into one product
         W = np.zeros((len(r), ne))
         at = np.arange(len(r))
@@ -266,8 +288,11 @@ class _ConfigProblem:
         if self.has_tau.any():
             m = self.has_tau[ki]
             W[at[m], self.j_tau[ki][m]] = l_ar[m] * wt[m]
-        H[:K, K:] = z.T @ W
-        H[K:, :K] = H[:K, K:].T
+        H[:K, P:] = z.T @ W
+        H[P:, :K] = H[:K, P:].T
+        if nw:  # d2 l / dw d eta_j = -l_{r eta_j} R
+            H[K:P, P:] = self.R.T @ W
+            H[P:, K:P] = H[K:P, P:].T
         # eta block: per kind (d2 a / d log sigma^2 = d2 a / d log tau^2 = 2 ws wt = -d2 a / d both)
         c = 2.0 * ws * wt
         # gamma moves log sigma_i by dl_i: its terms are log sigma's times dl (or dl^2)
@@ -285,19 +310,21 @@ class _ConfigProblem:
                 has = has & self.has_tau
             if "gamma" in (w1, w2):
                 has = has & hg
-            i1, i2 = K + jj[w1][has], K + jj[w2][has]
+            i1, i2 = P + jj[w1][has], P + jj[w2][has]
             H[i1, i2] = sums[has]
             H[i2, i1] = sums[has]
         return f, g, H
 
     def negloglik(self, u: np.ndarray, eta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """Negative log-likelihood and its gradients in ``u`` (scaled theta) and ``eta``."""
+        """Negative log-likelihood and its gradients in ``u`` (scaled theta, then the shift
+        contrasts) and ``eta``."""
         f, g, _ = self.derivatives(u, eta, 1)
-        return f, g[:self.K], g[self.K:]
+        return f, g[:self.P], g[self.P:]
 
 
 def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
-    """Start: non-negative least squares on relative errors, noise at moderate values."""
+    """Start: non-negative least squares on relative errors (shifts at 0), noise at moderate
+    values; ``u0`` has the coefficients then the shift contrasts."""
     A = problem.Xs / np.exp(problem.log_y)[:, None]
     b = np.ones(len(A))
     u0 = np.ones(problem.K)
@@ -322,7 +349,7 @@ def _initial(problem: _ConfigProblem) -> tuple[np.ndarray, np.ndarray]:
             eta0.append(0.0)
         else:
             eta0.append(np.log(5.0))
-    return u0, np.asarray(eta0)
+    return np.concatenate([u0, np.zeros(problem.nw)]), np.asarray(eta0)
 
 
 def _noise_prior_terms(prior: NoisePrior | None, layout: list[tuple[str, str]], eta: np.ndarray
@@ -336,25 +363,27 @@ def _noise_prior_terms(prior: NoisePrior | None, layout: list[tuple[str, str]], 
 class _Objective:
     """The stage-1 objective in the optimiser's variables ``x``.
 
-    ``x`` is ``u`` on the active coefficients, followed by ``eta`` unless the noise is held at
+    ``x`` is ``u`` on the active coefficients and the shift contrasts
+    (:attr:`_ConfigProblem.active_x`), followed by ``eta`` unless the noise is held at
     ``eta_fixed``. The objective is the negative log-likelihood, plus ``RIDGE/2 |u - u_ref|^2``,
-    minus the noise log prior (when the noise is estimated).
+    plus the shifts' penalty ``1/2 sum_j prec_j w_j^2`` (:attr:`_ConfigProblem.w_prec`), minus
+    the noise log prior (when the noise is estimated).
     """
 
     def __init__(self, problem: _ConfigProblem, u_ref: np.ndarray, noise_prior: NoisePrior | None,
                  eta_fixed: np.ndarray | None = None) -> None:
         self.p = problem
-        self.act = np.flatnonzero(problem.active)
+        self.act = np.flatnonzero(problem.active_x)
         self.na = self.act.size
         self.u_ref = u_ref
         self.eta_fixed = eta_fixed
         self.prior = noise_prior if eta_fixed is None else None
-        K, ne = problem.K, len(problem.layout)
-        self.sel = self.act if eta_fixed is not None else np.concatenate([self.act, K + np.arange(ne)])
+        P, ne = problem.P, len(problem.layout)
+        self.sel = self.act if eta_fixed is not None else np.concatenate([self.act, P + np.arange(ne)])
 
     def split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(u, eta)`` of the full problem at ``x``."""
-        u = np.zeros(self.p.K)
+        u = np.zeros(self.p.P)
         u[self.act] = x[:self.na]
         return u, (x[self.na:] if self.eta_fixed is None else self.eta_fixed)
 
@@ -364,18 +393,23 @@ class _Objective:
         f, g, H = self.p.derivatives(u, e, order)
         dx = x[:na] - self.u_ref
         f += 0.5 * RIDGE * float(dx @ dx)
+        nw, prec = self.p.nw, self.p.w_prec
+        w = x[na - nw:na]
+        f += 0.5 * float(prec @ (w * w))
         lp, gp, hp = _noise_prior_terms(self.prior, self.p.layout, e)
         f -= lp
         if order == 0:
             return f, None, None
         gx = g[self.sel]
         gx[:na] += RIDGE * dx
+        gx[na - nw:na] += prec * w
         if self.eta_fixed is None:
             gx[na:] -= gp
         if order == 1:
             return f, gx, None
         Hx = H[np.ix_(self.sel, self.sel)]
         Hx[np.arange(na), np.arange(na)] += RIDGE
+        Hx[np.arange(na - nw, na), np.arange(na - nw, na)] += prec
         if self.eta_fixed is None:
             Hx[na:, na:] -= np.diag(hp)
         return f, gx, Hx

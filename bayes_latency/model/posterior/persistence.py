@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,7 +192,40 @@ def noise_dataset(state: FitState, rows: pd.DataFrame) -> xr.Dataset:
         ds["grad"] = (("config", "coef"), np.stack([by[c].grad for c in cfgs]))
         ds["info"] = (("config", "coef", "coef2"), np.stack([by[c].info for c in cfgs]))
         ds = ds.assign_coords(coef=list(state.coefs), coef2=list(state.coefs))
+        ds = ds.merge(run_effects_dataset(state.summaries))
     return ds
+
+
+def run_effects_dataset(summaries: Sequence[object]) -> xr.Dataset:
+    """The fitted runs and windows of every configuration
+    (:mod:`bayes_latency.model.definition.runs`): ``run_config``, ``run_label``, ``run_shift``,
+    ``run_shift_se`` over ``run``; ``window_run``, ``window_label``, ``window_shift``,
+    ``window_shift_se`` over ``window`` (``window_run`` indexes ``run``)."""
+    rc, rl, rs, rse, wr, wl, ws, wse = ([] for _ in range(8))
+    for s in summaries:
+        nr = len(s.runs)
+        if nr + len(s.windows) == 0 or len(s.shift_hat) != nr + len(s.windows):
+            continue
+        base = len(rl)
+        rc += [s.config_id] * nr
+        rl += list(s.runs)
+        rs += list(s.shift_hat[:nr])
+        rse += list(s.shift_se[:nr])
+        pos = {r: base + i for i, r in enumerate(s.runs)}
+        wr += [pos[r] for r in s.window_run]
+        wl += list(s.windows)
+        ws += list(s.shift_hat[nr:])
+        wse += list(s.shift_se[nr:])
+    return xr.Dataset({
+        "run_config": ("run", np.asarray(rc, dtype=str)),
+        "run_label": ("run", np.asarray(rl, dtype=str)),
+        "run_shift": ("run", np.asarray(rs, dtype=float)),
+        "run_shift_se": ("run", np.asarray(rse, dtype=float)),
+        "window_run": ("window", np.asarray(wr, dtype=np.int64)),
+        "window_label": ("window", np.asarray(wl, dtype=str)),
+        "window_shift": ("window", np.asarray(ws, dtype=float)),
+        "window_shift_se": ("window", np.asarray(wse, dtype=float)),
+    })
 
 
 #: Groups indexed by the posterior's draws: thinned together.

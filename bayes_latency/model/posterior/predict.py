@@ -27,7 +27,11 @@ from bayes_latency.errors import BayesLatencyError, ConfigError
 from bayes_latency.model.definition.likelihood import row_loglik, student_t_draws
 from bayes_latency.model.definition.noise import NoiseTable, row_noise
 from bayes_latency.model.definition.rows import feature_columns
+from bayes_latency.model.posterior.shifts import new_run_factor, row_shifts
 from bayes_latency.model.posterior.state import FitState
+
+#: Run status of rows predicted by a fit without run effects (the full path).
+NO_RUN_EFFECTS = "no run effects"
 
 
 # ------------------------------------------------------------------------------ levels
@@ -68,10 +72,12 @@ def config_ids(design: Any, model: str | None = None, gpu: str | None = None,
 # ------------------------------------------------------------------------------ coefficients
 def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, tp: int,
                       n_draws: int | None = None, seed: int = 0,
-                      stack: str = DEFAULT_STACK) -> xr.Dataset:
+                      stack: str = DEFAULT_STACK, new_run: bool = False) -> xr.Dataset:
     """Posterior draws of beta and alpha of any configuration, from the posterior ``post``
     (chain, draw): :meth:`LatencyModel.coefficients
-    <bayes_latency.model.estimator.LatencyModel.coefficients>`, which documents it."""
+    <bayes_latency.model.estimator.LatencyModel.coefficients>`, which documents it.
+    ``new_run``: each draw times the factor of a new run of the configuration
+    (:func:`~bayes_latency.model.posterior.shifts.new_run_factor`; attrs ``run``)."""
     from bayes_latency.model.definition.hierarchy import prior_arrays
     from bayes_latency.model.posterior.unseen import unseen_config_theta
 
@@ -93,9 +99,14 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
     else:
         theta, unseen = unseen_config_theta(post, pa, model, gpu, int(tp), stack, rng,
                                             design=state.design, variant=state.variant)
+    run: dict[str, object] = {"run": "configuration"}
+    if new_run and state.runs is not None and "sigma_run" in post:
+        theta = theta * new_run_factor(state.runs, post, cid, theta.shape[0], seed=seed)[:, None]
+        run = {"run": "new run", "sigma_run": float(post["sigma_run"].mean()),
+               "n_runs": int(state.runs.n_runs.get(cid, 0))}
     return coefficient_dataset(theta, state.terms, state.alpha_terms, rng, n_draws,
                                model=model, gpu=gpu, tp=int(tp), stack=stack,
-                               unseen_levels=",".join(unseen), config_id=cid)
+                               unseen_levels=",".join(unseen), config_id=cid, **run)
 
 
 def coefficient_dataset(theta: np.ndarray, terms: Sequence[str], alpha_terms: Sequence[str],
@@ -117,8 +128,10 @@ def coefficient_dataset(theta: np.ndarray, terms: Sequence[str], alpha_terms: Se
 
 
 def mu_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame, X: np.ndarray,
-            n_draws: int, seed: int) -> np.ndarray:
-    """(S, n) expected value of each row under the coefficient draws of its configuration.
+            n_draws: int, seed: int, run: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(S, n) expected value of each row under the coefficient draws of its configuration and
+    the shift of its run (:func:`bayes_latency.model.posterior.shifts.row_shifts`; ``run``: one
+    of its modes), and each row's run status.
 
     Per configuration ``einsum("sk,nk->sn")`` of its (S, K) draws and its rows' features: no
     (S, n, K) array of each row's coefficients (1.2 GB on the demo's ~51,000 step rows). S is
@@ -134,7 +147,10 @@ def mu_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame, X: np
                                stack=str(first.get("stack", DEFAULT_STACK)))
         th = np.concatenate([ds["beta"].values, ds["alpha"].values], axis=1)
         out[:, idx] = np.einsum("sk,nk->sn", th, X[idx])
-    return out
+    if state.runs is None:
+        return out, np.full(len(observations), NO_RUN_EFFECTS)
+    shift, status = row_shifts(state.runs, post, observations, n_draws, seed=seed, run=run)
+    return out * np.exp(shift), status
 
 
 # ------------------------------------------------------------------------------ rows
@@ -151,14 +167,17 @@ def require_row_columns(coefs: tuple[str, ...], observations: pd.DataFrame) -> N
 
 
 def predict_rows(state: FitState, post: xr.Dataset, observations: pd.DataFrame,
-                 n_draws: int = 200, seed: int = 0) -> xr.DataArray:
+                 n_draws: int = 200, seed: int = 0, run: str = "auto") -> xr.DataArray:
     """Posterior draws of each observation row's expected value (µs), without observation
-    noise: ``mu_us (sample, obs)``."""
+    noise: ``mu_us (sample, obs)``, with the coordinate ``run_status (obs)``: ``fitted run``
+    (the row's run was fitted: its own shift) or ``new run`` (a new run of the configuration;
+    ``run="new"`` makes every row one); see :mod:`bayes_latency.model.posterior.shifts`."""
     require_row_columns(state.coefs, observations)
     X = observations[feature_columns(state.coefs)].to_numpy(dtype=float)
-    mu = mu_rows(state, post, observations, X, n_draws, seed)
+    mu, status = mu_rows(state, post, observations, X, n_draws, seed, run=run)
     return xr.DataArray(mu, dims=("sample", "obs"),
-                        coords={"obs": observations["obs_id"].to_numpy()}, name="mu_us")
+                        coords={"obs": observations["obs_id"].to_numpy(),
+                                "run_status": ("obs", status)}, name="mu_us")
 
 
 def replicate_rows(mu: xr.DataArray, noise: NoiseTable, observations: pd.DataFrame,

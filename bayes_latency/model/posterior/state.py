@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from bayes_latency.model.definition.identifiability import IdentifiabilityReport
     from bayes_latency.model.definition.likelihood import NoiseParams
     from bayes_latency.model.definition.summaries import ConfigSummary
+    from bayes_latency.model.posterior.shifts import RunTable
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class FitState:
     identifiability: IdentifiabilityReport | None = None
     data_hash: str | None = None
     noise_load: str = DEFAULT_NOISE_LOAD
+    #: the fitted runs' and windows' shifts (None: no run effects)
+    runs: RunTable | None = None
 
     @property
     def coefs(self) -> tuple[str, ...]:

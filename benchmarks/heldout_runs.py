@@ -112,7 +112,9 @@ def report_loro(work: Path) -> tuple[dict, list[str]]:
              "as a `new run` (the configuration's coefficients times a new run's shift, "
              "`exp(N(0, sigma_run^2 (1 + 1/n)))`, `sigma_run` fitted from the runs the fleet "
              "repeats) and, for comparison, with the `configuration`'s coefficients alone (the "
-             "bands of a model without run effects).", ""]
+             "bands of a model without run effects). The fits of the other sections repeat no "
+             "configuration (each is one run): they have no `sigma_run`, and their predictions "
+             "are the configurations', as without run effects.", ""]
     for pred, r in res.items():
         if pred != "splits":
             lines.append(f"- `{pred}`: **{r['coverage90']:.3f}** of {r['n']} iterations inside "

@@ -78,7 +78,7 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
     <bayes_latency.model.estimator.LatencyModel.coefficients>`, which documents it.
     ``new_run``: each draw times the factor of a new run of the configuration
     (:func:`~bayes_latency.model.posterior.shifts.new_run_factor`; attrs ``run``)."""
-    from bayes_latency.model.definition.hierarchy import prior_arrays
+    from bayes_latency.model.definition.design import prior_arrays
     from bayes_latency.model.posterior.unseen import unseen_config_theta
 
     model, gpu = canonical_levels(state.design, model, gpu)

@@ -200,6 +200,11 @@ def fitted_runs(three_runs: pd.DataFrame, tmp_path_factory) -> tuple:
     return obs, m, LatencyModel.load(path)
 
 
+def _width(d: np.ndarray) -> float:
+    """Median 95% / 5% quantile ratio of ``(sample, obs)`` draws."""
+    return float(np.median(np.quantile(d, 0.95, axis=0) / np.quantile(d, 0.05, axis=0)))
+
+
 def test_fit_predicts_fitted_and_new_runs(fitted_runs: tuple) -> None:
     obs, m, loaded = fitted_runs
     post = loaded.result["posterior"]
@@ -211,8 +216,7 @@ def test_fit_predicts_fitted_and_new_runs(fitted_runs: tuple) -> None:
     new = loaded.predict(rows.assign(experiment_id="run-z"), n_draws=100)
     assert set(new["run_status"].values) == {NEW_RUN}
     # the new run's band is wider than the fitted run's (its shift is drawn, not estimated)
-    width = (lambda d: float(np.median(np.quantile(d, 0.95, axis=0) / np.quantile(d, 0.05, axis=0))))
-    assert width(new.values) > width(mu.values)
+    assert _width(new.values) > _width(mu.values)
     # the saved file predicts as the fitted estimator does (its draws are stored as float32)
     np.testing.assert_allclose(m.predict(rows, n_draws=100).values, mu.values, rtol=1e-5)
 
@@ -231,3 +235,13 @@ def test_export_draws_are_a_new_run(fitted_runs: tuple) -> None:
     # a configuration of one run: its new run draws from the same sigma_run, 1 + 1/1
     one = m.coefficients("llama-2-7b", "H100", 1, new_run=True)
     assert one.attrs["n_runs"] == 1
+
+
+def test_too_many_runs_fit_as_one(monkeypatch, three_runs: pd.DataFrame) -> None:
+    monkeypatch.setattr(runs, "MAX_RUNS", 2)
+    sd = runs.shift_design(three_runs)
+    assert sd.n_contrasts == 0 and len(sd.runs) == 3
+    note = runs.too_many_runs(three_runs)
+    assert "more than 2 runs" in note and "(3 runs)" in note
+    monkeypatch.setattr(runs, "MAX_RUNS", 64)
+    assert runs.too_many_runs(three_runs) == ""

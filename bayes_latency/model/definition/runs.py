@@ -50,6 +50,10 @@ WINDOW_STEPS = 2000
 #: every window kept, the real runs' blocks split (every third block of 25 iterations held out,
 #: leaving windows of 1-5 rows) put ``sigma_window`` at 0.019 against 0.005 on all the rows.
 MIN_WINDOW_ROWS = 10
+#: Most runs of one configuration that get shifts of their own: stage 1 holds a dense
+#: ``rows x (runs - 1)`` matrix and a Hessian of that many more parameters. A configuration of
+#: more runs fits them as one (no shifts; the fit's notes say so: :func:`too_many_runs`).
+MAX_RUNS = 64
 #: Bound of a log shift in stage 1 (a factor e^2 either way).
 SHIFT_BOUND = 2.0
 #: The effect levels, in the order of the contrast coordinates.
@@ -140,6 +144,9 @@ def shift_design(rows: pd.DataFrame, windows: bool = WINDOWS) -> ShiftDesign:
     if small:
         wins_i = np.where(np.isin(wins_i, list(small)), "", wins_i)
     runs = tuple(sorted(set(runs_i)))
+    if len(runs) > MAX_RUNS:  # the runs share the configuration's coefficients: no shifts
+        return ShiftDesign(runs=runs, windows=(), window_run=(), R=np.zeros((len(rows), 0)),
+                           B=np.zeros((len(runs), 0)), contrast_level=np.zeros(0, dtype=int))
     win_levels = sorted(set(wins_i) - {""})
     window_run = tuple(w.rsplit("#w", 1)[0] for w in win_levels)
     n_lev = len(runs) + len(win_levels)
@@ -160,15 +167,27 @@ def shift_design(rows: pd.DataFrame, windows: bool = WINDOWS) -> ShiftDesign:
             blocks.append(b)
             level += [1] * Bw.shape[1]
     B = np.concatenate(blocks, axis=1) if blocks else np.zeros((n_lev, 0))
-    # rows' indicator of their levels (a row: its run, and its window if any)
-    M = np.zeros((len(rows), n_lev))
+    # a row's shift: its run's, plus its window's if it has one
     run_pos = {r: j for j, r in enumerate(runs)}
-    M[np.arange(len(rows)), [run_pos[r] for r in runs_i]] = 1.0
-    win_pos = {w: len(runs) + j for j, w in enumerate(win_levels)}
+    R = B[np.asarray([run_pos[r] for r in runs_i], dtype=np.int64)]
     has = wins_i != ""
-    M[np.flatnonzero(has), [win_pos[w] for w in wins_i[has]]] = 1.0
-    return ShiftDesign(runs=runs, windows=tuple(win_levels), window_run=window_run, R=M @ B,
+    if has.any():
+        win_pos = {w: len(runs) + j for j, w in enumerate(win_levels)}
+        R[has] += B[np.asarray([win_pos[w] for w in wins_i[has]], dtype=np.int64)]
+    return ShiftDesign(runs=runs, windows=tuple(win_levels), window_run=window_run, R=R,
                        B=B, contrast_level=np.asarray(level, dtype=int))
+
+
+def too_many_runs(rows: pd.DataFrame) -> str:
+    """One line naming the configurations of ``rows`` with more than :data:`MAX_RUNS` runs
+    (empty when there are none)."""
+    runs = pd.Series(run_keys(rows), index=rows.index)
+    n = runs.groupby(rows["config_id"].astype(str)).nunique()
+    big = n[n > MAX_RUNS]
+    if big.empty:
+        return ""
+    return (f"{len(big)} configuration(s) with more than {MAX_RUNS} runs fit their runs as one "
+            "(no run shifts): " + ", ".join(f"{c} ({k} runs)" for c, k in big.items()))
 
 
 def new_shift_var(sigma: np.ndarray | float, n_fitted: int) -> np.ndarray | float:

@@ -27,6 +27,7 @@ from bayes_latency.errors import ConfigError
 from bayes_latency.model.definition.identifiability import IdentifiabilityReport, identifiability
 from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.definition.rows import feature_columns
+from bayes_latency.model.definition.runs import too_many_runs
 from bayes_latency.model.definition.summaries import ConfigSummary, NoisePrior, summarize
 from bayes_latency.model.posterior.persistence import rows_hash, table_rows
 
@@ -69,6 +70,8 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
     fitted = (observations[observations["obs_id"].isin(rows["obs_id"])]
               if "obs_id" in observations.columns and "obs_id" in rows.columns else observations)
     if note := peak_compute_note(faster_than_peak_compute(fitted)):
+        report.notes.append(note)
+    if note := too_many_runs(rows):
         report.notes.append(note)
     configs = (rows[["config_id", "model", "gpu", "tp", "stack"]].drop_duplicates("config_id")
                .set_index("config_id").sort_index())

@@ -245,3 +245,16 @@ def test_too_many_runs_fit_as_one(monkeypatch, three_runs: pd.DataFrame) -> None
     assert "more than 2 runs" in note and "(3 runs)" in note
     monkeypatch.setattr(runs, "MAX_RUNS", 64)
     assert runs.too_many_runs(three_runs) == ""
+
+
+def test_runs_of_few_rows_share_one_shift(three_runs: pd.DataFrame) -> None:
+    few = pd.DataFrame({"experiment_id": ["s1", "s1", "s2", "s3", "s3", "s3"], "kind": "workload_e2e"})
+    rows = pd.concat([three_runs[["experiment_id", "kind"]].head(60).assign(experiment_id="big"),
+                      few], ignore_index=True)
+    sd = runs.shift_design(rows)
+    assert sd.runs == ("big", "s1", "s2", "s3") and sd.n_contrasts == 1
+    # the small runs' rows of B are equal; big against them sums to zero
+    np.testing.assert_allclose(sd.B[1], sd.B[2])
+    np.testing.assert_allclose(sd.B[1], sd.B[3])
+    np.testing.assert_allclose(sd.B[0] + sd.B[1], 0.0, atol=1e-12)
+    assert runs.shift_design(few).n_contrasts == 0  # every run small: one shared shift

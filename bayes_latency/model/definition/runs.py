@@ -22,7 +22,8 @@ from a new run of the configuration, whose shift relative to the fitted average 
 ``N(0, sigma_run^2 (1 + 1/n))``; a new stretch of a fitted run likewise
 ``N(0, sigma_window^2 (1 + 1/m))`` for a run of ``m`` fitted windows.
 
-Rows without a step index (benchmark means, client means, per-request host rows) belong to their
+Runs of fewer than :data:`MIN_RUN_ROWS` rows (a client result's few means) share one shift. Rows
+without a step index (benchmark means, client means, per-request host rows) belong to their
 run and to no window. Pure NumPy and pandas.
 """
 
@@ -44,6 +45,12 @@ WINDOWS = False
 #: Engine steps per window of the within-run effect: steps ``[k W, (k+1) W)`` of a run form window
 #: ``k`` (absolute step indices, so rows held out of a fit find the window their neighbours fitted).
 WINDOW_STEPS = 2000
+#: Fewest rows of a run that gets a shift of its own; a configuration's smaller runs share one
+#: (one level of the sum-zero contrasts). A client result gives a run two to four means (TTFT and
+#: E2E of its stages): with a shift each, the stage-1 noise of those means collapsed onto shifts
+#: that fit them exactly, and the real client fit's departure pair went bimodal
+#: (``alpha_post_decode`` chain medians 849 and 350,576 us; R-hat 1.79).
+MIN_RUN_ROWS = 10
 #: Fewest rows of a window that gets a shift of its own (the rows of smaller windows belong to
 #: their run only). One or two heavy-tailed rows fit their window's shift exactly, and the
 #: curvature at that fit (a Student-t's at its mode) understates the shift's variance: with
@@ -111,11 +118,12 @@ class ShiftDesign:
     Attributes
     ----------
     runs, windows
-        The levels (sorted), with ``window_run`` the run of each window.
+        The runs and windows (sorted), with ``window_run`` the run of each window.
     R
         ``(n_rows, n_contrasts)``: row ``i``'s log shift is ``R[i] @ w``.
     B
-        ``(n_runs + n_windows, n_contrasts)``: the levels' shifts are ``B @ w``.
+        ``(n_runs + n_windows, n_contrasts)``: the runs' and windows' shifts are ``B @ w``
+        (runs that share a shift have equal rows).
     contrast_level
         ``(n_contrasts,)``: 0 for a run contrast, 1 for a window contrast (:data:`LEVELS`).
     """
@@ -135,8 +143,9 @@ class ShiftDesign:
 
 def shift_design(rows: pd.DataFrame, windows: bool = WINDOWS) -> ShiftDesign:
     """The :class:`ShiftDesign` of one configuration's rows: sum-zero run shifts over the
-    configuration's runs, sum-zero window shifts over each run's windows of at least
-    :data:`MIN_WINDOW_ROWS` rows (``windows=False``: none)."""
+    configuration's runs of at least :data:`MIN_RUN_ROWS` rows and one shift shared by its other
+    runs, sum-zero window shifts over each run's windows of at least :data:`MIN_WINDOW_ROWS`
+    rows (``windows=False``: none)."""
     runs_i = run_keys(rows)
     wins_i = window_keys(rows, runs_i) if windows else np.full(len(rows), "", dtype=str)
     labels, counts = np.unique(wins_i, return_counts=True)
@@ -152,10 +161,15 @@ def shift_design(rows: pd.DataFrame, windows: bool = WINDOWS) -> ShiftDesign:
     n_lev = len(runs) + len(win_levels)
     blocks: list[np.ndarray] = []  # (n_lev, n_c) columns per parent
     level: list[int] = []
-    Bcols = contrast_basis(len(runs))
+    # runs of at least MIN_RUN_ROWS rows have a shift each; the others share one
+    counts = pd.Series(runs_i).value_counts()
+    own = [r for r in runs if counts[r] >= MIN_RUN_ROWS]
+    shared = len(own) < len(runs)
+    run_level = np.asarray([own.index(r) if r in own else len(own) for r in runs], dtype=int)
+    Bcols = contrast_basis(len(own) + int(shared))
     if Bcols.shape[1]:
         b = np.zeros((n_lev, Bcols.shape[1]))
-        b[:len(runs)] = Bcols
+        b[:len(runs)] = Bcols[run_level]
         blocks.append(b)
         level += [0] * Bcols.shape[1]
     for r in runs:

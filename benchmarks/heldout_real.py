@@ -429,8 +429,9 @@ def report(work: Path, out: Path) -> dict:
         *(["- One traced run held out, its configuration seen through its other runs' client "
            "means: " + "; ".join(f"`{k}` **{v['coverage90']:.3f}** of {v['n']} iterations inside "
                                  f"their 90% band (median width {v['median_band_rel_width']:.3f})"
-                                 for k, v in loro.items() if k != "splits") + "."]
-          if loro else []),
+                                 for k, v in loro.items() if k not in ("splits", "failed"))
+           + (f" (fits that failed the convergence gates left out: {', '.join(loro['failed'])})"
+              if loro.get("failed") else "") + "."] if loro else []),
         *(["- Held-out iterations of configurations the fit sees (both runs, see the last "
            "section): " + "; ".join(f"`{k}` **{v['coverage90']:.3f}** of {v['n']} inside their "
                                      f"90% band ({v['coverage50']:.3f} inside their 50% band)"

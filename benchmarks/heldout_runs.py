@@ -100,7 +100,9 @@ def report_loro(work: Path) -> tuple[dict, list[str]]:
                      "min_ess_bulk": round(float(c["min_ess_bulk"]), 0)})
     t = pd.DataFrame(rows)
     res = {"splits": t.to_dict(orient="records")}
-    for pred, g in h.groupby("prediction", sort=False):
+    failed = [str(r) for r, c in conv.iterrows() if not bool(c["passed"])]
+    ok = h[~h["run"].astype(str).isin(failed)]
+    for pred, g in ok.groupby("prediction", sort=False):
         res[pred] = {"n": len(g), "coverage90": float(g["in_90"].mean()),
                      "median_band_rel_width": float(np.median(
                          (g["q95_us"] - g["q05_us"]) / g["pred_median_us"]))}
@@ -110,16 +112,24 @@ def report_loro(work: Path) -> tuple[dict, list[str]]:
              "of one traced run (its iterations and its client means); the configuration stays "
              "in the fit through its other runs' client means. The run's iterations are predicted "
              "as a `new run` (the configuration's coefficients times a new run's shift, "
-             "`exp(N(0, sigma_run^2 (1 + 1/n)))`, `sigma_run` fitted from the runs the fleet "
-             "repeats) and, for comparison, with the `configuration`'s coefficients alone (the "
+             "`exp(N(0, sigma_run^2 (1 + 1/n)))`; `sigma_run` is fitted from the other traced "
+             "configuration, its traced run against its other runs' client means, which share "
+             "one shift: `model.definition.runs.MIN_RUN_ROWS`) and, for comparison, with the `configuration`'s coefficients alone (the "
              "bands of a model without run effects). The fits of the other sections repeat no "
              "configuration (each is one run): they have no `sigma_run`, and their predictions "
              "are the configurations', as without run effects.", ""]
     for pred, r in res.items():
-        if pred != "splits":
+        if pred not in ("splits", "failed"):
             lines.append(f"- `{pred}`: **{r['coverage90']:.3f}** of {r['n']} iterations inside "
                          f"their 90% band, median band width {r['median_band_rel_width']:.3f} "
-                         "of the median.")
+                         "of the median (splits whose fit passed the convergence gates).")
+    if failed:
+        res["failed"] = failed
+        lines.append("- Fits that failed the convergence gates (their rows of the table come from "
+                     "a posterior that did not converge, and are left out above): "
+                     + ", ".join(f"without `{r}` (max R-hat {conv.loc[r, 'max_rhat']:.2f}, min "
+                                 f"bulk ESS {conv.loc[r, 'min_ess_bulk']:.0f})" for r in failed)
+                     + ".")
     sig = conv[["sigma_run_mean", "sigma_run_q05", "sigma_run_q95"]].round(4)
     lines += ["", _markdown_table(t), "",
               "`sigma_run` of each split's fit (posterior mean, 5% and 95%): "

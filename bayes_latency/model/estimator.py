@@ -253,6 +253,8 @@ class LatencyModel:
         if self.result is None or "summaries" not in self.result.children:
             return None
         node = self.result["summaries"]
+        if "run_label" not in node.data_vars:  # the full path, or a file without run effects
+            return None
         if self._runs_cache is None or self._runs_cache[0] is not node:
             self._runs_cache = (node, RunTable.from_dataset(node.to_dataset()))
         return self._runs_cache[1]

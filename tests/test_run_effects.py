@@ -258,3 +258,29 @@ def test_runs_of_few_rows_share_one_shift(three_runs: pd.DataFrame) -> None:
     np.testing.assert_allclose(sd.B[1], sd.B[3])
     np.testing.assert_allclose(sd.B[0] + sd.B[1], 0.0, atol=1e-12)
     assert runs.shift_design(few).n_contrasts == 0  # every run small: one shared shift
+
+
+def test_run_notes_say_which_run(fitted_runs: tuple) -> None:
+    from bayes_latency.export.document import run_notes
+
+    _, _, m = fitted_runs
+    assert "not a new run's" in run_notes(m.coefficients("llama-2-70b", "H100", 4))[0]
+    assert "new run of the configuration" in run_notes(
+        m.coefficients("llama-2-70b", "H100", 4, new_run=True))[0]
+    bare = m.coefficients("llama-2-70b", "H100", 4)
+    bare.attrs["run"] = "new run, no run scale"
+    assert "no run-to-run scale" in run_notes(bare)[0]
+    bare.attrs.pop("run")
+    assert run_notes(bare) == []
+
+
+def test_fit_of_single_runs_has_no_run_scale(tiny_posterior) -> None:
+    from bayes_latency.model.estimator import LatencyModel
+
+    _, post = tiny_posterior
+    m = LatencyModel.load(post)
+    assert "sigma_run" not in m.result["posterior"]  # the tiny fleet: one run per configuration
+    cid = str(m.design.configs.index[0])
+    first = m.design.configs.loc[cid]
+    coefs = m.coefficients(str(first["model"]), str(first["gpu"]), int(first["tp"]), new_run=True)
+    assert coefs.attrs["run"] == "new run, no run scale"

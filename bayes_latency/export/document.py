@@ -309,16 +309,20 @@ def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None,
 def run_notes(coefs: xr.Dataset) -> list[str]:
     """One note on which run the draws are (``coefs.attrs["run"]``, set by
     :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`): a new run of the
-    configuration (its run-to-run scale and the runs it was fitted from), or the configuration's
-    average fitted run when the fit has no run-to-run scale; none when the attribute is absent."""
+    configuration (its run-to-run scale and the runs it was fitted from), the configuration's
+    average fitted run (asked for, or because the fit has no run-to-run scale); none when the
+    attribute is absent."""
     run = str(coefs.attrs.get("run", ""))
     if run == "new run":
         return [f"bands are for a new run of the configuration: each draw times "
                 f"exp(N(0, sigma_run^2 (1 + 1/n))), sigma_run {float(coefs.attrs['sigma_run']):.4f} "
                 f"(posterior mean), n = {int(coefs.attrs['n_runs'])} fitted run(s)"]
-    if run == "configuration":
+    if run == "new run, no run scale":
         return ["bands are the configuration's (its average fitted run): the fit repeats no "
                 "configuration, so it has no run-to-run scale to add for a new run"]
+    if run == "configuration":
+        return ["bands are the configuration's average fitted run, not a new run's (a new run "
+                "scatters about it by sigma_run: coefficients(..., new_run=True))"]
     return []
 
 

@@ -94,7 +94,7 @@ def _export_all(model: LatencyModel, posterior: Path, out: Path,
     prov = provenance(model.result.attrs, posterior)
     written = []
     for m, g, t in configs:
-        coefs = model.coefficients(m, g, t)
+        coefs = model.coefficients(m, g, t, new_run=True)  # as `bayes-latency export`
         cfg = {"model": m, "gpu": g, "tp": t}
         name = f"{m}_{g}_tp{t}"
         doc = export_document(coefs, cfg, prov, n_draws=0,

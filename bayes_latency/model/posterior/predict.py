@@ -104,6 +104,8 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
         theta = theta * new_run_factor(state.runs, post, cid, theta.shape[0], seed=seed)[:, None]
         run = {"run": "new run", "sigma_run": float(post["sigma_run"].mean()),
                "n_runs": int(state.runs.n_runs.get(cid, 0))}
+    elif new_run:  # the fit has no run-to-run scale: a new run's draws are the configuration's
+        run = {"run": "new run, no run scale"}
     return coefficient_dataset(theta, state.terms, state.alpha_terms, rng, n_draws,
                                model=model, gpu=gpu, tp=int(tp), stack=stack,
                                unseen_levels=",".join(unseen), config_id=cid, **run)

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from obs_factory import make_observations
+from obs_factory import COEFS, make_observations, prior_scale
+from obs_factory import STAGE1_PRIOR as PRIOR
 
 from bayes_latency.model.definition import runs
 from bayes_latency.model.definition.summaries import (
-    NoisePrior,
     _ConfigProblem,
     fit_rows,
     shift_moments,
@@ -21,19 +21,14 @@ from bayes_latency.model.definition.summaries import (
 )
 from bayes_latency.model.posterior.persistence import run_effects_dataset
 from bayes_latency.model.posterior.shifts import FITTED_RUN, NEW_RUN, RunTable, row_shifts
-from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
-from bayes_latency.priors import load_priors
 
-COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
-PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
-                          "alpha_departure": 0.2})
 #: The true log shifts of the three runs of the test configuration.
 SHIFTS = {"run-a": 0.06, "run-b": 0.0, "run-c": -0.06}
 
 
 @pytest.fixture(scope="module")
 def scale() -> np.ndarray:
-    return np.asarray([load_priors().prior_median(c) for c in COEFS])
+    return prior_scale()
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +279,18 @@ def test_fit_of_single_runs_has_no_run_scale(tiny_posterior) -> None:
     first = m.design.configs.loc[cid]
     coefs = m.coefficients(str(first["model"]), str(first["gpu"]), int(first["tp"]), new_run=True)
     assert coefs.attrs["run"] == "new run, no run scale"
+
+
+def test_ppc_rows_carry_each_row_s_run_status() -> None:
+    from bayes_latency.checks.ppc import ppc_rows
+
+    rows = pd.DataFrame({"obs_id": ["a", "b", "c"], "kind": ["iteration", "benchmark_mean",
+                                                               "iteration"],
+                         "config_id": "x", "value_us": [1.0, 2.0, 3.0]})
+    draws = xr.DataArray(np.ones((4, 3)), dims=("sample", "obs"),
+                         coords={"obs": ["c", "a", "b"],
+                                 "run_status": ("obs", [NEW_RUN, FITTED_RUN, NEW_RUN])})
+    # matched by obs_id, not by position; only the kinds kept
+    assert list(ppc_rows(rows, draws)["run_status"]) == [FITTED_RUN, NEW_RUN]
+    by_position = draws.drop_vars("obs")
+    assert list(ppc_rows(rows, by_position)["run_status"]) == [NEW_RUN, NEW_RUN]

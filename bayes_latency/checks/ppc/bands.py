@@ -146,18 +146,28 @@ def align_draws(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray) -> n
     are matched by id; otherwise by position (the lengths must agree).
     """
     mat = _draw_matrix(ppc_draws)
+    pos = draw_positions(obs_df, ppc_draws, mat.shape[1])
+    return mat if pos is None else mat[:, pos]
+
+
+def draw_positions(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray,
+                   n_columns: int) -> np.ndarray | None:
+    """The column of ``ppc_draws`` (``n_columns`` of them) holding each row of ``obs_df``: by
+    ``obs_id`` when the draws' ``obs`` coordinate names every row (unique), else None (by
+    position; the lengths must agree). :func:`align_draws` and the per-row coordinates of the
+    draws (``run_status``) are matched with it."""
     if (isinstance(ppc_draws, xr.DataArray) and "obs" in ppc_draws.coords
             and "obs_id" in obs_df.columns):
         ids = pd.Index(ppc_draws["obs"].values)
         if ids.is_unique:
             pos = ids.get_indexer(obs_df["obs_id"].to_numpy())
             if (pos >= 0).all():
-                return mat[:, pos]
-    if mat.shape[1] != len(obs_df):
+                return pos
+    if n_columns != len(obs_df):
         raise BayesLatencyError(
-            f"{mat.shape[1]} predictive columns for {len(obs_df)} observation rows, and the draws'"
+            f"{n_columns} predictive columns for {len(obs_df)} observation rows, and the draws'"
             " obs coordinate does not name their obs_id")
-    return mat
+    return None
 
 
 #: Edges of the batch-size bins of :func:`coverage_by_load` (requests in a step).

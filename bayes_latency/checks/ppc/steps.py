@@ -14,7 +14,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency.checks.ppc.bands import align_draws, band_summary, summarize_rows
+from bayes_latency.checks.ppc.bands import (
+    align_draws,
+    band_summary,
+    draw_positions,
+    summarize_rows,
+)
 
 STEP_KINDS = ("iteration", "step_window")
 """Observation kinds of the step-level check run by ``bayes-latency check``."""
@@ -59,13 +64,9 @@ def ppc_rows(obs_df: pd.DataFrame, ppc_draws: xr.DataArray | np.ndarray,
     out = pd.concat([keys, bands], axis=1)
     if isinstance(ppc_draws, xr.DataArray) and "run_status" in ppc_draws.coords:
         # fitted run (its own shift) or new run of the configuration (model.posterior.shifts)
-        status = pd.Series(ppc_draws["run_status"].values.astype(str),
-                           index=ppc_draws["obs"].values.astype(str)) \
-            if "obs" in ppc_draws.coords else pd.Series(ppc_draws["run_status"].values.astype(str))
-        ids = obs_df.loc[keep, "obs_id"].astype(str).to_numpy() if "obs_id" in obs_df.columns \
-            and "obs" in ppc_draws.coords else np.flatnonzero(keep)
-        out["run_status"] = status.reindex(ids).to_numpy() if "obs" in ppc_draws.coords \
-            else status.iloc[ids].to_numpy()
+        status = ppc_draws["run_status"].values.astype(str)
+        pos = draw_positions(obs_df, ppc_draws, status.size)
+        out["run_status"] = (status if pos is None else status[pos])[keep]
     return out
 
 

@@ -260,7 +260,7 @@ def run_scales(summaries: list[ConfigSummary]) -> None:
     eigenbasis of the contrasts' covariance (:func:`~bayes_latency.model.definition.runs.contrast_arrays`).
     A level that no configuration of the data repeats (one run per configuration) has no scale
     in the model: its predictions are the configuration's, as without run effects. The
-    contrasts enter as ``pm.Data`` (:data:`RUN_DATA`)."""
+    contrasts enter as ``pm.Data`` (``run_contrast_<level>``, ``run_contrast_var_<level>``)."""
     arrays = contrast_arrays([(s.contrast_hat, s.contrast_cov, s.contrast_level)
                               for s in summaries if len(s.contrast_hat)])
     for lv in LEVELS:
@@ -273,9 +273,6 @@ def run_scales(summaries: list[ConfigSummary]) -> None:
         v = sig**2 + ld
         pm.Potential(f"loglik_{lv}", -0.5 * pt.sum(zd * zd / v + pt.log(2 * np.pi * v)))
 
-
-#: Names of the run-effect contrasts as ``pm.Data`` (:func:`run_scales`).
-RUN_DATA = tuple(f"run_contrast{s}_{lv}" for lv in LEVELS for s in ("", "_var"))
 
 
 #: Whether members of a sum-only group (:func:`~bayes_latency.model.definition.identifiability.sum_groups`)

@@ -9,10 +9,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bayes_latency.model.definition.objective import NoisePrior
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, basis_matrix
 from bayes_latency.physics.hardware import load_gpu
 from bayes_latency.physics.models import load_architecture
 from bayes_latency.physics.serving import ServingConfig
+from bayes_latency.priors import load_priors
+
+#: The coefficients of the stage-1 tests: the default beta terms, then the alpha terms.
+COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
+#: The noise prior of the stage-1 tests (a penalty on each kind's scale).
+STAGE1_PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
+                                 "alpha_departure": 0.2})
+
+
+def prior_scale(coefs=COEFS) -> np.ndarray:
+    """The coefficients' prior medians: stage 1's scale of ``u = theta / scale``."""
+    return np.asarray([load_priors().prior_median(c) for c in coefs])
 
 POP = {"prefill_compute": 1.6, "prefill_kv": 0.0, "decode_compute": 0.0, "decode_kv": 1.3,
        "weight_loading": 1.25, "tp_allreduce": 18.0, "per_layer": 12.0, "per_request": 6.0,

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from obs_factory import make_observations
+from obs_factory import COEFS, STAGE1_PRIOR, make_observations, prior_scale
 from scipy import optimize
 
 from bayes_latency.model.definition.summaries import (
     RIDGE,
-    NoisePrior,
     _ConfigProblem,
     _initial,
     _noise_prior_terms,
@@ -21,12 +20,8 @@ from bayes_latency.model.definition.summaries import (
     summarize,
     summarize_config,
 )
-from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
-from bayes_latency.priors import load_priors
 
-COEFS = tuple(DEFAULT_TERMS) + tuple(ALPHA_TERMS)
-PRIOR = NoisePrior(sigma={"iteration": 0.1, "step_window": 0.1, "alpha_arrival": 0.2,
-                          "alpha_departure": 0.2})
+PRIOR = STAGE1_PRIOR
 #: The optimiser's checks below run on a constant noise scale (their reference computations
 #: know no load covariate); the load growth's derivatives and estimates: tests/test_noise_load.py
 LOAD = "none"
@@ -51,7 +46,7 @@ def central_differences(p: _ConfigProblem, z: np.ndarray, keep: np.ndarray
 
 @pytest.fixture(scope="module")
 def scale() -> np.ndarray:
-    return np.asarray([load_priors().prior_median(c) for c in COEFS])
+    return prior_scale()
 
 
 @pytest.fixture(scope="module")

@@ -108,25 +108,44 @@ DEFAULT_FLEET = ROOT / "results" / "real" / "client" / "observations.parquet"
 
 
 # ------------------------------------------------------------------------------ fitting
-def load_fleet(spec: str) -> tuple[pd.DataFrame, str]:
-    """The fleet's observation table and a sentence on what it is (see the module docstring)."""
+def load_fleet(spec: str, terms: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, str]:
+    """The fleet's observation table with the feature columns of ``terms`` (default: the 11
+    BLIS terms) and a sentence on what it is (see the module docstring)."""
+    from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.realdata import load_real_data, real_data_dir
 
+    terms = tuple(terms or DEFAULT_TERMS)
     if spec == "real":
         d = real_data_dir()
         if d is None:
             sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
-        return (load_real_data(d).observations,
+        return (load_real_data(d, terms=terms).observations,
                 "the real-data study's rows: step rows of the two real vLLM runs on H100 and the "
                 "Splitwise benchmark rows")
     p = Path(spec)
     if not p.is_file():
         sys.exit(f"fleet {p} not found: run `bayes-latency study client --out results/real` "
                  "first, or pass --fleet real (step rows + Splitwise rows)")
-    return (pd.read_parquet(p),
+    obs = pd.read_parquet(p)
+    if missing := [t for t in terms if f"x_{t}" not in obs.columns]:
+        sys.exit(f"fleet {p} has no feature column of {missing}: a client fleet carries the "
+                 "terms it was calibrated with; pass --fleet real")
+    return (obs,
             "the calibrated real fleet of `bayes-latency study client`: step rows of the two "
             "real vLLM runs on H100, Splitwise benchmark rows, client rows of the normal runs "
             "at the calibrated schedule")
+
+
+def drop_unphysical(obs: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """``obs`` without the rows measured faster than their compute at the GPU's peak
+    (:func:`~bayes_latency.data.observations.table.faster_than_peak_compute`; the fits drop them
+    too), and those rows (``obs_id``, ``config_id``, ``ratio``): out of the fits and the scores."""
+    from bayes_latency.data.observations.table import faster_than_peak_compute
+
+    fast = faster_than_peak_compute(obs)
+    rows = [{"obs_id": str(r.obs_id), "config_id": str(r.config_id), "ratio": float(r.ratio)}
+            for r in fast.itertuples()]
+    return obs[~obs["obs_id"].isin(fast["obs_id"])].reset_index(drop=True), rows
 
 
 def splitwise_cells(obs: pd.DataFrame) -> list[str]:
@@ -309,6 +328,7 @@ def summarise(work: Path) -> dict[str, Any]:
                     .assign(shot=""))
         fits.append(pd.read_csv(ins / "fits.csv"))
     h = pd.concat(held, ignore_index=True)
+    h = h[~h["obs_id"].isin([r["obs_id"] for r in meta.get("dropped_rows", [])])]
     scores = score_table(h)
     bounds = (pd.read_csv(work / BOUNDS_FILE).to_dict(orient="records")
               if (work / BOUNDS_FILE).exists() else [])
@@ -324,17 +344,21 @@ def summarise(work: Path) -> dict[str, Any]:
 
 
 def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: int,
-        log: Any = print) -> None:
-    """Fit every cell not yet in ``work`` (see the module docstring)."""
-    from bayes_latency.data.microbench import read_splitwise
+        terms: tuple[str, ...] | None = None, log: Any = print) -> None:
+    """Fit every cell not yet in ``work`` with the term set ``terms`` (default: the 11 BLIS
+    terms; see the module docstring)."""
     from bayes_latency.physics.basis import DEFAULT_TERMS
+
+    terms = tuple(terms or DEFAULT_TERMS)
+    from bayes_latency.data.microbench import read_splitwise
     from bayes_latency.study.realdata import real_data_dir
     from bayes_latency.study.settings import CLI_FIT, QUICK
 
     d = real_data_dir()
     if d is None:
         sys.exit("real data not found (../shared/data/real or $BAYES_LATENCY_REAL_DATA)")
-    obs, fleet_text = load_fleet(fleet)
+    obs, fleet_text = load_fleet(fleet, terms)
+    obs, dropped = drop_unphysical(obs)
     mb = read_splitwise(d / "microbench" / "splitwise_perf_model.csv")
     all_cells = splitwise_cells(obs)
     bad = sorted(set(cells or []) - set(all_cells))
@@ -348,19 +372,19 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
     (work / "run.json").write_text(json.dumps({
         "quick": quick, "fleet": fleet_text,
         "fleet_arg": "" if Path(fleet) == DEFAULT_FLEET else fleet,
-        "terms": list(DEFAULT_TERMS), "settings": settings.describe(),
-        "all_cells": all_cells, "n_shots": n_shots}, indent=1))
+        "terms": list(terms), "settings": settings.describe(),
+        "all_cells": all_cells, "n_shots": n_shots, "dropped_rows": dropped}, indent=1))
     if not (work / BOUNDS_FILE).exists():
-        write_bounds(work, obs, todo if quick else all_cells, tuple(DEFAULT_TERMS))
+        write_bounds(work, obs, todo if quick else all_cells, terms)
     if not quick and not (work / IN_SAMPLE_DIR / "held.csv").exists():
-        run_in_sample(obs, mb, all_cells, work, settings, tuple(DEFAULT_TERMS), log)
+        run_in_sample(obs, mb, all_cells, work, settings, terms, log)
         record_machine(work, "in-sample end")
     for cell in todo:
         if (work / cell.replace("|", "_") / "held.csv").exists():
             log(f"[cells] {cell}: kept from {work}")
             continue
         t0 = time.perf_counter()
-        run_cell(obs, mb, cell, work, settings, tuple(DEFAULT_TERMS), n_shots, log)
+        run_cell(obs, mb, cell, work, settings, terms, n_shots, log)
         log(f"[cells] {cell}: done in {(time.perf_counter() - t0) / 60:.1f} min")
         record_machine(work, "end")
 
@@ -369,12 +393,13 @@ def report(work: Path, out: Path, fleet: str | None = None) -> dict[str, Any]:
     """Write ``out.md`` and ``out.json`` from ``work``; return the summary. A folder without
     the bounds' table gets it from ``fleet`` when that is readable (:func:`write_bounds`)."""
     from bayes_latency.io import atomic_write_text
-    from bayes_latency.physics.basis import DEFAULT_TERMS
 
     if fleet is not None and not (work / BOUNDS_FILE).exists() and (
             fleet == "real" or Path(fleet).is_file()):
         meta = json.loads((work / "run.json").read_text())
-        write_bounds(work, load_fleet(fleet)[0], meta["all_cells"], tuple(DEFAULT_TERMS))
+        terms = tuple(meta["terms"])
+        write_bounds(work, drop_unphysical(load_fleet(fleet, terms)[0])[0], meta["all_cells"],
+                     terms)
     res = summarise(work)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
@@ -389,18 +414,26 @@ def main() -> None:
     ap.add_argument("--cells", default=None, help="comma-separated configuration ids "
                                                   "(default: every Splitwise cell)")
     ap.add_argument("--shots", type=int, default=3, help="one-shot points per cell (1-3)")
+    ap.add_argument("--terms", default="blis",
+                    help="term set: blis (the 11 BLIS terms) or regime (blis plus the compute "
+                         "knees); a term set other than blis needs --fleet real")
     ap.add_argument("--quick", action="store_true",
                     help="one cell, one shot, 200 + 200 draws (a smoke run)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/fewshot_cells"))
     ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
     ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/fewshot_cells")
     args = ap.parse_args()
+    from bayes_latency.physics.basis import TERM_SETS
+
+    if args.terms not in TERM_SETS:
+        ap.error(f"--terms must be one of {sorted(TERM_SETS)}")
     if not 1 <= args.shots <= 3:
         ap.error("--shots must be 1, 2 or 3")
     work = args.reuse or args.work
     if args.reuse is None:
         cells = [c for c in args.cells.split(",") if c] if args.cells else None
-        run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots)
+        run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots,
+            TERM_SETS[args.terms])
     res = report(work, args.out, args.fleet)
     print(pd.DataFrame(res["scores"]).round(3).to_string())
     failed = [f["fit"] + " (" + f["cell"] + ")" for f in res["fits"] if not f["passed"]]

@@ -154,7 +154,7 @@ def bound_lines(bounds: pd.DataFrame, goal_prefill: float, goal_decode: float) -
               f"{ins.max():.1f}% per cell (median {ins.median():.1f}%; "
               f"{int((ins <= goal_prefill).sum())} of {len(ins)} within {goal_prefill:.0f}%), "
               if len(ins) else "; ")
-    return [f"- with every point of a cell known, coefficients of the default terms exist whose "
+    return [f"- with every point of a cell known, coefficients of the terms exist whose "
             f"prefill MdAPE is {bounds['prefill_alone_pct'].min():.1f}-"
             f"{bounds['prefill_alone_pct'].max():.1f}% (least median over the prefill rows "
             f"alone), and {j.min():.1f}-{j.max():.1f}% (median {j.median():.1f}%) when the same "
@@ -174,7 +174,7 @@ def bound_markdown(bounds: pd.DataFrame, goal_decode: float, label: Callable[[st
               "one_shot_median_pct", "zero_shot_pct"):
         bt[c] = bt[c].map(lambda v: "n/a" if not np.isfinite(float(v)) else f"{float(v):.1f}")
     return ["With every point of the cell known: `prefill_alone_pct`, the lowest MdAPE of the "
-            "cell's prefill rows over every non-negative coefficient vector of the default terms "
+            "cell's prefill rows over every non-negative coefficient vector of the terms "
             "(exact: the smallest, over every half of the rows plus one, of the largest relative "
             "error a linear program can hold them to; `benchmarks/fewshot_cells_bound.py`); "
             "`with_decode_pct`, the same when the coefficients must also keep the cell's decode "

@@ -280,7 +280,7 @@ def shape_lines(batch_sweeps: list[dict[str, Any]]) -> list[str]:
     out = []
     hard = t[t["best_line_mdape_pct"] > GOAL_MDAPE["prefill"]]
     if len(hard):
-        out.append("- prefill batch sweeps no coefficients of the default terms follow within "
+        out.append("- prefill batch sweeps no coefficients of the terms follow within "
                    f"{GOAL_MDAPE['prefill']:.0f}% (a line's best MdAPE): "
                    + ", ".join(f"`{cell_label(c)}` {v:.1f}%" for c, v in
                                hard[["cell", "best_line_mdape_pct"]].to_numpy())
@@ -299,15 +299,16 @@ def shape_lines(batch_sweeps: list[dict[str, Any]]) -> list[str]:
                 f"adds {r.min():.1f}-"
                 f"{r.max():.1f}x the prefill time one below does (prompt sweeps), as if the GPU "
                 "took the "
-                "larger of reading the weights and computing; the default terms add the weight, "
-                "per-layer and per-step terms to the compute term, so a one-shot point at "
-                "batch 1 gives them time that larger prefills do not pay"
+                "larger of reading the weights and computing; BLIS's additive terms add the "
+                "weight, per-layer and per-step terms to the compute term, so a one-shot point "
+                "at batch 1 gives them time that larger prefills do not pay"
                 + (f": the batch sweeps' observed / predicted in those fits "
                    f"{ob.min():.2f}-{ob.max():.2f}." if len(ob) else "."))
     odd = t[t["faster_than_smaller_batch"].astype(str) != ""]
     if len(odd):
         out.append("- prefill points measured faster than a smaller batch of the same prompt "
-                   "size (kept in the fits and the scores): "
+                   "size (kept in the fits and the scores, being no faster than the GPU's "
+                   "peak): "
                    + ", ".join(f"`{cell_label(c)}` batch {b}" for c, b in
                                odd[["cell", "faster_than_smaller_batch"]].to_numpy()) + ".")
     return out
@@ -460,9 +461,15 @@ def render(res: dict[str, Any], machine: str = "") -> str:
                  f"client --out DIR` writes; this run read `{arg}`)")
     lines = ["# Unseen Splitwise cells: zero-shot and one-shot from the fleet's population", "",
              f"Regenerate: `python benchmarks/fewshot_cells.py{' --quick' if res['quick'] else ''}"
-             f"{' --fleet ' + ('real' if arg == 'real' else 'PATH') if arg else ''}`"
+             f"{' --fleet ' + ('real' if arg == 'real' else 'PATH') if arg else ''}"
+             f"{' --terms regime' if 'compute_over_2w' in res['terms'] else ''}`"
              f"{fleet_how}. "
-             f"Fleet: {res['fleet']}. Terms: `{', '.join(res['terms'])}`; every fit: "
+             f"Fleet: {res['fleet']}"
+             + (f" (without the {len(res['dropped_rows'])} rows measured faster than their "
+                "compute at the GPU's peak, out of the fits and the scores: "
+                + ", ".join(f"`{r['obs_id']}` ({r['ratio']:.2f}x)" for r in res["dropped_rows"])
+                + ")" if res.get("dropped_rows") else "")
+             + f". Terms: `{', '.join(res['terms'])}`; every fit: "
              f"{res['settings']}; 200 predictive draws per row.",
              *(["", machine] if machine else []), "",
              f"Cells run: {', '.join('`' + cell_label(c) + '`' for c in res['cells_run'])}"
@@ -523,7 +530,7 @@ def render(res: dict[str, Any], machine: str = "") -> str:
                 continue
             bs[c] = bs[c].map(lambda v, nd=nd: _fmt(float(v), nd))
         lines += ["### What the terms can represent of the prefill", "",
-                  "At a fixed prompt size the default terms are affine in the batch size (the "
+                  "At a fixed prompt size BLIS's additive terms are affine in the batch size (the "
                   "weight, per-layer and per-step terms constant, the compute, KV, TP and "
                   "per-request terms proportional to it); the measured prefill cost per token "
                   "is not constant along the sweeps. `best_line_mdape_pct`: the lowest MdAPE "

@@ -16,6 +16,7 @@ from bayes_latency.data.experiment import ingest, load_serving_yaml, load_tables
 from bayes_latency.data.observations.build import observation_columns
 from bayes_latency.data.tables import table_files
 from bayes_latency.errors import BayesLatencyError, ConfigError
+from bayes_latency.physics.basis import INGEST_TERMS
 
 EXAMPLE = "vllm-trace-format.example.jsonl"
 ENGINE_COLUMNS = ["num_prefill_reqs", "prefill_tokens", "prefill_attn_pairs", "prefill_kv_tokens",
@@ -61,7 +62,7 @@ def test_ingest_spec_example_with_config(specs_dir, tmp_path):
     assert {"steps", "journey_events", "requests", "batches", "iterations",
             "observations"} <= set(t)
     obs = t["observations"]
-    assert list(obs.columns) == observation_columns()
+    assert list(obs.columns) == observation_columns(INGEST_TERMS)
     assert obs["kind"].value_counts().to_dict() == {
         "iteration": 1, "step_window": 2, "request_prefill": 1, "request_decode": 1,
         "alpha_arrival": 1, "alpha_departure": 1, "scheduler_cpu": 2}

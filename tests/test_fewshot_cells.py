@@ -279,3 +279,15 @@ def test_batch_sweep_table_finds_what_a_line_cannot_follow_and_impossible_points
     assert "batch 64" in lines[1]
     lines = fc.shape_lines(fc.batch_sweep_table(_sweep_rows(convex)).to_dict(orient="records"))
     assert "follow within 10%" in lines[0]
+
+
+def test_rows_faster_than_the_gpus_peak_are_out_of_the_fits_and_the_scores():
+    obs = pd.DataFrame({"obs_id": ["a/0", "a/1", "a/2"], "kind": "benchmark_mean",
+                        "config_id": "m|H100-SXM|tp2|splitwise",
+                        "value_us": [1000.0, 50.0, 900.0],
+                        "x_prefill_compute": [100.0, 400.0, 100.0],
+                        "x_decode_compute": [0.0, 0.0, 0.0]})
+    kept, dropped = fc.drop_unphysical(obs)
+    assert kept["obs_id"].tolist() == ["a/0", "a/2"]
+    assert dropped == [{"obs_id": "a/1", "config_id": "m|H100-SXM|tp2|splitwise",
+                        "ratio": pytest.approx(0.125)}]

@@ -1,5 +1,5 @@
-"""Rows no GPU can have measured: faster than their compute at the datasheet peak. Named by
-``fit`` (its report's notes, saved with the posterior) and by ``check``; never a silent keep."""
+"""Rows no GPU can have measured: faster than their compute at the datasheet peak. Dropped from
+``fit``, counted and named in its report (saved with the posterior), and named by ``check``."""
 
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ def test_the_note_names_the_worst_rows_and_counts_the_rest():
                       for i in range(5)], ignore_index=True)
     note = peak_compute_note(faster_than_peak_compute(many))
     assert note.startswith("5 row(s) measured in less time than their compute takes")
-    assert "e/0 (0.10x); e/1 (0.11x); e/2 (0.12x); 2 more." in note and "kept in the fit" in note
+    assert "e/0 (0.10x); e/1 (0.11x); e/2 (0.12x); 2 more." in note and "dropped from the fit" in note
 
 
-def test_fit_names_them_in_its_report(tiny_fleet_seed5, tmp_path):
+def test_fit_drops_them_and_names_them_in_its_report(tiny_fleet_seed5, tmp_path):
     from bayes_latency.data.experiment import ingest
     from bayes_latency.data.tables import load_observations
     from bayes_latency.model.estimator import LatencyModel
@@ -69,6 +69,8 @@ def test_fit_names_them_in_its_report(tiny_fleet_seed5, tmp_path):
     notes = [n for n in m.report.notes if "less time than their compute" in n]
     assert len(notes) == 1 and f"{obs.loc[it, 'obs_id']} (0.25x)" in notes[0]
     assert "1 row(s)" in notes[0]
+    assert m.report.dropped["faster than the GPU's peak compute"] == 1
+    assert obs.loc[it, "obs_id"] not in set(m._prepare(obs)["obs_id"])
 
 
 @pytest.mark.parametrize("kind", ["scheduler_cpu", "alpha_departure"])

@@ -150,3 +150,30 @@ def test_bad_beta_and_oversized_requests():
     with pytest.raises(ConfigError, match="KV cache"):
         replay_stage(_stage(kv_blocks=10), ARCH, GPU, BETA, DEFAULT_TERMS)
     assert math.isfinite(replay_stage(_stage(), ARCH, GPU, BETA).engine_us["workload_e2e"])
+
+
+def test_prompt_sharing_system_caches_only_the_system_prompt():
+    whole, system = _stage(), _stage(prompt_sharing="system")
+    a, b = stage_requests(whole), stage_requests(system)
+    # same arrivals, lengths, groups and shared prefix; only the prompts' own part differs
+    for c in ("arrival_ns", "prompt_len", "max_tokens", "group", "prefix_len"):
+        assert a[c].equals(b[c])
+    assert a["prompt_key"].nunique() <= 44 and b["prompt_key"].nunique() == len(b)
+    ra = replay_stage(whole, ARCH, GPU, BETA, DEFAULT_TERMS, keep_steps=True)
+    rb = replay_stage(system, ARCH, GPU, BETA, DEFAULT_TERMS, keep_steps=True)
+    # every request computes its prompt past the system prompt: more prefill tokens
+    assert rb.steps["prefill_tokens"].sum() > 2 * ra.steps["prefill_tokens"].sum()
+    assert ra.step_features.shape == (ra.n_steps, len(DEFAULT_TERMS))
+    np.testing.assert_allclose(ra.step_features.sum(axis=0) @ BETA / 1e3,
+                               ra.steps["iteration_ns"].sum() / 1e6, rtol=1e-6)
+    assert replay_stage(whole, ARCH, GPU, BETA, DEFAULT_TERMS).steps is None
+    with pytest.raises(ConfigError, match="prompt_sharing"):
+        stage_requests(_stage(prompt_sharing="user"))
+
+
+def test_replay_terms_cover_blis_and_the_fits_extra_terms():
+    from bayes_latency.physics.basis import REGIME_TERMS, replay_terms
+
+    assert replay_terms(("prefill_compute", "per_step")) == DEFAULT_TERMS
+    assert replay_terms(REGIME_TERMS) == REGIME_TERMS
+    assert replay_terms(("per_step", "compute_over_6w")) == DEFAULT_TERMS + ("compute_over_6w",)

@@ -130,7 +130,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     pit : np.ndarray
         ``(n,)`` LOO-PIT values.
     log_draws : np.ndarray
-        ``(n_draws, n)`` predictive draws of ``log(value_us)``.
+        ``(S, n)`` predictive draws of ``log(value_us)``: ``S = n_draws``, or the posterior's
+        draws when it has fewer.
     """
     from bayes_latency.checks.psis import loo_pit
     from bayes_latency.data.observations.build import DEFAULT_STACK
@@ -143,7 +144,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     scale, nu, off = model._row_noise(rows)
     rng = np.random.default_rng(seed + 3)
     pit = np.full(len(rows), np.nan)
-    log_draws = np.empty((n_draws, len(rows)))
+    log_draws = np.full((n_draws, len(rows)), np.nan)
+    kept = n_draws  # a posterior of fewer draws gives fewer: only those are returned
     cfg = rows["config_id"].astype(str).to_numpy()
     for c in pd.unique(cfg):
         m = np.flatnonzero(cfg == c)
@@ -160,7 +162,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
         p = loo_pit(ld.T, log_y[m], ll.T, rng=seed)
         pit[m] = np.asarray(p, dtype=float)
         log_draws[:S, m] = ld
-    return pit, log_draws
+        kept = min(kept, S)
+    return pit, log_draws[:kept]
 
 
 def step_checks(model: Any, observations: pd.DataFrame, kinds: tuple[str, ...] = ADEQUACY_KINDS,
@@ -280,7 +283,8 @@ def check_fit(model: Any, observations: pd.DataFrame, requests: pd.DataFrame | N
     model
         A fitted :class:`~bayes_latency.model.estimator.LatencyModel`.
     observations
-        The observation table the model was fitted to (other rows are ignored).
+        The observation table the model was fitted to (other rows, and the rows the fit drops as
+        faster than their peak compute, are ignored).
     requests
         Optional requests table (workload means are checked only with it).
 
@@ -289,10 +293,14 @@ def check_fit(model: Any, observations: pd.DataFrame, requests: pd.DataFrame | N
     (report, step rows of :func:`step_checks`, workload table or None)
     """
     from bayes_latency.checks import ppc
+    from bayes_latency.data.observations.table import faster_than_peak_compute
     from bayes_latency.errors import BayesLatencyError
 
     fitted = set(model.design.configs.index)
     obs = observations[observations["config_id"].isin(fitted)]
+    fast = faster_than_peak_compute(obs)  # out of the fit: out of its checks too
+    if len(fast):
+        obs = obs[~obs["obs_id"].isin(fast["obs_id"])]
     rows = step_checks(model, obs, seed=seed)
     wl = None
     if requests is not None and len(requests):

@@ -8,6 +8,7 @@ loaded), loads the posterior and writes the JSON document or the BLIS YAML built
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -109,16 +110,25 @@ def export_command(args: argparse.Namespace) -> int:
     if args.posterior is None:
         return population_export(args)
     inputs = [Path(args.posterior)] + [Path(p) for p in (args.model, args.gpu,
-                                                         getattr(args, "priors", None))
+                                                         getattr(args, "priors", None),
+                                                         getattr(args, "workload", None))
                                        if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
+    stages = workload_stages(args)
     model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
 
     def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
         # the export is for simulating a run of the configuration: a new one
         coefs = model.coefficients(args.model, args.gpu, int(args.tp), new_run=True)
-        return (coefs, provenance(model.result.attrs, args.posterior), None,
-                step_noise_of(model, coefs))
+        noise = step_noise_of(model, coefs)
+        origin = None
+        if stages is not None:
+            from bayes_latency.export.document import config_notes
+
+            origin = config_notes(coefs)
+            coefs, more = project_workload(coefs, stages, args)
+            origin += more
+        return coefs, provenance(model.result.attrs, args.posterior), origin, noise
 
     return _write_export(args, out, args.posterior, draws)
 
@@ -143,17 +153,91 @@ def population_export(args: argparse.Namespace) -> int:
                                 "file carries its own (drop --priors)")
     load_gpu(args.gpu)  # an unknown GPU is the option's error, not the population's
     path = Path(spec) if spec is not None else SHIPPED_POPULATION
-    inputs = [path] + [Path(p) for p in (args.model, args.gpu) if p and Path(p).exists()]
+    inputs = [path] + [Path(p) for p in (args.model, args.gpu, getattr(args, "workload", None))
+                       if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
+    stages = workload_stages(args)
     pop = load_population(path)
 
     def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
         coefs = pop.coefficients(args.model, args.gpu, int(args.tp))
         prov = {**provenance(pop.attrs), "population": pop.name,
                 "population_file": path.name, "population_sha256": file_sha256(path)}
-        return coefs, prov, population_notes(pop.describe(), coefs), None
+        notes = population_notes(pop.describe(), coefs)
+        if stages is not None:
+            coefs, more = project_workload(coefs, stages, args)
+            notes = list(notes or []) + more
+        return coefs, prov, notes, None
 
     return _write_export(args, out, path, draws, zero_shot=True)
+
+
+def workload_stages(args: argparse.Namespace) -> list | None:
+    """The load stages of ``--workload`` (a client result, read as ``calibrate`` reads it), or
+    None without the option; read and checked before any posterior is loaded.
+
+    Raises
+    ------
+    BayesLatencyError
+        The file is missing or unreadable, or its runs cannot be replayed (naming the file).
+    """
+    spec = getattr(args, "workload", None)
+    if spec is None:
+        return None
+    from bayes_latency.calibrate.stages import check_client_report, client_stages, default_kv_blocks
+    from bayes_latency.data.client.read import read_client_results
+    from bayes_latency.textfiles import refuse_special
+
+    path = Path(spec)
+    refuse_special(path, "--workload (client result)", BayesLatencyError)
+    if not path.exists():
+        raise BayesLatencyError(f"--workload {path}: no such file or folder")
+    for opt, name in (("--kv-blocks", "kv_blocks"), ("--max-num-seqs", "max_num_seqs"),
+                      ("--max-num-batched-tokens", "max_num_batched_tokens")):
+        v = getattr(args, name, None)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise BayesLatencyError(f"{opt} {v!r}: must be a positive integer")
+    tables, report = read_client_results(path)
+    check_client_report(report, path)
+    kv = int(args.kv_blocks) if getattr(args, "kv_blocks", None) else default_kv_blocks(
+        args.model, args.gpu, int(args.tp))
+    stages = client_stages(tables, args.model, args.gpu, int(args.tp), kv, path=path,
+                           max_num_seqs=int(getattr(args, "max_num_seqs", 128) or 128),
+                           max_num_batched_tokens=int(getattr(args, "max_num_batched_tokens",
+                                                              2048) or 2048))
+    sharing = getattr(args, "prompt_sharing", None) or "prompt"
+    return [dataclasses.replace(st, prompt_sharing=sharing) for st in stages]
+
+
+def _stage_rate(stage: object) -> float:
+    """A load stage's arrival rate (req/s): its own, or that of its recorded arrivals."""
+    rate = float(getattr(stage, "rate", np.nan))
+    arr = getattr(stage, "arrival_s", None)
+    if not np.isfinite(rate) and arr is not None and len(arr) > 1 and max(arr) > min(arr):
+        rate = (len(arr) - 1) / (max(arr) - min(arr))
+    return rate
+
+
+def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
+                     ) -> tuple[xr.Dataset, list[str]]:
+    """Replay ``stages`` at the posterior-mean coefficients of ``coefs`` (the package's
+    scheduler, :func:`~bayes_latency.schedule.replay.replay_stage`) and project the coefficients
+    onto BLIS's basis over the replayed steps
+    (:func:`~bayes_latency.export.projection.project_onto_blis`); returns the projected
+    coefficients and the notes naming the operating point and the projection's error there."""
+    from bayes_latency.export.projection import project_onto_blis, replayed_step_features
+
+    terms = [str(t) for t in coefs["term"].values]
+    mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
+    X = replayed_step_features(stages, args.model, args.gpu, mean, terms)
+    rates = [f"{r:.3g}" for r in sorted({_stage_rate(st) for st in stages}) if np.isfinite(r)]
+    sharing = {"prompt": "each user's whole prompt cached",
+               "system": "only the system prompt shared"}[stages[0].prompt_sharing]
+    where = (f"--workload {Path(args.workload).name} ({len(stages)} load stage(s)"
+             + (f", {', '.join(rates)} req/s" if rates else "") + f", {sharing}, replayed by the "
+             "package's scheduler at the posterior-mean coefficients)")
+    proj = project_onto_blis(coefs, X, terms, workload=where)
+    return proj.coefs, [f"operating point: {where}"] + proj.notes
 
 
 def _write_export(args: argparse.Namespace, out: Path, source: str | Path,

@@ -57,7 +57,9 @@ def _check_sampler_args(args: argparse.Namespace) -> None:
 
 
 def parse_terms(value: str | None) -> tuple[str, ...] | None:
-    """``--terms a,b,c`` -> the term names; None when the option is not given.
+    """``--terms a,b,c`` or a term set's name (``blis``, ``regime``:
+    :data:`~bayes_latency.physics.basis.TERM_SETS`) -> the term names; None when the option is
+    not given.
 
     Raises
     ------
@@ -66,6 +68,10 @@ def parse_terms(value: str | None) -> tuple[str, ...] | None:
     """
     if value is None:
         return None
+    from bayes_latency.physics.basis import TERM_SETS
+
+    if str(value).strip() in TERM_SETS:
+        return TERM_SETS[str(value).strip()]
     terms = tuple(t.strip() for t in str(value).split(",") if t.strip())
     if not terms:
         raise BayesLatencyError(f"--terms {value!r}: names no term (give a comma-separated "

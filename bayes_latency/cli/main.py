@@ -236,7 +236,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     # ---- calibrate
     from bayes_latency.calibrate.loop import calibrate, client_predictions, ttft_alpha_share
     from bayes_latency.model.estimator import LatencyModel
-    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.physics.basis import DEFAULT_TERMS, replay_terms
 
     def fit(obs: pd.DataFrame) -> object:
         m = LatencyModel(priors=args.priors, terms=terms or DEFAULT_TERMS, method=args.method,
@@ -258,8 +258,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if pop is not None:
         from bayes_latency.calibrate.loop import population_start
 
-        start = population_start(pop, stages, DEFAULT_TERMS)
-    cal = calibrate(base, stages, fit, start=start, tol=args.tol, max_iter=args.max_iter,
+        start = population_start(pop, stages, replay_terms(terms or DEFAULT_TERMS))
+    cal = calibrate(base, stages, fit, terms=replay_terms(terms or DEFAULT_TERMS), start=start,
+                    tol=args.tol, max_iter=args.max_iter,
                     seed=args.seed,
                     fast_fit=fast_fit if args.fast_iter else None,
                     max_fast_iter=max(args.fast_iter, 1))
@@ -272,12 +273,14 @@ def calibrate_command(args: argparse.Namespace) -> int:
           + ("converged" if cal.converged else "NOT converged"))
     print(h[["iteration", "fit", "fit_s", "replay_s", "max_change", "worst_row", "damping"]]
           .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    pred = client_predictions(m, stages, cal.replays, DEFAULT_TERMS, n_draws=200, seed=args.seed)
+    pred = client_predictions(m, stages, cal.replays, replay_terms(terms or DEFAULT_TERMS),
+                              n_draws=200, seed=args.seed)
     share = ttft_alpha_share(m, args.model, args.gpu, int(args.tp),
                              pred.loc[pred["kind"] == "workload_ttft", "mean_us"].to_numpy())
     # one set of run-level draws for the printed bands and the export
     run = _run_level_draws(m, args, share)
-    pred = pred.merge(_bands(run, stages, cal.replays), on=["experiment_id", "kind"], how="left")
+    pred = pred.merge(_bands(run, stages, cal.replays, replay_terms(terms or DEFAULT_TERMS)),
+                      on=["experiment_id", "kind"], how="left")
     show = pred[["experiment_id", "kind", "observed_us", "mean_us", "q05_us", "q95_us",
                  "run_q05_us", "run_q95_us", "error"]]
     print("replayed client means at the posterior (µs; q05/q95: 5-95% over coefficient draws; "
@@ -310,6 +313,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         pop_attrs = json.loads(m.result.attrs["population"]) \
             if "population" in m.result.attrs else None
         extra = calibration_notes(pop_attrs, cal.unfitted)
+        coefs, run, more = _project_knees(coefs, run, stages, args)
+        extra += more
         text = blis_yaml(coefs, config, prov, extra_notes=extra)
         if args.export_draws:
             sig = run.attrs.get("run_level_sigma", {})
@@ -400,16 +405,39 @@ def _run_level_draws(m: object, args: argparse.Namespace, share: float) -> objec
     return run
 
 
-def _bands(run: object, stages: list, replays: dict) -> object:
-    """5-95% band of each stage's replayed client means over the run-level draws (µs)."""
+def _project_knees(coefs: object, run: object, stages: list, args: argparse.Namespace
+                   ) -> tuple[object, object, list[str]]:
+    """A calibrated regime fit's coefficients and run-level draws projected onto BLIS's basis over
+    the steps of the calibrated result itself (:mod:`bayes_latency.export.projection`), with the
+    notes; unchanged, without notes, for a fit without knee terms."""
+    import numpy as np
+
+    from bayes_latency.export.projection import (
+        KNEE_TERMS,
+        project_onto_blis,
+        replayed_step_features,
+    )
+
+    terms = [str(t) for t in coefs["term"].values]
+    if not set(terms) & set(KNEE_TERMS):
+        return coefs, run, []
+    mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
+    X = replayed_step_features(stages, args.model, args.gpu, mean, terms, seed=args.seed)
+    where = f"the calibrated result ({len(stages)} load stage(s), replayed at the posterior mean)"
+    proj = project_onto_blis(coefs, X, terms, workload=where)
+    return proj.coefs, project_onto_blis(run, X, terms, workload=where).coefs, proj.notes
+
+
+def _bands(run: object, stages: list, replays: dict, terms: tuple[str, ...]) -> object:
+    """5-95% band of each stage's replayed client means over the run-level draws (µs); ``terms``:
+    those of the replays' features."""
     import numpy as np
     import pandas as pd
 
     from bayes_latency.calibrate.loop import draw_matrices
-    from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.schedule.replay import WORKLOAD_KINDS
 
-    B, A = draw_matrices(run, DEFAULT_TERMS)
+    B, A = draw_matrices(run, terms)
     rows = []
     for s in stages:
         rep = replays[s.experiment_id]
@@ -486,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the sampler and of the predictive checks (default %(default)s)")
     s.add_argument("--max-rhat", type=float, default=1.01,
                    help="convergence gate: largest R-hat accepted (default %(default)s)")
-    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--terms", help="comma-separated beta terms, or a term set: blis (the 11 "
+                   "BLIS terms, the default) or regime (blis plus the compute knees)")
     s.add_argument("--target-accept", type=float, default=0.99,
                    help="NUTS step-size target (default %(default)s)")
     s.add_argument("--scheduler", default=None,
@@ -524,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro", "laplace"])
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--terms", help="comma-separated beta terms, or a term set: blis (the 11 "
+                   "BLIS terms, the default) or regime (blis plus the compute knees)")
     s.add_argument("--draws", type=int, default=2000,
                    help="draws per chain of the full fits (2000: on the synthetic test result "
                         "1000 gave R-hat 1.0136 on alpha_arrival + prefill_compute, which one "
@@ -575,6 +605,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="json: the export document (terms, bands, reference predictions); "
                         "blis: BLIS's trained_physics_coefficients YAML (default %(default)s)")
     s.add_argument("--priors", help=_PRIORS_OF_FILE_HELP)
+    s.add_argument("--workload", default=None,
+                   help="a client result (what `calibrate` reads): replayed by the package's "
+                        "scheduler, its steps are the operating point at which the compute knees "
+                        "of a regime posterior are projected onto BLIS's prefill_compute "
+                        "(needed for --format blis of a posterior fitted with --terms regime)")
+    s.add_argument("--prompt-sharing", default="prompt", choices=["prompt", "system"],
+                   help="--workload: prompt: a user's whole prompt repeats and is cached (the "
+                        "prefix groups of the result's profile); system: only the system prompt "
+                        "is shared, as BLIS's expansion of an inference-perf spec caches it "
+                        "(default %(default)s)")
+    s.add_argument("--kv-blocks", type=int, default=None,
+                   help="--workload: KV-cache blocks per GPU (default: BLIS's formula)")
+    s.add_argument("--max-num-seqs", type=int, default=128, help="--workload: the server's")
+    s.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="--workload: the server's")
     s.add_argument("--out", required=True, help="file to write (.json or .yaml)")
     s.set_defaults(func=_cmd_export)
 

@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--method", default="laplace-hierarchy", choices=["laplace-hierarchy", "full"])
     s.add_argument("--sampler", default="nutpie", choices=["nutpie", "pymc", "numpyro"])
     s.add_argument("--priors", help="prior YAML (default: priors/default.yaml)")
-    s.add_argument("--terms", help="comma-separated beta terms (default: the 11 BLIS terms)")
+    s.add_argument("--terms", help="comma-separated beta terms, or a term set: blis (the 11 "
+                   "BLIS terms, the default) or regime (blis plus the compute knees)")
     s.add_argument("--draws", type=int, default=2000)
     s.add_argument("--max-draws", type=int, default=None,
                    help="as `fit` (default: 6 x --draws; 0: exactly --draws)")

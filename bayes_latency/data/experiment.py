@@ -276,6 +276,7 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
 
         report.notes.extend(plausibility_notes(out.get("lifecycle"), str(folder)))
     if cfg is not None:
+        from bayes_latency.physics.basis import INGEST_TERMS
         from bayes_latency.physics.hardware import load_gpu
         from bayes_latency.physics.models import load_architecture
 
@@ -285,7 +286,8 @@ def ingest_experiment(trace: Path, cfg: dict[str, Any] | None, experiment_id: st
         obs, orep = build_observations(
             {"steps": tabs.steps, "requests": tabs.requests,
              "journey_events": tabs.journey_events, "batches": batches},
-            serving, arch, gpu, experiment_id=eid, workload=cfg.get("workload", ""))
+            serving, arch, gpu, experiment_id=eid, workload=cfg.get("workload", ""),
+            terms=INGEST_TERMS)
         report.kept.update({f"observations:{k}": v for k, v in orep.kept.items()})
         report.dropped.update({f"observations:{k}": v for k, v in orep.dropped.items()})
         report.notes.extend(orep.notes)

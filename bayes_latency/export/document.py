@@ -125,6 +125,22 @@ def _fold_features(terms: list[str], config: Mapping[str, Any] | None) -> dict[s
     return {t: float(v) for t, v in zip(foldable, x, strict=True)}
 
 
+def blis_refusal(terms: Sequence[str]) -> str | None:
+    """Why coefficients of ``terms`` cannot be a BLIS vector (terms without a BLIS slot that
+    cannot be folded into one), or None when they can."""
+    from bayes_latency.physics.basis import get_term
+
+    refused = [str(t) for t in terms
+               if get_term(str(t)).blis_index is None and get_term(str(t)).fold is None]
+    if not refused:
+        return None
+    return (f"term(s) {refused} have no BLIS slot and cannot be folded into one (their features "
+            "vary from step to step): BLIS would not simulate their cost. Give the workload to "
+            "simulate (export --workload RESULT) to project the compute knees onto BLIS's "
+            "basis there, refit without them (bayes-latency fit --terms ...), or export "
+            "--format json")
+
+
 def _blis_vectors(beta: xr.DataArray, alpha: xr.DataArray,
                   config: Mapping[str, Any] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -141,12 +157,8 @@ def _blis_vectors(beta: xr.DataArray, alpha: xr.DataArray,
 
     notes = []
     terms = [str(t) for t in beta["term"].values]
-    refused = [t for t in terms if get_term(t).blis_index is None and get_term(t).fold is None]
-    if refused:
-        raise BayesLatencyError(
-            f"term(s) {refused} have no BLIS slot and cannot be folded into one (their features "
-            "vary from step to step): BLIS would not simulate their cost. Refit without them "
-            "(bayes-latency fit --terms ...) to export for BLIS, or export --format json")
+    if why := blis_refusal(terms):
+        raise BayesLatencyError(why)
     b = np.zeros((beta.sizes["sample"], len(BLIS_BETA_ORDER)))
     for slot, name in enumerate(BLIS_BETA_ORDER):
         if name in terms:
@@ -303,7 +315,9 @@ def export_notes(coefs: xr.Dataset, config: Mapping[str, Any] | None = None,
     :func:`config_notes`: is the configuration unseen, and where each level's effect came from),
     then :func:`blis_notes` (terms folded or left out)."""
     origin = config_notes(coefs) if origin_notes is None else list(origin_notes)
-    return origin + run_notes(coefs) + blis_notes(coefs, config)
+    why = blis_refusal([str(t) for t in coefs["term"].values])
+    blis = blis_notes(coefs, config) if why is None else [f"no BLIS vector: {why}"]
+    return origin + run_notes(coefs) + blis
 
 
 def run_notes(coefs: xr.Dataset) -> list[str]:
@@ -476,7 +490,8 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
                                                              "q95_us")}})
     else:
         notes.append("configuration has no model/gpu: reference predictions left out")
-    block = blis_block(coefs, "mean", config)
+    why = blis_refusal([str(t) for t in beta["term"].values])
+    block = blis_block(coefs, "mean", config) if why is None else None
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "configuration": jsonable(configuration),
@@ -484,7 +499,7 @@ def export_document(coefs: xr.Dataset, config: Mapping[str, Any], provenance: Ma
         "hdi_prob": hdi_prob,
         "n_posterior_draws": int(beta.sizes["sample"]),
         "terms": terms,
-        "blis": {**block, "stat": "mean", "flags": blis_flags(block)},
+        "blis": None if block is None else {**block, "stat": "mean", "flags": blis_flags(block)},
         "reference_predictions": reference,
         "notes": notes,
     }

@@ -405,6 +405,35 @@ def _kv_pressure(ctx: BasisContext) -> np.ndarray:
     return ctx["decode_ctx_tokens"] / cap * ctx.active
 
 
+KNEES: tuple[float, ...] = (2.0, 6.0)
+"""Knee positions of the ``compute_over_<k>w`` terms, in multiples of the step's weight-read time."""
+
+
+def _compute_over(ctx: BasisContext, knee: float) -> np.ndarray:
+    """``max(C − knee·W, 0)``: the step's compute beyond ``knee`` times its weight read, µs."""
+    compute = _prefill_compute(ctx) + _decode_compute(ctx)
+    return np.maximum(compute - knee * _weight_loading(ctx), 0.0)
+
+
+def _compute_over_2w(ctx: BasisContext) -> np.ndarray:
+    """Compute beyond twice the weight read, µs: ``max(C − 2·W, 0)`` with ``C`` the step's
+    ``prefill_compute + decode_compute`` features and ``W`` its ``weight_loading`` feature (ideal
+    times at the datasheet's peaks). A step whose GEMMs are short next to their weight read pays
+    little for its compute (the GPU takes about the larger of the two); past the knee each µs of
+    compute is paid in full. Coefficient: dimensionless, the added cost of compute past the knee
+    (0 gives the additive basis back). Not exportable.
+    """
+    return _compute_over(ctx, KNEES[0])
+
+
+def _compute_over_6w(ctx: BasisContext) -> np.ndarray:
+    """Compute beyond six times the weight read, µs: ``max(C − 6·W, 0)``, as ``compute_over_2w``
+    with the knee where many-token GEMMs reach their compute-bound efficiency. Coefficient:
+    dimensionless (0 gives the additive basis back). Not exportable.
+    """
+    return _compute_over(ctx, KNEES[1])
+
+
 def _mk(name: str, unit: str, feature_unit: str, blis_index: int | None, exportable: bool,
         group: str, fn: Callable[[BasisContext], np.ndarray], fold: str | None = None) -> Term:
     return Term(name=name, unit=unit, feature_unit=feature_unit, blis_index=blis_index,
@@ -431,6 +460,8 @@ TERMS: dict[str, Term] = {t.name: t for t in (
         fold="per_step"),
     _mk("cpu_offload", "1", "us", None, False, "communication", _cpu_offload),
     _mk("kv_pressure", "us", "1", None, False, "overhead", _kv_pressure),
+    _mk("compute_over_2w", "1", "us", None, False, "compute", _compute_over_2w),
+    _mk("compute_over_6w", "1", "us", None, False, "compute", _compute_over_6w),
 )}
 """Ordered registry of every known term (default terms first, then extras)."""
 
@@ -441,8 +472,29 @@ DEFAULT_TERMS: tuple[str, ...] = (
 """The default term set (BLIS's 11 ``trained-physics`` terms), in the order of the posterior's
 ``term`` coordinate (not BLIS's slot order: see :data:`BLIS_BETA_ORDER`)."""
 
-EXTRA_TERMS: tuple[str, ...] = ("prefill_context_kv", "moe_routing", "cpu_offload", "kv_pressure")
+EXTRA_TERMS: tuple[str, ...] = ("prefill_context_kv", "moe_routing", "cpu_offload", "kv_pressure",
+                                 "compute_over_2w", "compute_over_6w")
 """Non-default, non-exportable terms usable through ``terms=`` (richer physics than BLIS's)."""
+
+REGIME_TERMS: tuple[str, ...] = DEFAULT_TERMS + ("compute_over_2w", "compute_over_6w")
+"""The ``regime`` term set: BLIS's 11 terms plus the compute knees (``compute_over_2w``,
+``compute_over_6w``), a step time that bends from weight-read-bound to compute-bound as a step's
+compute outgrows its weight read. Knee coefficients at 0 give the additive basis back."""
+
+TERM_SETS: dict[str, tuple[str, ...]] = {"blis": DEFAULT_TERMS, "regime": REGIME_TERMS}
+"""Named term sets (``--terms blis`` / ``--terms regime``): the additive BLIS basis, the default,
+and the regime basis."""
+
+def replay_terms(terms: Sequence[str]) -> tuple[str, ...]:
+    """The terms a client replay computes for a fit of ``terms``: BLIS's 11 (the exports' and the
+    replayed steps' timing) followed by the extra terms of ``terms``, so that a subset of the 11
+    and the regime set both find their features."""
+    return DEFAULT_TERMS + tuple(t for t in term_names(terms) if t not in DEFAULT_TERMS)
+
+
+INGEST_TERMS: tuple[str, ...] = REGIME_TERMS
+"""Terms whose feature columns ``ingest`` writes: those of every named term set, so that the same
+tables fit either."""
 
 BLIS_BETA_ORDER: tuple[str, ...] = tuple(
     t.name for t in sorted((t for t in TERMS.values() if t.blis_index is not None),

@@ -64,6 +64,10 @@ TTFT_ALPHA: dict[str, float] = {"alpha_arrival": 1.0, "alpha_per_token": 1.0}
 _WAKE_NS = 1
 
 
+#: How a stage's prompts share their tokens (:attr:`ClientStage.prompt_sharing`).
+PROMPT_SHARING = ("prompt", "system")
+
+
 @dataclass(frozen=True)
 class ClientStage:
     """One load stage of a client run, as much as a replay needs, and what the client measured.
@@ -76,8 +80,10 @@ class ClientStage:
 
     Prompts: ``num_groups`` shared system prompts of ``system_prompt_len`` tokens, each with
     ``users_per_group`` users whose whole prompt repeats (inference-perf's ``shared_prefix``
-    data), so with prefix caching a user's later requests compute only the prompt's last
-    partial block. ``num_groups = 0``: every prompt distinct, nothing shared.
+    data, ``prompt_sharing = "prompt"``), so with prefix caching a user's later requests compute
+    only the prompt's last partial block; ``prompt_sharing = "system"``: only the system prompt
+    is shared and every request computes the rest of its prompt (how BLIS's own expansion of an
+    inference-perf spec caches). ``num_groups = 0``: every prompt distinct, nothing shared.
 
     Attributes
     ----------
@@ -116,6 +122,7 @@ class ClientStage:
     prefix_caching: bool = True
     workload: str = "client"
     weight: float = 1.0
+    prompt_sharing: str = "prompt"
 
     @property
     def experiment_id(self) -> str:
@@ -152,6 +159,9 @@ class ClientStage:
                 raise ConfigError(f"{where}: prompt and output tokens must be >= 1")
         if self.kv_blocks < 1:
             raise ConfigError(f"{where}: kv_blocks must be >= 1")
+        if self.prompt_sharing not in PROMPT_SHARING:
+            raise ConfigError(f"{where}: prompt_sharing must be one of {PROMPT_SHARING} "
+                              f"(got {self.prompt_sharing!r})")
         if self.num_groups and self.system_prompt_len >= self.prompt_len > 0:
             raise ConfigError(f"{where}: system_prompt_len must be below prompt_len")
 
@@ -191,7 +201,9 @@ def stage_requests(stage: ClientStage, seed: int = 0) -> pd.DataFrame:
         user = rng.integers(0, n_users, size=n)
         group = user // max(int(stage.users_per_group), 1)
         prefix = np.full(n, int(stage.system_prompt_len), dtype=np.int64)
-        key = user
+        # "prompt": a user's whole prompt repeats; "system": every prompt is its own past the
+        # shared system prompt
+        key = user if stage.prompt_sharing == "prompt" else np.arange(n, dtype=np.int64) + n
     else:
         group = np.arange(n, dtype=np.int64)
         prefix = np.zeros(n, dtype=np.int64)
@@ -219,6 +231,10 @@ class Replay:
         Size of the replay; mean output tokens of the replayed requests.
     n_preemptions
         Preemptions in the replay (KV pressure).
+    steps, step_features
+        The replayed steps' batch table (one row per engine step, the columns of
+        :data:`~bayes_latency.physics.batches.BATCH_COLUMNS`) and their features over ``terms``
+        (steps x terms), kept only on request (``replay_stage(keep_steps=True)``), else None.
     """
 
     features: dict[str, np.ndarray]
@@ -229,6 +245,8 @@ class Replay:
     mean_output: float
     n_preemptions: int
     terms: tuple[str, ...] = ()
+    steps: pd.DataFrame | None = None
+    step_features: np.ndarray | None = None
 
 
 def _config(stage: ClientStage, arch: Architecture) -> ServingConfig:
@@ -273,7 +291,8 @@ def cache_fraction(req: pd.DataFrame, block_size: int, kv_blocks: int) -> float:
 
 
 def replay_stage(stage: ClientStage, arch: Architecture, gpu: GPU, beta: Sequence[float],
-                 terms: Sequence[str] = DEFAULT_TERMS, seed: int = 0) -> Replay:
+                 terms: Sequence[str] = DEFAULT_TERMS, seed: int = 0,
+                 keep_steps: bool = False) -> Replay:
     """Replay one stage through the reference scheduler at ``beta`` and read its linear rows.
 
     Parameters
@@ -288,6 +307,8 @@ def replay_stage(stage: ClientStage, arch: Architecture, gpu: GPU, beta: Sequenc
         Term set of ``beta``.
     seed
         Seed of drawn requests (see :func:`stage_requests`).
+    keep_steps
+        Keep the replayed steps' batch table in :attr:`Replay.steps`.
 
     Returns
     -------
@@ -366,7 +387,9 @@ def replay_stage(stage: ClientStage, arch: Architecture, gpu: GPU, beta: Sequenc
                   engine_us={"workload_ttft": eng_ttft, "workload_e2e": eng_e2e,
                              "workload_decode": (eng_e2e - eng_ttft) / max(L - 1.0, 1e-9)},
                   n_requests=int(len(req)), n_steps=int(n_steps), mean_output=mean_out,
-                  n_preemptions=int(res.requests["num_preemptions"].sum()), terms=terms)
+                  n_preemptions=int(res.requests["num_preemptions"].sum()), terms=terms,
+                  steps=steps.reset_index(drop=True) if keep_steps else None,
+                  step_features=X if keep_steps else None)
 
 
 def observed_means(stage: ClientStage) -> dict[str, float]:

@@ -112,13 +112,15 @@ def _microbench_tokens(mb: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def load_real_data(data_dir: Path) -> RealData:
+def load_real_data(data_dir: Path, terms: Sequence[str] = DEFAULT_TERMS) -> RealData:
     """Build the pooled observation table of the real H100 runs and the Splitwise benchmarks.
 
     Parameters
     ----------
     data_dir
         ``shared/data/real``.
+    terms
+        Term set whose feature columns the table carries (default: the 11 BLIS terms).
 
     Returns
     -------
@@ -135,7 +137,7 @@ def load_real_data(data_dir: Path) -> RealData:
         arch = load_architecture(str(meta.loc[eid, "model"]))
         tp = int(meta.loc[eid, "tp"])
         obs = observations_from_iterations(it, arch, gpu, h100_serving(tp), experiment_id=str(eid),
-                                           workload=str(meta.loc[eid, "workload"]))
+                                           workload=str(meta.loc[eid, "workload"]), terms=terms)
         ok = it[list(STEP_BATCH_COLUMNS)].notna().all(axis=1) & (it["iteration_us"] > 0)
         it = it[ok].reset_index(drop=True)
         if len(it) != len(obs):
@@ -151,7 +153,7 @@ def load_real_data(data_dir: Path) -> RealData:
         it = it.assign(model=arch.name, gpu=gpu.name, tp=tp, obs_id=obs["obs_id"].to_numpy())
         it_frames.append(it)
     mb = read_splitwise(data_dir / "microbench" / "splitwise_perf_model.csv")
-    mobs = observations_from_microbench(mb)
+    mobs = observations_from_microbench(mb, terms=terms)
     tok = _microbench_tokens(mb)
     if len(tok) != len(mobs) or not np.allclose(tok["value_check"], mobs["value_us"]):
         raise RuntimeError("microbenchmark rows do not line up with observations_from_microbench")

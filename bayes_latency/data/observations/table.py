@@ -100,8 +100,8 @@ def peak_compute_note(rows: pd.DataFrame, max_examples: int = 3) -> str:
     return (f"{len(rows)} row(s) measured in less time than their compute takes at the GPU's "
             f"peak (value_us below x_prefill_compute + x_decode_compute): {ex}{more}. No GPU "
             "is that fast: the value is not the row's GPU time (a failed measurement, or a gap "
-            "that does not span the step), or the row's GPU, dtype or model is wrong; kept in "
-            "the fit")
+            "that does not span the step), or the row's GPU, dtype or model is wrong; dropped "
+            "from the fit")
 
 
 def observation_columns(terms: Sequence[str] = DEFAULT_TERMS) -> list[str]:

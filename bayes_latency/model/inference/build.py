@@ -69,7 +69,12 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
         raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
     fitted = (observations[observations["obs_id"].isin(rows["obs_id"])]
               if "obs_id" in observations.columns and "obs_id" in rows.columns else observations)
-    if note := peak_compute_note(faster_than_peak_compute(fitted)):
+    fast = faster_than_peak_compute(fitted)
+    if len(fast) and "obs_id" in rows.columns:
+        # rows no GPU can have measured are not the GPU time the model explains: out of the fit
+        rows = rows[~rows["obs_id"].isin(fast["obs_id"])].reset_index(drop=True)
+        report.drop("faster than the GPU's peak compute", len(fast))
+    if note := peak_compute_note(fast):
         report.notes.append(note)
     if note := too_many_runs(rows):
         report.notes.append(note)

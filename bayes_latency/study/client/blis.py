@@ -42,7 +42,7 @@ from bayes_latency.calibrate.loop import (
 from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.model.inference.convergence import DISAGREEMENT_ADVICE, DISAGREEMENT_PREFIX
-from bayes_latency.physics.basis import DEFAULT_TERMS
+from bayes_latency.physics.basis import replay_terms
 from bayes_latency.study.blis.spec import Coefficients
 from bayes_latency.study.client.parts import (
     current_part,
@@ -459,7 +459,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                                                     cal.converged)
         model.save(post_path)
         atomic_write(obs_path, lambda tmp: observations.to_parquet(tmp, index=False))
-        pred = client_predictions(model, stages, cal.replays, DEFAULT_TERMS)
+        pred = client_predictions(model, stages, cal.replays, replay_terms(terms))
         pred.to_csv(out / "package_replay.csv", index=False, float_format="%.6g")
         history.to_csv(out / "calibration.csv", index=False, float_format="%.6g")
         unfitted = list(cal.unfitted)

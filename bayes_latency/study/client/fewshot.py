@@ -158,7 +158,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     model and one shot unless given.
     """
     from bayes_latency.calibrate.loop import client_predictions
-    from bayes_latency.physics.basis import DEFAULT_TERMS
+    from bayes_latency.physics.basis import replay_terms
     from bayes_latency.study.blis.e2e import check_blis, run_study
     from bayes_latency.study.blis.spec import find_runs
     from bayes_latency.study.client.blis import GPU, sources_for
@@ -251,7 +251,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                                   {"calibrate_s": dt, "iterations": cal.iterations,
                                    "calibration_converged": cal.converged,
                                    "final_change": cal.final_change}))
-                pred = client_predictions(cal.model, st, cal.replays, DEFAULT_TERMS)
+                pred = client_predictions(cal.model, st, cal.replays, replay_terms(terms))
                 pred["model"], pred["tp"] = name, shot.tp
                 log(f"[fewshot] {name}: {setting} on {shot.short_id} ({dt:.0f} s); "
                     f"{len(others)} other run(s) in BLIS")

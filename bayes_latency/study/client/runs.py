@@ -29,7 +29,7 @@ from bayes_latency.calibrate.loop import (
     population_start,
 )
 from bayes_latency.data.client.lifecycle import read_lifecycle_dir
-from bayes_latency.physics.basis import DEFAULT_TERMS
+from bayes_latency.physics.basis import replay_terms
 from bayes_latency.schedule.replay import ClientStage
 from bayes_latency.study.blis.spec import RealRun, kv_blocks_per_gpu
 from bayes_latency.study.settings import FitSettings
@@ -103,11 +103,11 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
             start_model = _fitter(start_settings, terms)(base)
     start_fit_s = time.perf_counter() - t0
     if start_model is not None:
-        start = config_means(start_model, stages, DEFAULT_TERMS)
+        start = config_means(start_model, stages, replay_terms(terms))
     elif population is not None:
-        start = population_start(population, stages, DEFAULT_TERMS)
+        start = population_start(population, stages, replay_terms(terms))
     fast = _fitter(FAST_FIT, terms, population) if fast_iter else None
-    cal = calibrate(base, stages, _fitter(settings, terms, population), terms=DEFAULT_TERMS,
+    cal = calibrate(base, stages, _fitter(settings, terms, population), terms=replay_terms(terms),
                     start=start,
                     tol=tol, max_iter=max_iter, log=log, fast_fit=fast,
                     max_fast_iter=max(fast_iter, 1))

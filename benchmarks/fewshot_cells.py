@@ -38,7 +38,8 @@ runs, Splitwise benchmark rows, client rows of the normal runs at the calibrated
 Usage::
 
     python benchmarks/fewshot_cells.py [--fleet PATH|real] [--cells ID,...] [--shots N]
-        [--quick] [--work DIR] [--reuse DIR] [--out PREFIX]
+        [--terms blis|regime] [--quick] [--work DIR] [--reuse DIR] [--against DIR]
+        [--out PREFIX]
 
 The scores and the report's markdown are in ``benchmarks/fewshot_cells_scores.py``; the
 least-median prefill error the terms allow with every point of a cell known (no sampling) in
@@ -47,6 +48,10 @@ least-median prefill error the terms allow with every point of a cell known (no 
 ``--work`` keeps, per cell, the predicted rows (``<cell>/held.csv``) and the fits
 (``<cell>/fits.csv``); a cell whose files are there is not fitted again, so an interrupted run
 resumes; ``bounds.csv`` holds the cells' bounds and ``in-sample/`` the whole fleet's fit.
+``--terms regime`` fits BLIS's terms plus the compute knees (needs ``--fleet real``: a client
+fleet carries the terms it was calibrated with). ``--against DIR`` sets the summary of another
+run's work folder on the same fleet (other terms) beside this run's. Rows measured faster than
+their compute at the GPU's peak are out of the fits and the scores, named in the report.
 ``--reuse DIR`` renders the report from such a folder (computing ``bounds.csv`` from
 ``--fleet`` when the folder lacks it). Outputs ``PREFIX.md`` and ``PREFIX.json`` (default
 ``results/benchmarks/fewshot_cells``). ``--quick``: one cell, one shot, 200 + 200 draws (no
@@ -76,6 +81,8 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402, F401 - re-exported 
     NOISE_CLASS,
     PHASES,
     SETTINGS,
+    against_lines,
+    against_table,
     attach_points,
     batch_sweep_table,
     benchmark_noise_prior,
@@ -389,9 +396,12 @@ def run(work: Path, fleet: str, cells: list[str] | None, quick: bool, n_shots: i
         record_machine(work, "end")
 
 
-def report(work: Path, out: Path, fleet: str | None = None) -> dict[str, Any]:
+def report(work: Path, out: Path, fleet: str | None = None,
+           against: Path | None = None) -> dict[str, Any]:
     """Write ``out.md`` and ``out.json`` from ``work``; return the summary. A folder without
-    the bounds' table gets it from ``fleet`` when that is readable (:func:`write_bounds`)."""
+    the bounds' table gets it from ``fleet`` when that is readable (:func:`write_bounds`).
+    ``against``: the work folder of a run with other terms on the same fleet, whose summary the
+    report sets beside this one's."""
     from bayes_latency.io import atomic_write_text
 
     if fleet is not None and not (work / BOUNDS_FILE).exists() and (
@@ -401,6 +411,11 @@ def report(work: Path, out: Path, fleet: str | None = None) -> dict[str, Any]:
         write_bounds(work, drop_unphysical(load_fleet(fleet, terms)[0])[0], meta["all_cells"],
                      terms)
     res = summarise(work)
+    if against is not None:
+        ref = summarise(against)
+        if ref.get("fleet") != res.get("fleet"):
+            sys.exit(f"--against {against}: another fleet ({ref.get('fleet')!r})")
+        res["against"] = {k: ref[k] for k in ("terms", "settings", "scores", "fits")}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
     atomic_write_text(out.with_suffix(".md"), render(res, machine_line(work)))
@@ -422,6 +437,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/fewshot_cells"))
     ap.add_argument("--reuse", type=Path, default=None, help="render from a --work folder")
     ap.add_argument("--out", type=Path, default=ROOT / "results/benchmarks/fewshot_cells")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="work folder of a run with other terms on the same fleet: its summary "
+                         "beside this run's in the report")
     args = ap.parse_args()
     from bayes_latency.physics.basis import TERM_SETS
 
@@ -434,7 +452,7 @@ def main() -> None:
         cells = [c for c in args.cells.split(",") if c] if args.cells else None
         run(work, args.fleet, cells, args.quick, 1 if args.quick else args.shots,
             TERM_SETS[args.terms])
-    res = report(work, args.out, args.fleet)
+    res = report(work, args.out, args.fleet, args.against)
     print(pd.DataFrame(res["scores"]).round(3).to_string())
     failed = [f["fit"] + " (" + f["cell"] + ")" for f in res["fits"] if not f["passed"]]
     if failed:

@@ -365,6 +365,35 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 
+def against_table(res: dict[str, Any]) -> pd.DataFrame:
+    """Per setting and phase, this run's summary beside that of ``res["against"]`` (another
+    run's :func:`summarise` result on the same fleet, with other terms)."""
+    fits = pd.DataFrame(res.get("fits", []))
+    ref = res["against"]
+    a = summary_table(with_gates(pd.DataFrame(res["scores"]), fits))
+    b = summary_table(with_gates(pd.DataFrame(ref["scores"]), pd.DataFrame(ref.get("fits", []))))
+    m = a.merge(b, on=["setting", "phase"], suffixes=("", "_against"))
+    out = m[["setting", "phase"]].copy()
+    for c, nd in (("median_mdape_pct", 1), ("worst_mdape_pct", 1), ("coverage90", 3),
+                  ("median_band_rel_width", 3)):
+        out[c] = [f"{_fmt(float(x), nd)} ({_fmt(float(y), nd)})"
+                  for x, y in zip(m[c], m[f"{c}_against"], strict=True)]
+    return out
+
+
+def against_lines(res: dict[str, Any]) -> list[str]:
+    """The report's section comparing this run with ``res["against"]``."""
+    from bayes_latency.study.markdown import _md
+
+    ref = res["against"]
+    return ["## Against other terms", "",
+            f"This run's numbers, and in brackets those of the same benchmark on the same "
+            f"fleet with the terms `{', '.join(ref['terms'])}` "
+            f"({ref.get('settings', '')}; fits passing the gates: "
+            f"{sum(bool(f.get('passed')) for f in ref.get('fits', []))} of "
+            f"{len(ref.get('fits', []))}).", "", _md(against_table(res)), ""]
+
+
 def half_normal_text(s: float) -> str:
     """A ``HalfNormal(s)`` prior as text, with its mean ``s sqrt(2 / pi)``."""
     return f"HalfNormal({s:g}), mean {s * math.sqrt(2 / math.pi):.3f}"
@@ -459,10 +488,15 @@ def render(res: dict[str, Any], machine: str = "") -> str:
     fleet_how = ("" if not arg or arg == "real" else
                  f" (`--fleet PATH`: the `client/observations.parquet` that `bayes-latency study "
                  f"client --out DIR` writes; this run read `{arg}`)")
+    ref_terms = res.get("against", {}).get("terms", [])
+    against_how = (" (`--against WORK`: the `--work` folder of the same command with `--terms "
+                   f"{'regime' if 'compute_over_2w' in ref_terms else 'blis'}`)"
+                   if res.get("against") else "")
     lines = ["# Unseen Splitwise cells: zero-shot and one-shot from the fleet's population", "",
              f"Regenerate: `python benchmarks/fewshot_cells.py{' --quick' if res['quick'] else ''}"
              f"{' --fleet ' + ('real' if arg == 'real' else 'PATH') if arg else ''}"
-             f"{' --terms regime' if 'compute_over_2w' in res['terms'] else ''}`"
+             f"{' --terms regime' if 'compute_over_2w' in res['terms'] else ''}"
+             f"{' --against WORK' if res.get('against') else ''}`{against_how}"
              f"{fleet_how}. "
              f"Fleet: {res['fleet']}"
              + (f" (without the {len(res['dropped_rows'])} rows measured faster than their "
@@ -500,6 +534,8 @@ def render(res: dict[str, Any], machine: str = "") -> str:
               "median and worst MdAPE (%), the share of all scored rows inside their 90% band "
               "(`coverage90`) and the range of the per-fit shares, the median relative band "
               "width.", "", _md(summ), ""]
+    if res.get("against"):
+        lines += against_lines(res)
     shown = scores.copy()
     shown["cell"] = shown["cell"].map(cell_label)
     shown["passed"] = shown["passed"].map(lambda v: "yes" if v else "**no**")

@@ -180,7 +180,7 @@ def render(res: dict[str, Any]) -> str:
     rep = pd.DataFrame(res["replay"])
     lines = ["# The real runs in BLIS: additive against regime step time", "",
              "Regenerate: `python benchmarks/regime_blis.py`. " + res["what"], "",
-             res["machine"], "", "## Median |error| over the normal runs", "",
+             res["machine"], "", "## Median absolute error over the normal runs", "",
              "| fit | expansion | runs | E2E mean | TTFT mean | decode interval | worst E2E | "
              "worst TTFT |", "|---|---|---|---|---|---|---|---|"]
     for (fit, ex), g in t.groupby(["fit", "expansion"], sort=False):
@@ -188,10 +188,15 @@ def render(res: dict[str, Any]) -> str:
                     g["err_decode_interval"].abs())
         lines.append(f"| {fit} | {ex} | {len(g)} | {e.median():.1%} | {tt.median():.1%} | "
                      f"{d.median():.1%} | {e.max():.1%} | {tt.max():.1%} |")
-    lines += ["", "## The package's own replay (no BLIS)", "",
+    lines += ["", "Under `inference-perf`, BLIS computes every user prompt past the system "
+              "prompt, which the real server had cached (its users repeat their whole prompt), "
+              "so the simulated TTFT there also carries prefill work the real runs did not do; "
+              "under `prefix` the simulated prefills are the real ones.",
+              "", "## The package's own replay (no BLIS)", "",
               "Calibrated client means against the real ones, pooled over each run's stages "
               "(each user's whole prompt cached, as the real server did).", "",
-              "| fit | runs | median |E2E| | worst |E2E| | median |TTFT| | worst |TTFT| |",
+              "| fit | runs | median E2E error | worst E2E error | median TTFT error | "
+              "worst TTFT error |",
               "|---|---|---|---|---|---|"]
     for fit, g in rep.groupby("fit", sort=False):
         lines.append(f"| {fit} | {len(g)} | {g['err_e2e'].abs().median():.1%} | "
@@ -214,14 +219,18 @@ def render(res: dict[str, Any]) -> str:
             pj[c] = pj[c].map(lambda v: f"{v:.4g}")
         for c in ("projection_step_p90_pct", "projection_total_pct"):
             pj[c] = pj[c].map(lambda v: f"{v:.2f}")
+        pj["projection_steps"] = pj["projection_steps"].map(lambda v: f"{int(v):,}")
+        pj = pj.sort_values(["expansion", "run"], ascending=[False, True])
         lines += ["## The regime exports' projections", "",
                   "Per run and expansion: the replayed steps the projection is made over, "
                   "`prefill_compute` of the regime fit and of its projection (posterior means), "
                   "and the projection's own error on those steps (90th percentile of the per-step "
                   "error, and of the summed time, %).", "", _md(pj), ""]
-    fits = pd.DataFrame([{"fit": k, **{c: v[c] for c in ("passed", "max_rhat", "min_ess_bulk",
-                                                          "divergences", "converged")},
-                          "wall_s": f"{v['wall_s']:.0f}"} for k, v in res["fits"].items()])
+    fits = pd.DataFrame([{"fit": k, "passed": v["passed"], "max_rhat": f"{v['max_rhat']:.4f}",
+                          "min_ess_bulk": f"{v['min_ess_bulk']:.0f}",
+                          "divergences": v["divergences"], "calibration converged":
+                          v["converged"], "wall_s": f"{v['wall_s']:.0f}"}
+                         for k, v in res["fits"].items()])
     lines += ["## Fits", "", _md(fits), ""]
     return "\n".join(lines)
 
@@ -262,7 +271,8 @@ def main() -> None:
     record_machine(args.work, "end")
     res = {"blis": table.to_dict("records"), "replay": replay_table(preds).to_dict("records"),
            "fits": fits, "machine": machine_line(args.work),
-           "what": (f"{len(sim_runs)} normal runs, BLIS `{setup.binary}`; each fit calibrated "
+           "what": (f"{len(sim_runs)} normal runs, BLIS commit `{setup.commit}`; each fit "
+                    "calibrated "
                     "on the real step rows, the Splitwise rows and the client means of the 12 "
                     "normal runs; terms: additive `" + ", ".join(model_terms("additive"))
                     + "`, regime the same plus `compute_over_2w, compute_over_6w`. The BLIS "

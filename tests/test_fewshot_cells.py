@@ -291,3 +291,22 @@ def test_rows_faster_than_the_gpus_peak_are_out_of_the_fits_and_the_scores():
     assert kept["obs_id"].tolist() == ["a/0", "a/2"]
     assert dropped == [{"obs_id": "a/1", "config_id": "m|H100-SXM|tp2|splitwise",
                         "ratio": pytest.approx(0.125)}]
+
+
+def test_a_run_is_set_beside_another_terms_run():
+    fits = [{"cell": "c1", "fit": "one-shot population: s", "passed": True}]
+
+    def res(ratio: float, terms: list[str]) -> dict:
+        h = pd.concat([_held(8, ratio, 0.1, ph, cell="c1", setting="one-shot population",
+                             shot="s") for ph in ("prefill", "decode")], ignore_index=True)
+        return {"terms": terms, "settings": "2 chains", "fits": fits,
+                "scores": fc.score_table(h).to_dict(orient="records")}
+
+    mine = res(1.02, ["t1", "knee"])
+    mine["against"] = res(1.20, ["t1"])
+    t = fc.against_table(mine).set_index(["setting", "phase"])
+    got = t.loc[("one-shot population", "prefill"), "median_mdape_pct"]
+    assert got == f"{100 * (1 - 1 / 1.02):.1f} ({100 * (1 - 1 / 1.20):.1f})"
+    assert t.loc[("one-shot population", "decode"), "coverage90"] == "1.000 (0.000)"
+    md = "\n".join(fc.against_lines(mine))
+    assert "## Against other terms" in md and "terms `t1`" in md and "1 of 1" in md

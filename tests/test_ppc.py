@@ -260,6 +260,14 @@ def test_truth_from_fixed_coefficients():
     assert wl["truth_error_pct"].abs().max() < 1.5
     with pytest.raises(Exception, match="no coefficients"):
         FixedCoefficientModel({}).predict(obs)
+    # a table with another term set's features too (ingest writes every named set's): a truth
+    # over its own terms leaves them out; without its term set, a used feature is an error
+    wide = obs.assign(x_compute_over_2w=1000.0)
+    coefs = {c: dict(zip(names, t, strict=True)) for c, t in TRUE.items()}
+    np.testing.assert_array_equal(
+        FixedCoefficientModel(coefs, terms=names).predict(wide).values, truth_model.predict(obs).values)
+    with pytest.raises(Exception, match="x_compute_over_2w"):
+        FixedCoefficientModel(coefs).predict(wide)
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -304,3 +304,35 @@ def test_the_regime_reports_render_from_their_numbers():
     for block in md.split("\n\n"):  # no configuration id splits a table row
         rows = [ln for ln in block.splitlines() if ln.startswith("|")]
         assert len({ln.count("|") for ln in rows}) <= 1, block
+
+
+def test_the_blis_report_sets_the_two_fits_side_by_side():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchmark_module import load_benchmark
+
+    rb = load_benchmark("regime_blis")
+    rows = []
+    for fit, e in (("additive", 0.02), ("regime", -0.01)):
+        for ex in ("prefix", "inference-perf"):
+            for run in ("m-tp1-a", "m-tp1-b"):
+                rows.append({"fit": fit, "expansion": ex, "run": run, "err_e2e_mean": e,
+                             "err_ttft_mean": 2 * e, "err_decode_interval": e / 2,
+                             **({"projection_steps": 1000.0, "prefill_compute_before": 0.1,
+                                 "prefill_compute_after": 0.12, "projection_step_p90_pct": 0.5,
+                                 "projection_total_pct": 0.1} if fit == "regime" else {})})
+    fit = {"passed": True, "max_rhat": 1.004, "min_ess_bulk": 450.0, "divergences": 0,
+           "converged": True, "wall_s": 100.0}
+    res = {"blis": rows, "fits": {"additive": fit, "regime": fit}, "machine": "On a CPU.",
+           "what": "2 runs.",
+           "replay": [{"fit": f, "run": r, "err_ttft": 0.01, "err_e2e": -0.02}
+                      for f in ("additive", "regime") for r in ("m-tp1-a", "m-tp1-b")]}
+    md = rb.render(res)
+    assert "| additive | prefix | 2 | 2.0% | 4.0% | 1.0% | 2.0% | 4.0% |" in md
+    assert "| regime | inference-perf | 2 | 1.0% | 2.0% | 0.5% | 1.0% | 2.0% |" in md
+    assert "| inference-perf | m-tp1-a | +2.0% | -1.0% | +4.0% | -2.0% |" in md
+    assert "## The regime exports' projections" in md and "1,000" in md
+    for block in md.split("\n\n"):
+        rows_ = [ln for ln in block.splitlines() if ln.startswith("|")]
+        assert len({ln.count("|") for ln in rows_}) <= 1, block

@@ -26,6 +26,7 @@ from bayes_latency.checks.recovery import (
 )
 from bayes_latency.data.observations.build import config_id
 from bayes_latency.model.estimator import LatencyModel
+from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS
 from bayes_latency.study.machine import compile_cache_state, load_average, machine_line
 from bayes_latency.textfiles import load_yaml, read_text
 
@@ -169,7 +170,9 @@ def run_demo(out: Path, fleet: str = "demo", seed: int = 0, draws: int | None = 
                          "expected_90"]], on=["config_id", "coef"], how="left")
     rec.to_csv(out / "recovery.csv", index=False)
     # workload means under the true coefficients, computed the same way as the predictions
-    true_req = request_ppc(FixedCoefficientModel(truth), obs, tables["requests"], noise=False)
+    # the simulator's step time is BLIS's 11 terms: the tables' other features are not in it
+    true_req = request_ppc(FixedCoefficientModel(truth, terms=DEFAULT_TERMS + ALPHA_TERMS), obs,
+                           tables["requests"], noise=False)
     req = request_ppc(model, obs, tables["requests"], seed=seed)
     wl = workload_ppc(req, truth=true_req.expected())
     wl.to_csv(out / "workload_vs_truth.csv", index=False)

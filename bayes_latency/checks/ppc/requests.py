@@ -71,15 +71,22 @@ class FixedCoefficientModel:
     coefficients
         ``config_id -> {coefficient name: value}`` over beta and alpha terms (µs units as in the
         observations' ``x_<name>`` features). Features without a coefficient must be zero.
+    terms
+        The coefficients' term set (beta and alpha names), when the observations carry the
+        features of other terms too (``ingest`` writes every named term set's): those are not
+        part of this model, whose time has no such term. None: every ``x_`` column counts.
     """
 
-    def __init__(self, coefficients: dict[str, dict[str, float]]) -> None:
+    def __init__(self, coefficients: dict[str, dict[str, float]],
+                 terms: Sequence[str] | None = None) -> None:
         self.coefficients = {str(c): dict(v) for c, v in coefficients.items()}
+        self.terms = None if terms is None else {str(t) for t in terms}
 
     def predict(self, observations: pd.DataFrame, **_: Any) -> xr.DataArray:
         """``(1, n)`` exact means of the rows."""
         mu = np.zeros(len(observations))
-        x_cols = [c for c in observations.columns if c.startswith("x_")]
+        x_cols = [c for c in observations.columns if c.startswith("x_")
+                  and (self.terms is None or c[2:] in self.terms)]
         cfg = observations["config_id"].astype(str).to_numpy()
         for c in pd.unique(cfg):
             if c not in self.coefficients:

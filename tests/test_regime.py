@@ -336,3 +336,25 @@ def test_the_blis_report_sets_the_two_fits_side_by_side():
     for block in md.split("\n\n"):
         rows_ = [ln for ln in block.splitlines() if ln.startswith("|")]
         assert len({ln.count("|") for ln in rows_}) <= 1, block
+
+
+@pytest.mark.slow
+def test_calibrate_with_the_knees_exports_them_projected_over_the_result(tmp_path, capsys):
+    """``calibrate --terms regime --export``: the BLIS YAML carries the knees' cost in
+    ``prefill_compute``, projected over the calibrated result's own steps (about 2 CPU min)."""
+    import yaml
+
+    from bayes_latency.cli.main import main
+
+    wl = _workload(tmp_path, "llama-2-7b", "H100", 1)
+    out, exp = tmp_path / "cal.nc", tmp_path / "cal.yaml"
+    rc = main(["calibrate", str(wl), "--model", "llama-2-7b", "--gpu", "H100", "--tp", "1",
+               "--terms", "regime", "--population", "none", "--sampler", "laplace",
+               "--draws", "200", "--out", str(out), "--export", str(exp)])
+    assert rc in (0, 1)  # the export is written before the gates
+    printed = capsys.readouterr().out
+    assert "projected onto prefill_compute" in printed and "the calibrated result" in printed
+    doc = yaml.safe_load(exp.read_text())
+    assert len(doc["trained_physics_coefficients"]["beta_coeffs"]) == 11
+    assert all(len(d["trained_physics_coefficients"]["beta_coeffs"]) == 11 for d in doc["draws"])
+    assert any("projected onto prefill_compute" in n for n in doc["notes"])

@@ -177,3 +177,12 @@ def test_replay_terms_cover_blis_and_the_fits_extra_terms():
     assert replay_terms(("prefill_compute", "per_step")) == DEFAULT_TERMS
     assert replay_terms(REGIME_TERMS) == REGIME_TERMS
     assert replay_terms(("per_step", "compute_over_6w")) == DEFAULT_TERMS + ("compute_over_6w",)
+
+
+def test_arrival_rate_of_drawn_and_recorded_requests():
+    assert _stage().arrival_rate == 6.0
+    rec = _stage(arrival_s=(0.0, 0.5, 1.0, 2.0), prompt_tokens=(100,) * 4,
+                 output_tokens=(5,) * 4, num_groups=0)
+    assert rec.arrival_rate == pytest.approx(1.5)
+    one = _stage(arrival_s=(3.0,), prompt_tokens=(100,), output_tokens=(5,), num_groups=0)
+    assert one.arrival_rate == math.inf

@@ -483,11 +483,9 @@ def stages_table(stages: list[ClientStage]) -> pd.DataFrame:
     for s in stages:
         rec = s.arrival_s is not None
         n = len(s.arrival_s) if rec else s.count
-        span = (max(s.arrival_s) - min(s.arrival_s)) if rec else math.nan
         rows.append({
             "experiment_id": s.experiment_id, "requests": n,
-            "arrivals": "recorded" if rec else "poisson",
-            "rate": (n - 1) / span if rec and span > 0 else (math.inf if rec else s.rate),
+            "arrivals": "recorded" if rec else "poisson", "rate": s.arrival_rate,
             "prompt_mean": float(np.mean(s.prompt_tokens)) if rec else float(s.prompt_len),
             "output_mean": float(np.mean(s.output_tokens)) if rec else pdf_mean(s.output_pdf),
             "ttft_mean_ms": s.observed.get("ttft_mean_us", math.nan) / 1e3,

@@ -209,15 +209,6 @@ def workload_stages(args: argparse.Namespace) -> list | None:
     return [dataclasses.replace(st, prompt_sharing=sharing) for st in stages]
 
 
-def _stage_rate(stage: object) -> float:
-    """A load stage's arrival rate (req/s): its own, or that of its recorded arrivals."""
-    rate = float(getattr(stage, "rate", np.nan))
-    arr = getattr(stage, "arrival_s", None)
-    if not np.isfinite(rate) and arr is not None and len(arr) > 1 and max(arr) > min(arr):
-        rate = (len(arr) - 1) / (max(arr) - min(arr))
-    return rate
-
-
 def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
                      ) -> tuple[xr.Dataset, list[str]]:
     """Replay ``stages`` at the posterior-mean coefficients of ``coefs`` (the package's
@@ -230,7 +221,7 @@ def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
     terms = [str(t) for t in coefs["term"].values]
     mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
     X = replayed_step_features(stages, args.model, args.gpu, mean, terms)
-    rates = [f"{r:.3g}" for r in sorted({_stage_rate(st) for st in stages}) if np.isfinite(r)]
+    rates = [f"{r:.3g}" for r in sorted({st.arrival_rate for st in stages}) if np.isfinite(r)]
     sharing = {"prompt": "each user's whole prompt cached",
                "system": "only the system prompt shared"}[stages[0].prompt_sharing]
     where = (f"--workload {Path(args.workload).name} ({len(stages)} load stage(s)"

@@ -130,6 +130,15 @@ class ClientStage:
         return f"{self.run_id}/stage{self.stage}"
 
     @property
+    def arrival_rate(self) -> float:
+        """Arrivals per second: ``rate`` for drawn requests; for recorded ones, ``(n - 1)`` over
+        the span of their send times (inf when they span no time)."""
+        if self.arrival_s is None:
+            return float(self.rate)
+        span = max(self.arrival_s) - min(self.arrival_s)
+        return (len(self.arrival_s) - 1) / span if span > 0 else math.inf
+
+    @property
     def config_id(self) -> str:
         """The configuration key of the rows (canonical model and GPU names)."""
         from bayes_latency.physics.hardware import load_gpu

@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,22 +101,15 @@ def point(model: Any, run: Any, stages: list, expansion: str) -> tuple[Any, dict
     """The BLIS point (posterior mean) of ``run``'s configuration for ``expansion``: the
     additive fit's mean, or the regime fit's projected at the run's workload."""
     from bayes_latency.export.document import blis_block
-    from bayes_latency.export.projection import (
-        KNEE_TERMS,
-        project_onto_blis,
-        replayed_step_features,
-    )
+    from bayes_latency.export.projection import KNEE_TERMS, project_over_stages
     from bayes_latency.study.blis.spec import Coefficients
 
     coefs = model.coefficients(run.model, GPU, run.tp, new_run=True)
-    terms = [str(t) for t in coefs["term"].values]
     info: dict[str, Any] = {}
-    if set(terms) & set(KNEE_TERMS):
+    if {str(t) for t in coefs["term"].values} & set(KNEE_TERMS):
         sts = [dataclasses.replace(s, prompt_sharing=EXPANSION_SHARING[expansion])
                for s in stages]
-        mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
-        X = replayed_step_features(sts, run.model, GPU, mean, terms)
-        proj = project_onto_blis(coefs, X, terms, workload=f"{run.short_id} ({expansion})")
+        proj, _ = project_over_stages(coefs, sts, run.model, GPU, f"{run.short_id} ({expansion})")
         coefs = proj.coefs
         info = {"projection_steps": proj.n_steps, "projection_prefill_steps":
                 proj.n_prefill_steps, "projection_step_mdape_pct": proj.step_mdape_pct,

@@ -358,3 +358,23 @@ def test_calibrate_with_the_knees_exports_them_projected_over_the_result(tmp_pat
     assert len(doc["trained_physics_coefficients"]["beta_coeffs"]) == 11
     assert all(len(d["trained_physics_coefficients"]["beta_coeffs"]) == 11 for d in doc["draws"])
     assert any("projected onto prefill_compute" in n for n in doc["notes"])
+
+
+def test_projection_over_replayed_stages_projects_every_set_over_the_same_steps():
+    from bayes_latency.export.projection import project_over_stages, replayed_step_features
+    from bayes_latency.schedule.replay import ClientStage
+
+    stage = ClientStage(run_id="r", stage=0, model=CFG[0], gpu=CFG[1], tp=CFG[2],
+                        observed={"ttft_mean_us": 1e5, "e2e_mean_us": 5e6,
+                                  "output_len_mean": 50.0},
+                        kv_blocks=8000, rate=2.0, count=40, prompt_len=3000,
+                        output_pdf={40: 0.5, 60: 0.5}, num_groups=0)
+    coefs, other = _coefs(_draws()), _coefs(_draws(seed=7))
+    mean = coefs["beta"].mean("sample").values.astype(float)
+    X = replayed_step_features([stage], CFG[0], CFG[1], mean, REGIME_TERMS)
+    proj, (o,) = project_over_stages(coefs, [stage], CFG[0], CFG[1], "w", draws=(other,))
+    np.testing.assert_array_equal(proj.coefs["beta"].values,
+                                  project_onto_blis(coefs, X, REGIME_TERMS).coefs["beta"].values)
+    np.testing.assert_array_equal(o["beta"].values,
+                                  project_onto_blis(other, X, REGIME_TERMS).coefs["beta"].values)
+    assert proj.n_steps == len(X) and proj.n_prefill_steps > 0

@@ -216,18 +216,15 @@ def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
     onto BLIS's basis over the replayed steps
     (:func:`~bayes_latency.export.projection.project_onto_blis`); returns the projected
     coefficients and the notes naming the operating point and the projection's error there."""
-    from bayes_latency.export.projection import project_onto_blis, replayed_step_features
+    from bayes_latency.export.projection import project_over_stages
 
-    terms = [str(t) for t in coefs["term"].values]
-    mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
-    X = replayed_step_features(stages, args.model, args.gpu, mean, terms)
     rates = [f"{r:.3g}" for r in sorted({st.arrival_rate for st in stages}) if np.isfinite(r)]
     sharing = {"prompt": "each user's whole prompt cached",
                "system": "only the system prompt shared"}[stages[0].prompt_sharing]
     where = (f"--workload {Path(args.workload).name} ({len(stages)} load stage(s)"
              + (f", {', '.join(rates)} req/s" if rates else "") + f", {sharing}, replayed by the "
              "package's scheduler at the posterior-mean coefficients)")
-    proj = project_onto_blis(coefs, X, terms, workload=where)
+    proj, _ = project_over_stages(coefs, stages, args.model, args.gpu, where)
     return proj.coefs, [f"operating point: {where}"] + proj.notes
 
 

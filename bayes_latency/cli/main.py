@@ -410,22 +410,14 @@ def _project_knees(coefs: object, run: object, stages: list, args: argparse.Name
     """A calibrated regime fit's coefficients and run-level draws projected onto BLIS's basis over
     the steps of the calibrated result itself (:mod:`bayes_latency.export.projection`), with the
     notes; unchanged, without notes, for a fit without knee terms."""
-    import numpy as np
+    from bayes_latency.export.projection import KNEE_TERMS, project_over_stages
 
-    from bayes_latency.export.projection import (
-        KNEE_TERMS,
-        project_onto_blis,
-        replayed_step_features,
-    )
-
-    terms = [str(t) for t in coefs["term"].values]
-    if not set(terms) & set(KNEE_TERMS):
+    if not {str(t) for t in coefs["term"].values} & set(KNEE_TERMS):
         return coefs, run, []
-    mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
-    X = replayed_step_features(stages, args.model, args.gpu, mean, terms, seed=args.seed)
     where = f"the calibrated result ({len(stages)} load stage(s), replayed at the posterior mean)"
-    proj = project_onto_blis(coefs, X, terms, workload=where)
-    return proj.coefs, project_onto_blis(run, X, terms, workload=where).coefs, proj.notes
+    proj, (run,) = project_over_stages(coefs, stages, args.model, args.gpu, where,
+                                       seed=args.seed, draws=(run,))
+    return proj.coefs, run, proj.notes
 
 
 def _bands(run: object, stages: list, replays: dict, terms: tuple[str, ...]) -> object:

@@ -31,7 +31,8 @@ import xarray as xr
 from bayes_latency.errors import BayesLatencyError
 from bayes_latency.physics.basis import DEFAULT_TERMS, REGIME_TERMS
 
-__all__ = ["KNEE_TERMS", "Projection", "project_onto_blis", "replayed_step_features"]
+__all__ = ["KNEE_TERMS", "Projection", "project_onto_blis", "project_over_stages",
+           "replayed_step_features"]
 
 #: The terms of the ``regime`` set that BLIS has no slot for.
 KNEE_TERMS: tuple[str, ...] = tuple(t for t in REGIME_TERMS if t not in DEFAULT_TERMS)
@@ -112,32 +113,25 @@ def project_onto_blis(coefs: xr.Dataset, X: np.ndarray, terms: Sequence[str],
     B = np.asarray(coefs["beta"].transpose("sample", "term").values, dtype=float)
     knees = [i for i, t in enumerate(bterms) if t in KNEE_TERMS]
     keep = [i for i, t in enumerate(bterms) if t not in KNEE_TERMS]
-    has_prefill = Xb[:, bterms.index(CARRIER)] > 0 if CARRIER in bterms else np.zeros(len(Xb), bool)
+    kterms = [bterms[i] for i in keep]
+    if knees and CARRIER not in kterms:
+        raise BayesLatencyError(f"the posterior has the knee terms {[bterms[i] for i in knees]}"
+                                f" but no {CARRIER!r} to carry their cost to BLIS")
+    j = kterms.index(CARRIER) if CARRIER in kterms else None  # its column of Bp
+    x_pc = Xb[:, bterms.index(CARRIER)] if j is not None else np.zeros(len(Xb))
+    has_prefill = x_pc > 0
+    Bp = B[:, keep].copy()
     notes: list[str] = []
     if not knees:
-        delta = np.zeros(B.shape[0])
         notes.append("the posterior's terms are BLIS's own: nothing to project")
+    elif (denom := float(x_pc @ x_pc)) <= 0:
+        notes.append(f"{workload} has no prefill step: the knees cost nothing there and "
+                     f"{CARRIER} is kept")
     else:
-        if CARRIER not in bterms:
-            raise BayesLatencyError(f"the posterior has the knee terms {[bterms[i] for i in knees]}"
-                                    f" but no {CARRIER!r} to carry their cost to BLIS")
-        pc = bterms.index(CARRIER)
-        x_pc = Xb[:, pc]
-        denom = float(x_pc @ x_pc)
-        if denom <= 0:
-            delta = np.zeros(B.shape[0])
-            notes.append(f"{workload} has no prefill step: the knees cost nothing there and "
-                         f"{CARRIER} is kept")
-        else:
-            w = (x_pc @ Xb[:, knees]) / denom              # (n_knees,)
-            delta = B[:, knees] @ w
-    Bp = B[:, keep].copy()
-    before = float(B[:, bterms.index(CARRIER)].mean()) if CARRIER in bterms else float("nan")
-    if knees and CARRIER in bterms:
-        j = [bterms[i] for i in keep].index(CARRIER)
-        Bp[:, j] = np.maximum(Bp[:, j] + delta, 0.0)
-    after = float(Bp[:, [bterms[i] for i in keep].index(CARRIER)].mean()) \
-        if CARRIER in bterms else float("nan")
+        w = (x_pc @ Xb[:, knees]) / denom              # (n_knees,)
+        Bp[:, j] = np.maximum(Bp[:, j] + B[:, knees] @ w, 0.0)
+    before = float(B[:, bterms.index(CARRIER)].mean()) if j is not None else float("nan")
+    after = float(Bp[:, j].mean()) if j is not None else float("nan")
     t_regime = Xb @ B.mean(axis=0)
     t_add = Xb[:, keep] @ Bp.mean(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -175,3 +169,16 @@ def replayed_step_features(stages: Sequence, model: str, gpu: str, beta: np.ndar
     feats = [replay_stage(st, arch, g, beta, terms, seed=seed, keep_steps=True).step_features
              for st in stages]
     return np.concatenate(feats) if feats else np.zeros((0, len(terms)))
+
+
+def project_over_stages(coefs: xr.Dataset, stages: Sequence, model: str, gpu: str,
+                        workload: str, seed: int = 0, draws: Sequence[xr.Dataset] = ()
+                        ) -> tuple[Projection, list[xr.Dataset]]:
+    """:func:`project_onto_blis` of ``coefs`` over the steps of ``stages`` replayed at their
+    posterior-mean coefficients (:func:`replayed_step_features`), and of each of ``draws``
+    (other coefficient sets of the configuration, e.g. run-level draws) over the same steps."""
+    terms = [str(t) for t in coefs["term"].values]
+    mean = np.asarray(coefs["beta"].mean("sample").values, dtype=float)
+    X = replayed_step_features(stages, model, gpu, mean, terms, seed=seed)
+    return (project_onto_blis(coefs, X, terms, workload=workload),
+            [project_onto_blis(d, X, terms, workload=workload).coefs for d in draws])

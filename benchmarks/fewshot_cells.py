@@ -147,12 +147,12 @@ def drop_unphysical(obs: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any
     """``obs`` without the rows measured faster than their compute at the GPU's peak
     (:func:`~bayes_latency.data.observations.table.faster_than_peak_compute`; the fits drop them
     too), and those rows (``obs_id``, ``config_id``, ``ratio``): out of the fits and the scores."""
-    from bayes_latency.data.observations.table import faster_than_peak_compute
+    from bayes_latency.data.observations.table import without_faster_than_peak
 
-    fast = faster_than_peak_compute(obs)
+    kept, fast = without_faster_than_peak(obs)
     rows = [{"obs_id": str(r.obs_id), "config_id": str(r.config_id), "ratio": float(r.ratio)}
             for r in fast.itertuples()]
-    return obs[~obs["obs_id"].isin(fast["obs_id"])].reset_index(drop=True), rows
+    return kept.reset_index(drop=True), rows
 
 
 def splitwise_cells(obs: pd.DataFrame) -> list[str]:

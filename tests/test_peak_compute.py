@@ -7,7 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bayes_latency.data.observations.table import faster_than_peak_compute, peak_compute_note
+from bayes_latency.data.observations.table import (
+    faster_than_peak_compute,
+    peak_compute_note,
+    without_faster_than_peak,
+)
 
 
 def _rows() -> pd.DataFrame:
@@ -77,3 +81,12 @@ def test_fit_drops_them_and_names_them_in_its_report(tiny_fleet_seed5, tmp_path)
 def test_cpu_time_kinds_are_not_held_to_the_gpu(kind):
     t = _rows().iloc[[0]].assign(kind=kind)
     assert faster_than_peak_compute(t).empty
+
+
+def test_without_them_is_the_table_less_those_rows():
+    kept, fast = without_faster_than_peak(_rows())
+    assert fast["obs_id"].tolist() == ["e/0", "e/5"]
+    assert kept["obs_id"].tolist() == ["e/1", "e/2", "e/3", "e/4", "e/6"]
+    clean = _rows().iloc[[1, 2]]
+    kept, fast = without_faster_than_peak(clean)
+    assert kept is clean and fast.empty

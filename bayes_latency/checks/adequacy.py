@@ -293,14 +293,12 @@ def check_fit(model: Any, observations: pd.DataFrame, requests: pd.DataFrame | N
     (report, step rows of :func:`step_checks`, workload table or None)
     """
     from bayes_latency.checks import ppc
-    from bayes_latency.data.observations.table import faster_than_peak_compute
+    from bayes_latency.data.observations.table import without_faster_than_peak
     from bayes_latency.errors import BayesLatencyError
 
     fitted = set(model.design.configs.index)
-    obs = observations[observations["config_id"].isin(fitted)]
-    fast = faster_than_peak_compute(obs)  # out of the fit: out of its checks too
-    if len(fast):
-        obs = obs[~obs["obs_id"].isin(fast["obs_id"])]
+    # rows out of the fit are out of its checks too
+    obs, _ = without_faster_than_peak(observations[observations["config_id"].isin(fitted)])
     rows = step_checks(model, obs, seed=seed)
     wl = None
     if requests is not None and len(requests):

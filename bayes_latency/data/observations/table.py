@@ -91,6 +91,15 @@ def faster_than_peak_compute(obs: pd.DataFrame) -> pd.DataFrame:
     return out[cols].sort_values("ratio", kind="stable").reset_index(drop=True)
 
 
+def without_faster_than_peak(obs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``obs`` without the rows of :func:`faster_than_peak_compute` (what a fit leaves out), and
+    those rows."""
+    fast = faster_than_peak_compute(obs)
+    if not len(fast):
+        return obs, fast
+    return obs[~obs["obs_id"].isin(fast["obs_id"])], fast
+
+
 def peak_compute_note(rows: pd.DataFrame, max_examples: int = 3) -> str:
     """One line on the rows of :func:`faster_than_peak_compute` (empty when there are none)."""
     if not len(rows):

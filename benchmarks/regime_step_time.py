@@ -97,8 +97,9 @@ def in_sample(models: dict[str, Any], obs: pd.DataFrame) -> pd.DataFrame:
     """Per model, Splitwise cell (or the traced steps) and phase: rows, MdAPE (%), coverage of
     the 90% band and its median relative width."""
     out = []
-    fitted = obs[obs["obs_id"].isin(set.intersection(*(set(m._rows["obs_id"])
-                                                        for m in models.values())))]
+    from bayes_latency.data.observations.table import without_faster_than_peak
+
+    fitted, _ = without_faster_than_peak(obs)  # the rows both fits keep
     for name, m in models.items():
         b = _bands(m, fitted)
         b["rel_err"] = (b["pred_median_us"] / b["value_us"] - 1.0).abs() * 100.0
@@ -241,14 +242,10 @@ def run(work: Path, out: Path, log: Any = print) -> dict[str, Any]:
     return res
 
 
-def _md(df: pd.DataFrame) -> str:
-    from bayes_latency.study.markdown import _md as md
-
-    return md(df)
-
-
 def render(res: dict[str, Any], figure: str) -> str:
     """The markdown report of :func:`run`'s result."""
+    from bayes_latency.study.markdown import _md
+
     ins = pd.DataFrame(res["in_sample"])
     wide = ins.pivot_table(index=["cell", "phase", "rows"], columns="model",
                            values=["mdape_pct", "coverage90", "band_rel_width"]).reset_index()

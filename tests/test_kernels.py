@@ -7,8 +7,11 @@ import pandas as pd
 import pytest
 
 from bayes_latency.data.kernels import (
+    ALLREDUCE_COLUMNS,
     GEMM_COLUMNS,
+    allreduce_coefficient,
     kernel_data_root,
+    read_allreduce_tables,
     read_gemm_tables,
     roofline_efficiency,
 )
@@ -88,3 +91,80 @@ def test_the_installed_tables_give_plausible_shares_on_every_gpu():
         r = eff.loc[(gpu, "bfloat16")]
         assert 0.3 < r["compute_eff"] <= 1.0 and r["n_compute"] >= 100, (gpu, r)
         assert 0.3 < r["memory_eff"] <= 1.0 and r["n_memory"] >= 100, (gpu, r)
+
+
+def _write_nccl(root, system: str, version: str, rows: list[dict], drop: str | None = None) -> None:
+    d = root / system / "comm" / "nccl" / version
+    d.mkdir(parents=True)
+    df = pd.DataFrame([{"framework": "TRTLLM", "version": version, "device": "x",
+                        "kernel_source": "NCCL", **r} for r in rows])
+    if drop:
+        df = df.drop(columns=[drop])
+    df.to_parquet(d / "nccl_perf.parquet")
+
+
+def _allreduce(tp: int, elems: int, coef: float, call_us: float, dtype: str = "half") -> dict:
+    """An H100 all-reduce whose latency is ``call_us`` plus ``coef`` times BLIS's feature."""
+    feature_us = elems * 2.0 * 2.0 * (tp - 1) / tp / H100.blis.bytes_per_us
+    return {"op_name": "all_reduce", "nccl_dtype": dtype, "num_gpus": tp, "message_size": elems,
+            "latency": (call_us + coef * feature_us) / 1e3}
+
+
+def test_allreduce_tables_give_blis_coefficient_and_per_call_time(tmp_path):
+    sizes = [2**k for k in range(16, 28, 2)]  # 64 Ki to 64 Mi half elements (128 KiB-128 MiB)
+    _write_nccl(tmp_path, "h100_sxm", "2.20", [_allreduce(2, 2**24, 99.0, 1.0)])
+    _write_nccl(tmp_path, "h100_sxm", "2.27.3", [
+        *(_allreduce(2, n, 10.0, 40.0) for n in sizes),
+        *(_allreduce(8, n, 7.0, 60.0) for n in sizes),
+        _allreduce(4, 2**20, 9.0, 30.0, dtype="int8"),  # another dtype: not read
+        {**_allreduce(2, 2**20, 10.0, 40.0), "op_name": "all_gather"},  # another op
+        {**_allreduce(2, 2**20, 10.0, 40.0), "latency": float("nan")},
+        {**_allreduce(2, 2**20, 10.0, 40.0), "num_gpus": 1},
+    ])
+    t = read_allreduce_tables(tmp_path)
+    assert [p.parent.name for p in t.files] == ["2.27.3"]
+    assert list(t.table.columns) == list(ALLREDUCE_COLUMNS) and len(t.table) == 2 * len(sizes)
+    assert t.dropped == {"non-finite or non-positive size or latency, or fewer than 2 GPUs": 2}
+    first = t.table.iloc[0]
+    assert first["message_bytes"] == 2.0 * sizes[0]  # message_size counts half elements
+    ar = allreduce_coefficient(t.table)
+    assert ar.loc[("H100-SXM", 2), "coefficient"] == pytest.approx(10.0, rel=1e-9)
+    assert ar.loc[("H100-SXM", 2), "latency_call_us"] == pytest.approx(40.0, rel=1e-9)
+    assert ar.loc[("H100-SXM", 8), "coefficient"] == pytest.approx(7.0, rel=1e-9)
+    # at small messages the per-call time dominates: latency / feature far above the slope
+    assert ar.loc[("H100-SXM", 2), "coef_at_1mib"] > 2 * ar.loc[("H100-SXM", 2), "coef_at_8mib"]
+    assert ar.loc[("H100-SXM", 2), "n_bandwidth"] == sum(2 * n >= 2**24 for n in sizes)
+
+
+def test_allreduce_time_growing_faster_than_bytes_is_a_line_through_zero(tmp_path):
+    rows = [_allreduce(8, n, 0.0, 0.0) for n in (2**23, 2**24, 2**25)]
+    for r, c in zip(rows, (100.0, 200.0, 600.0), strict=True):
+        feature_us = r["message_size"] * 4.0 * 7 / 8 / H100.blis.bytes_per_us
+        r["latency"] = c * feature_us / 1e3
+    _write_nccl(tmp_path, "h100_sxm", "1.0", rows)
+    ar = allreduce_coefficient(read_allreduce_tables(tmp_path).table).loc[("H100-SXM", 8)]
+    assert ar["latency_call_us"] == 0.0 and 200.0 < ar["coefficient"] < 600.0
+
+
+def test_allreduce_reader_errors(tmp_path):
+    _write_nccl(tmp_path, "a100_sxm", "1.0", [_allreduce(2, 2**20, 10.0, 40.0)], drop="latency")
+    with pytest.raises(TraceFormatError, match="latency") as e:
+        read_allreduce_tables(tmp_path)
+    assert "nccl_perf.parquet" in str(e.value)
+    with pytest.raises(BayesLatencyError, match="no NCCL all-reduce table"):
+        read_allreduce_tables(tmp_path, systems=("l40s",))
+    with pytest.raises(BayesLatencyError, match="width unknown"):
+        read_allreduce_tables(tmp_path, dtype="fp4")
+    with pytest.raises(BayesLatencyError, match="no datasheet"):
+        read_allreduce_tables(tmp_path, systems=("tpu_v9",))
+
+
+@pytest.mark.skipif(kernel_data_root() is None, reason="aiconfigurator-core is not installed")
+def test_the_installed_allreduce_tables_give_a_coefficient_per_gpu_and_tp():
+    ar = allreduce_coefficient(read_allreduce_tables().table)
+    for gpu in ("A100-80GB", "H100-SXM", "H200-SXM"):  # NVLink: HBM over bus bandwidth, 3-30
+        for tp in (2, 4, 8):
+            r = ar.loc[(gpu, tp)]
+            assert 3.0 < r["coefficient"] < 30.0 and r["latency_call_us"] >= 0.0, (gpu, tp, r)
+            assert r["coef_at_1mib"] > r["coefficient"], (gpu, tp, r)
+    assert ar.loc[("L40S", 8), "coefficient"] > ar.loc[("H100-SXM", 8), "coefficient"]  # PCIe

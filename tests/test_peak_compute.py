@@ -75,6 +75,17 @@ def test_fit_drops_them_and_names_them_in_its_report(tiny_fleet_seed5, tmp_path)
     assert "1 row(s)" in notes[0]
     assert m.report.dropped["faster than the GPU's peak compute"] == 1
     assert obs.loc[it, "obs_id"] not in set(m._prepare(obs)["obs_id"])
+    # a saved fit's rows come back from the same table (load, attach_rows, study --resume)
+    from bayes_latency.errors import ModelMismatchError
+    from bayes_latency.model.posterior.persistence import checked_rows, rows_hash
+
+    rows = m._prepare(obs)
+    back = checked_rows(obs, m.coefs, rows_hash(rows, m.coefs))
+    assert back["obs_id"].tolist() == rows["obs_id"].tolist()
+    other = obs.copy()
+    other.loc[other.index[(other["kind"] == "iteration")][-1], "value_us"] *= 1.5
+    with pytest.raises(ModelMismatchError, match="not the rows the fit was made on"):
+        checked_rows(other, m.coefs, rows_hash(rows, m.coefs))
 
 
 @pytest.mark.parametrize("kind", ["scheduler_cpu", "alpha_departure"])

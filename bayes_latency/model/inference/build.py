@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from bayes_latency.data.observations.table import faster_than_peak_compute, peak_compute_note
+from bayes_latency.data.observations.table import peak_compute_note
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import ConfigError
 from bayes_latency.model.definition.identifiability import IdentifiabilityReport, identifiability
@@ -29,7 +29,7 @@ from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD
 from bayes_latency.model.definition.rows import feature_columns
 from bayes_latency.model.definition.runs import too_many_runs
 from bayes_latency.model.definition.summaries import ConfigSummary, NoisePrior, summarize
-from bayes_latency.model.posterior.persistence import rows_hash, table_rows
+from bayes_latency.model.posterior.persistence import physical_rows, rows_hash, table_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
@@ -67,13 +67,7 @@ def prepare(observations: pd.DataFrame, terms: tuple[str, ...], alpha_terms: tup
     rows = table_rows(observations, coefs, report)
     if rows.empty:
         raise ConfigError("no observation rows to fit (roles beta/alpha with positive values)")
-    fitted = (observations[observations["obs_id"].isin(rows["obs_id"])]
-              if "obs_id" in observations.columns and "obs_id" in rows.columns else observations)
-    fast = faster_than_peak_compute(fitted)
-    if len(fast) and "obs_id" in rows.columns:
-        # rows no GPU can have measured are not the GPU time the model explains: out of the fit
-        rows = rows[~rows["obs_id"].isin(fast["obs_id"])].reset_index(drop=True)
-        report.drop("faster than the GPU's peak compute", len(fast))
+    rows, fast = physical_rows(observations, rows, report)
     if note := peak_compute_note(fast):
         report.notes.append(note)
     if note := too_many_runs(rows):

@@ -28,6 +28,7 @@ import xarray as xr
 
 from bayes_latency import MODEL_VERSION, __version__
 from bayes_latency.data.observations.build import DEFAULT_STACK
+from bayes_latency.data.observations.table import faster_than_peak_compute
 from bayes_latency.data.report import IngestReport
 from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
 from bayes_latency.model.definition.identifiability import IdentifiabilityReport
@@ -59,6 +60,23 @@ def table_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
     if "stack" not in rows.columns:
         rows = rows.assign(stack=DEFAULT_STACK)
     return rows
+
+
+def physical_rows(observations: pd.DataFrame, rows: pd.DataFrame,
+                  report: IngestReport | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``rows`` (:func:`table_rows` of ``observations``) without the rows measured faster than
+    their GPU's peak compute (:func:`~bayes_latency.data.observations.table.faster_than_peak_compute`:
+    no GPU can have measured them, so they are not the GPU time the model explains), and those
+    rows; the drop is counted in ``report``. What every fit leaves out, and what a loaded fit's
+    rows are checked against (:func:`checked_rows`)."""
+    fitted = (observations[observations["obs_id"].isin(rows["obs_id"])]
+              if "obs_id" in observations.columns and "obs_id" in rows.columns else observations)
+    fast = faster_than_peak_compute(fitted)
+    if len(fast) and "obs_id" in rows.columns:
+        rows = rows[~rows["obs_id"].isin(fast["obs_id"])].reset_index(drop=True)
+        if report is not None:
+            report.drop("faster than the GPU's peak compute", len(fast))
+    return rows, fast
 
 
 def rows_hash(rows: pd.DataFrame, coefs: tuple[str, ...] | list[str]) -> str:
@@ -500,7 +518,7 @@ def checked_rows(observations: pd.DataFrame, coefs: tuple[str, ...] | list[str],
     ModelMismatchError
         ``observations`` do not give the fit's rows (their hash differs from ``data_hash``).
     """
-    rows = table_rows(observations, coefs)
+    rows, _ = physical_rows(observations, table_rows(observations, coefs))
     h = rows_hash(rows, coefs)
     if data_hash and h != data_hash:
         raise ModelMismatchError(f"these {len(observations)} observations are not the rows the fit "

@@ -326,6 +326,19 @@ def test_tiny_run_through_blis_with_fake_exports(tmp_path: Path) -> None:
     assert pt3["sim_e2e_mean_s"] == pytest.approx(np.mean(ones), rel=1e-9)
     assert three.table.iloc[0]["sim_e2e_mean_s"] == pytest.approx(pub["sim_e2e_mean_s"],
                                                                    rel=1e-12)
+    # An extra labelled point set gets rows of its own, simulated over the point's arrival
+    # realizations like export-mean (the same coefficients give the same numbers), no band.
+    extra = {("llama-2-7b", 1): (PUBLISHED, [PUBLISHED] * 3, {"export-median": PUBLISHED})}
+    both = be.run_study(setup, runs[:1], n_draws=0, sources=extra, point_seeds=3)
+    assert list(both.table["source"]) == ["blis-published", "export-mean", "export-median"]
+    assert both.invocations == 2 * (1 + 3 + 3)
+    med = both.table.iloc[2]
+    assert med["point_seeds"] == 3 and "n_draws" not in med.dropna().index
+    assert med["sim_e2e_mean_s"] == pytest.approx(pt3["sim_e2e_mean_s"], rel=1e-12)
+    for label in ("median", "export-mean", "export-draw"):
+        with pytest.raises(BlisSetupError, match="extra point set"):
+            be.run_study(setup, runs[:1], n_draws=0, sources={
+                ("llama-2-7b", 1): (PUBLISHED, [], {label: PUBLISHED})})
 
 
 def test_draw_seed() -> None:
@@ -513,3 +526,24 @@ def test_resumed_calibrated_fit_keeps_the_sampled_fits_gate_decision() -> None:
     assert row["min_ess_bulk"] == 329.0 and row["draws"] == 400
     sampled = {"fit": "calibrated (all)", "passed": True, "min_ess_bulk": 407.0}
     assert _resumed_conv_row(thinned, {"fit": sampled}, 161.0) == sampled
+
+
+def test_sources_for_adds_the_draws_median_as_a_point_set(tiny_posterior) -> None:
+    from bayes_latency.export.document import blis_block
+    from bayes_latency.model.estimator import LatencyModel
+    from bayes_latency.study.client.blis import GPU, sources_for
+
+    m = LatencyModel.load(tiny_posterior[1])
+    plain = sources_for(m, [("llama-2-7b", 1)], n_draws=0)
+    assert len(plain[("llama-2-7b", 1)]) == 2
+    mean, draws, extra = sources_for(m, [("llama-2-7b", 1)], n_draws=0, median=True)[
+        ("llama-2-7b", 1)]
+    assert draws == [] and list(extra) == ["export-median"] and mean.label == "export-mean"
+    cfg = {"model": "llama-2-7b", "gpu": GPU, "tp": 1}
+    block = blis_block(m.coefficients("llama-2-7b", GPU, 1, seed=0), "median", cfg)
+    med = extra["export-median"]
+    np.testing.assert_allclose(med.beta, block["trained_physics_coefficients"]["beta_coeffs"],
+                               rtol=1e-12)
+    np.testing.assert_allclose(med.alpha, block["trained_physics_coefficients"]["alpha_coeffs"],
+                               rtol=1e-12)
+    assert med.beta != mean.beta

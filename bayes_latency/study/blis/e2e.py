@@ -243,8 +243,7 @@ def load_sources(runs: Sequence[RealRun], exports: str | Path | None, n_draws: i
 def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | None = None,
               n_draws: int = DEFAULT_DRAWS, parallel: int = 2, seed: int = 42,
               progress: Callable[[str], None] | None = None,
-              sources: Mapping[tuple[str, int], tuple[Coefficients, Sequence[Coefficients]]]
-              | None = None, draw_seeds: bool = True,
+              sources: Mapping[tuple[str, int], tuple[Any, ...]] | None = None, draw_seeds: bool = True,
               point_seeds: int = POINT_SEEDS,
               expansions: Sequence[str] = ("prefix",)) -> StudyResult:
     """Simulate ``runs`` in BLIS with the published coefficients and (optionally) the exports.
@@ -284,8 +283,10 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
     progress
         Called with a short status line about every 10% of the invocations.
     sources
-        ``{(model, tp): (mean, draws)}`` used instead of reading ``exports`` (e.g. coefficients
-        of an in-memory fit); ``draws`` are cut to ``n_draws``.
+        ``{(model, tp): (mean, draws)}`` or ``(mean, draws, {label: point})`` used instead of
+        reading ``exports`` (e.g. coefficients of an in-memory fit); ``draws`` are cut to
+        ``n_draws``. Each extra point set (``label`` ``export-<name>``, e.g. ``export-median``)
+        is simulated like ``export-mean`` (same arrival realizations) and gets its own rows.
     expansions
         How each stage becomes a BLIS workload (:data:`~bayes_latency.study.blis.spec.
         EXPANSIONS`): every coefficient set is simulated under each, with the same workload
@@ -294,7 +295,8 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
     Returns
     -------
     StudyResult
-        ``table``: one row per run x source (``blis-published``, ``export-mean``) x expansion
+        ``table``: one row per run x source (``blis-published``, ``export-mean``, the extra
+        point sets) x expansion
         with real and simulated statistics, signed errors and, on ``export-mean`` rows, the
         draws' bands.
     """
@@ -305,8 +307,16 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
     if unknown or not expansions:
         raise BlisSetupError(f"unknown expansion {unknown[0] if unknown else '(none)'!r}; "
                              f"choose from {', '.join(EXPANSIONS)}")
+    extra: dict[tuple[str, int], dict[str, Coefficients]] = {}
     if sources is not None:
-        sources = {k: (m, list(d)[:n_draws]) for k, (m, d) in sources.items()}
+        for k, (_, _, *more) in sources.items():
+            extra[k] = dict(more[0]) if more else {}
+            bad = [lab for lab in extra[k] if not lab.startswith("export-")
+                   or lab in ("export-mean", "export-draw")]
+            if bad:
+                raise BlisSetupError(f"point set label {bad[0]!r}: an extra point set is named "
+                                     "export-<name>, other than export-mean and export-draw")
+        sources = {k: (m, list(d)[:n_draws]) for k, (m, d, *_) in sources.items()}
         exports = exports if exports is not None else "(in memory)"
     else:
         sources = load_sources(runs, exports, n_draws)
@@ -320,10 +330,11 @@ def run_study(setup: BlisSetup, runs: Sequence[RealRun], exports: str | Path | N
         if (r.model, r.tp) in sources:
             mean, draws = sources[(r.model, r.tp)]
             sets.append(("export-mean", -1, mean))
+            sets += [(lab, -1, c) for lab, c in extra.get((r.model, r.tp), {}).items()]
             sets += [("export-draw", i, d) for i, d in enumerate(draws)]
         for ex in expansions:
             for src, i, c in sets:
-                reps = range(point_seeds if src == "export-mean" else 1)
+                reps = range(point_seeds if src.startswith("export-") and i < 0 else 1)
                 jobs += [_Job(r, src, i, c, st, rep=k, expansion=ex)
                          for k in reps for st in r.stages]
     # Longest first (requests x output tokens) so two workers finish together.
@@ -428,8 +439,10 @@ def _table(runs: Sequence[RealRun], jobs: Sequence[_Job], kv: Mapping[tuple[str,
             by.setdefault((j.run.run_id, j.source, j.expansion), {}).setdefault(
                 j.rep, []).append(j.result)
     rows = []
-    for ex, r, src in ((ex, r, src) for ex in _expansions(jobs) for r in runs
-                       for src in ("blis-published", "export-mean")):
+    points = ["blis-published", "export-mean"] + list(dict.fromkeys(
+        j.source for j in jobs if j.draw < 0 and j.source not in ("blis-published",
+                                                                   "export-mean")))
+    for ex, r, src in ((ex, r, src) for ex in _expansions(jobs) for r in runs for src in points):
         if (r.run_id, src, ex) not in by:
             continue
         point, reps = _pool_reps(by[(r.run_id, src, ex)], r.real["output_len_mean"])

@@ -75,10 +75,13 @@ GPU = "H100"
 
 
 def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N_DRAWS,
-                seed: int = 0, run_level: bool = True, replayed: pd.DataFrame | None = None
-                ) -> dict[tuple[str, int], tuple[Coefficients, list[Coefficients]]]:
+                seed: int = 0, run_level: bool = True, replayed: pd.DataFrame | None = None,
+                median: bool = False
+                ) -> dict[tuple[str, int], tuple[Any, ...]]:
     """BLIS coefficient sets of ``configs`` from a fit: the posterior mean and ``n_draws`` draws
-    (run-level draws by default, see :func:`~bayes_latency.calibrate.loop.run_level_coefficients`).
+    (run-level draws by default, see :func:`~bayes_latency.calibrate.loop.run_level_coefficients`),
+    and with ``median`` the per-coefficient median of the draws as the extra point set
+    ``export-median`` (:func:`~bayes_latency.study.blis.e2e.run_study`).
 
     ``replayed``: the package's replayed client means of the calibrated fit
     (``package_replay.csv``); its TTFT means give each configuration's alpha share of TTFT
@@ -106,7 +109,13 @@ def sources_for(model: Any, configs: Sequence[tuple[str, int]], n_draws: int = N
                 t = d["trained_physics_coefficients"]
                 draws.append(Coefficients(tuple(t["alpha_coeffs"]), tuple(t["beta_coeffs"]),
                                           label=f"draw {i}"))
-        out[(name, int(tp))] = (mean, draws)
+        if median:
+            blk = blis_block(post, "median", cfg)["trained_physics_coefficients"]
+            med = Coefficients(tuple(blk["alpha_coeffs"]), tuple(blk["beta_coeffs"]),
+                               label="export-median")
+            out[(name, int(tp))] = (mean, draws, {"export-median": med})
+        else:
+            out[(name, int(tp))] = (mean, draws)
     return out
 
 
@@ -206,8 +215,8 @@ def _round(df: pd.DataFrame) -> pd.DataFrame:
     return df.apply(lambda c: c.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v))
 
 
-def _mine(t: pd.DataFrame) -> pd.DataFrame:
-    return t[t["source"] == "export-mean"].reset_index(drop=True)
+def _mine(t: pd.DataFrame, source: str = "export-mean") -> pd.DataFrame:
+    return t[t["source"] == source].reset_index(drop=True)
 
 
 def error_stats(t: pd.DataFrame, metrics: Sequence[str]) -> dict[str, float]:
@@ -366,7 +375,22 @@ def render(res: dict[str, Any]) -> str:
                          f"({pct(s['max_e2e_mean_draw_median'])}), TTFT mean "
                          f"{pct(s['median_ttft_mean_draw_median'])} "
                          f"({pct(s['max_ttft_mean_draw_median'])}).")
+        med = _mine(t, "export-median")
+        if len(med):
+            m_ = summary(med)
+            lines.append("The per-coefficient median of the draws as the point instead of "
+                         "the mean (`export-median`; the exports carry the mean) misses by: "
+                         "E2E mean "
+                         f"{pct(m_['median_e2e_mean'])} ({pct(m_['max_e2e_mean'])}), TTFT mean "
+                         f"{pct(m_['median_ttft_mean'])} ({pct(m_['max_ttft_mean'])}), decode "
+                         f"interval {pct(m_['median_decode_interval'])} "
+                         f"({pct(m_['max_decode_interval'])}).")
         pub = t[(t["source"] == "blis-published") & ~t["stress"].astype(bool)]
+        if len(pub) and key == "lomo":
+            p = summary(pub.reset_index(drop=True))
+            lines.append(f"BLIS's published coefficients on the same runs: E2E "
+                         f"{pct(p['median_e2e_mean'])} ({pct(p['max_e2e_mean'])}), TTFT "
+                         f"{pct(p['median_ttft_mean'])} ({pct(p['max_ttft_mean'])}).")
         if len(pub) and key == "insample":
             p = summary(pub.reset_index(drop=True))
             lines.append(f"BLIS's published coefficients on the same harness: E2E "
@@ -411,7 +435,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     from bayes_latency.study.blis.spec import find_runs
     from bayes_latency.study.client.runs import calibrated_fit, client_stages, drop_model, drop_run
     from bayes_latency.study.cv import fit_ours
-    from bayes_latency.study.real_exports import write_real_exports
+    from bayes_latency.study.real_exports import REAL_RUN_CONFIGS, export_name, write_real_exports
     from bayes_latency.study.realdata import load_real_data, real_data_dir
 
     t0 = time.perf_counter()
@@ -471,7 +495,12 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         fits = [_conv_row(model, "calibrated (all)", fit_s)]
         write_part(out, "calibration", {**part_record(t, load0, True), "fit": fits[0]})
     cv_settings = QUICK_FIT if quick else CV_FIT
-    write_real_exports(model, out / "exports", posterior_path=post_path)
+    if not resumed or not all((out / "exports" / export_name(n, tp)).is_file()
+                              for n, tp in REAL_RUN_CONFIGS):
+        # a resumed run keeps the exports the calibration wrote: the saved posterior holds
+        # thinned draws, whose means differ from the full fit's by Monte-Carlo error, and the
+        # tables of the other parts were simulated with the calibration's exports
+        write_real_exports(model, out / "exports", posterior_path=post_path)
     res: dict[str, Any] = {"calibration": {"converged": converged,
                                            "final_change": float(history["max_change"].iloc[-1])},
                            "history": history, "terms": list(terms), "n_draws": n_draws,
@@ -567,8 +596,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
             m, _ = fit(drop_model(observations, name))
             fits.append(_conv_row(m, f"without model {name}", time.perf_counter() - t))
             mine = [r for r in runs if r.model == name]
-            src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws=0)
-            parts.append(run_study(setup, mine, n_draws=0, sources=src).table)
+            src = sources_for(m, sorted({(r.model, r.tp) for r in mine}), n_draws,
+                              replayed=pred, median=True)
+            parts.append(run_study(setup, mine, n_draws=n_draws, sources=src).table)
             res["lomo"] = pd.concat(parts, ignore_index=True)
             res["lomo"].to_csv(out / "lomo.csv", index=False, float_format="%.6g")
             write_part(out, "lomo", part_record(t_part, load0, len(parts) == len(models),

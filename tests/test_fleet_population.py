@@ -205,7 +205,7 @@ def test_fit_under_the_population_speaks_for_its_configurations(pop_file, tiny_p
 
 
 def test_calibration_notes_name_the_population_and_the_host_limit():
-    from bayes_latency.export.document import calibration_notes
+    from bayes_latency.export.origin import calibration_notes
 
     notes = calibration_notes({"name": "fleet without model=x", "models": ["a"], "gpus": ["H100"],
                                "tps": [1], "data_hash": "h", "unseen_levels": {"c": ["model"]}},

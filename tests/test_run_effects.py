@@ -256,7 +256,7 @@ def test_runs_of_few_rows_share_one_shift(three_runs: pd.DataFrame) -> None:
 
 
 def test_run_notes_say_which_run(fitted_runs: tuple) -> None:
-    from bayes_latency.export.document import run_notes
+    from bayes_latency.export.origin import run_notes
 
     _, _, m = fitted_runs
     assert "not a new run's" in run_notes(m.coefficients("llama-2-70b", "H100", 4))[0]

@@ -184,10 +184,10 @@ def calibrate_command(args: argparse.Namespace) -> int:
             _check_finite,
             blis_draws,
             blis_yaml,
-            calibration_notes,
             export_notes,
             provenance,
         )
+        from bayes_latency.export.origin import calibration_notes
 
         config = {"model": args.model, "gpu": args.gpu, "tp": int(args.tp)}
         coefs = m.coefficients(args.model, args.gpu, int(args.tp))

@@ -123,7 +123,7 @@ def export_command(args: argparse.Namespace) -> int:
         noise = step_noise_of(model, coefs)
         origin = None
         if stages is not None:
-            from bayes_latency.export.document import config_notes
+            from bayes_latency.export.origin import config_notes
 
             origin = config_notes(coefs)
             coefs, more = project_workload(coefs, stages, args)
@@ -138,8 +138,9 @@ def population_export(args: argparse.Namespace) -> int:
     export of a configuration from a fleet population alone
     (:meth:`~bayes_latency.model.posterior.fleet.Population.coefficients`; default the shipped
     population), whose notes name every level the population did not see and what informed the
-    others (:func:`~bayes_latency.export.document.population_notes`). Returns 0."""
-    from bayes_latency.export.document import file_sha256, population_notes
+    others (:func:`~bayes_latency.export.origin.population_notes`). Returns 0."""
+    from bayes_latency.export.document import file_sha256
+    from bayes_latency.export.origin import population_notes
     from bayes_latency.io import check_output_path
     from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
     from bayes_latency.physics.hardware import load_gpu

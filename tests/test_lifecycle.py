@@ -150,3 +150,55 @@ def test_profile_and_config_validation(tmp_path: Path) -> None:
         read_exp_config(c)
     c.write_text("model: m\n")
     assert read_exp_config(c)["tp"] == 1
+
+
+def _spec_fields() -> dict:
+    return {"shared_prefix": {"system_prompt_len": 100, "question_len": 447, "output_len": 248,
+                              "num_unique_system_prompts": 9,
+                              "num_users_per_system_prompt": 5,
+                              "enable_multi_turn_chat": True},
+            "stages": [{"rate": 8, "duration": 600}, {"rate": 20, "duration": 600}]}
+
+
+def test_workload_specs_of_both_formats_read_to_the_same_fields(tmp_path: Path) -> None:
+    import yaml
+
+    from bayes_latency.data.client.lifecycle import read_workload_spec
+
+    f = _spec_fields()
+    prof = tmp_path / "profile.yaml"
+    prof.write_text(yaml.safe_dump({"data": {"type": "shared_prefix",
+                                             "shared_prefix": f["shared_prefix"]},
+                                    "load": {"type": "constant", "stages": f["stages"]}}))
+    blis = tmp_path / "blis.yaml"
+    blis.write_text(yaml.safe_dump({"version": "2", "seed": 42, "num_requests": 16800,
+                                    "inference_perf": f}))
+    a, b = read_workload_spec(prof), read_workload_spec(blis)
+    assert a["format"] == "inference-perf profile" and b["format"] == "BLIS inference_perf spec"
+    keys = ("system_prompt_len", "question_len", "output_len", "num_groups", "users_per_group",
+            "stages", "multi_turn")
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    assert a["stages"] == [(8.0, 600.0), (20.0, 600.0)] and a["multi_turn"] is True
+
+
+def test_workload_spec_errors_name_the_file_and_field(tmp_path: Path) -> None:
+    import yaml
+
+    from bayes_latency.data.client.lifecycle import read_workload_spec
+
+    p = tmp_path / "w.yaml"
+    f = _spec_fields()
+    f["stages"][1]["rate"] = float("nan")
+    p.write_text(yaml.safe_dump({"inference_perf": f}))
+    with pytest.raises(TraceFormatError, match=r"inference_perf\.stages\[1\]\.rate") as e:
+        read_workload_spec(p)
+    assert "w.yaml" in str(e.value)
+    p.write_text(yaml.safe_dump({"version": "2", "clients": [{"id": "c", "rate_fraction": 1}]}))
+    with pytest.raises(TraceFormatError, match="explicit clients"):
+        read_workload_spec(p)
+    p.write_text(yaml.safe_dump({"model": "m"}))
+    with pytest.raises(TraceFormatError, match="not a workload spec"):
+        read_workload_spec(p)
+    p.write_text(yaml.safe_dump({"inference_perf": {"stages": [], "shared_prefix": {}}}))
+    with pytest.raises(TraceFormatError, match="system_prompt_len"):
+        read_workload_spec(p)

@@ -249,6 +249,53 @@ def test_export_of_a_regime_fit_for_blis_needs_the_workload(regime_fit, tmp_path
     assert any("operating point" in n for n in doc["notes"])
 
 
+def test_export_projects_at_a_workload_spec_of_either_format(regime_fit, tmp_path, capsys):
+    import yaml
+
+    from bayes_latency.cli.main import main
+
+    _, post = regime_fit
+    cfg = ["--model", "llama-2-7b", "--gpu", "H100", "--tp", "1", "--format", "blis"]
+    sp = {"system_prompt_len": 100, "question_len": 1400, "output_len": 40,
+          "num_unique_system_prompts": 3, "num_users_per_system_prompt": 2,
+          "enable_multi_turn_chat": True}
+    stages = [{"rate": 2, "duration": 20}, {"rate": 6, "duration": 10}]
+    prof = tmp_path / "profile.yaml"
+    prof.write_text(yaml.safe_dump({"data": {"type": "shared_prefix", "shared_prefix": sp},
+                                    "load": {"type": "constant", "stages": stages}}))
+    spec = tmp_path / "blis-spec.yaml"
+    spec.write_text(yaml.safe_dump({"version": "2", "seed": 7, "num_requests": 100,
+                                    "inference_perf": {"stages": stages, "shared_prefix": sp}}))
+    coefs = {}
+    for wl, fmt in ((prof, "inference-perf profile"), (spec, "BLIS inference_perf spec")):
+        out = tmp_path / f"{wl.stem}.out.yaml"
+        assert main(["export", str(post), *cfg, "--workload", str(wl), "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert (f"operating point: --workload {wl.name} (2 load stage(s), 2, 6 req/s, only the "
+                "system prompt shared") in printed
+        assert fmt in printed and "closed-loop sessions" in printed
+        doc = yaml.safe_load(out.read_text())
+        coefs[fmt] = np.array(doc["trained_physics_coefficients"]["beta_coeffs"])
+        assert coefs[fmt].shape == (11,) and np.isfinite(coefs[fmt]).all()
+    # the same load, read from either format: the same operating point, the same vector
+    np.testing.assert_allclose(coefs["inference-perf profile"], coefs["BLIS inference_perf spec"],
+                               rtol=1e-9)
+    # the whole prompt cached instead: far fewer prefill tokens, another projection
+    out = tmp_path / "prompt.yaml"
+    assert main(["export", str(post), *cfg, "--workload", str(prof), "--prompt-sharing",
+                 "prompt", "--out", str(out)]) == 0
+    assert "each user's whole prompt cached" in capsys.readouterr().out
+    # a bad spec: one line naming the file and the field, nothing written
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"inference_perf": {"stages": [{"rate": -1, "duration": 5}],
+                                                      "shared_prefix": sp}}))
+    out = tmp_path / "never.yaml"
+    assert main(["export", str(post), *cfg, "--workload", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.yaml" in err and "stages[0].rate" in err
+    assert not out.exists()
+
+
 def test_export_refuses_a_bad_workload_before_loading(regime_fit, tmp_path, capsys):
     from bayes_latency.cli.main import main
 

@@ -43,7 +43,7 @@ from bayes_latency.schedule.replay import ClientStage, stratified_lengths
 from bayes_latency.textfiles import read_text, refuse_special
 
 __all__ = ["MAX_REPLAY_REQUESTS", "QUANTILE_LEVELS", "check_client_report", "client_stages", "default_kv_blocks", "empirical_pdf", "pdf_mean",
-           "stages_table"]
+           "spec_stages", "stages_table"]
 
 #: Quantile levels of inference-perf distributions, key -> level.
 QUANTILE_LEVELS: dict[str, float] = {
@@ -475,6 +475,70 @@ def _client_stages(lc: pd.DataFrame, req: pd.DataFrame | None, model: str | Path
     for s in out:
         s.validate()
     return out
+
+
+def spec_stages(spec: Mapping[str, Any], model: str, gpu: str, tp: int, kv_blocks: int,
+                name: str = "spec", max_num_seqs: int = 128,
+                max_num_batched_tokens: int = 2048, block_size: int = 16,
+                prefix_caching: bool = True, prompt_sharing: str = "system",
+                notes: list[str] | None = None) -> list[ClientStage]:
+    """The load stages a workload spec asks for, without a measurement: one
+    :class:`~bayes_latency.schedule.replay.ClientStage` per constant-rate stage.
+
+    Each stage draws ``int(rate x duration)`` Poisson arrivals at ``rate`` (at most
+    :data:`MAX_REPLAY_REQUESTS`, with a note), prompts of ``system_prompt_len + question_len``
+    tokens in ``num_groups`` system-prompt groups of ``users_per_group`` users, every output
+    ``output_len`` tokens; its observed means are NaN (nothing was measured).
+
+    Parameters
+    ----------
+    spec
+        :func:`~bayes_latency.data.client.lifecycle.read_workload_spec`'s fields.
+    model, gpu, tp, kv_blocks
+        The configuration and KV-cache blocks of one GPU.
+    name
+        The run's name in the stages (it seeds the drawn requests with the stage index).
+    max_num_seqs, max_num_batched_tokens, block_size, prefix_caching
+        The server's scheduler settings.
+    prompt_sharing
+        ``"system"`` (default: how BLIS's expansion of an inference-perf spec caches, the
+        system prompt only) or ``"prompt"`` (each user's whole prompt repeats and is cached).
+    notes
+        When given, a note is appended for each stage cut to :data:`MAX_REPLAY_REQUESTS`.
+
+    Raises
+    ------
+    ConfigError
+        A stage that cannot be replayed (names the stage and the field).
+    """
+    common = dict(model=str(model), gpu=str(gpu), tp=int(tp), kv_blocks=int(kv_blocks),
+                  max_num_seqs=int(max_num_seqs),
+                  max_num_batched_tokens=int(max_num_batched_tokens),
+                  block_size=int(block_size), prefix_caching=bool(prefix_caching),
+                  prompt_sharing=str(prompt_sharing))
+    sys_len, q_len = int(spec["system_prompt_len"]), int(spec["question_len"])
+    out_len = int(spec["output_len"])
+    observed = {"ttft_mean_us": math.nan, "e2e_mean_us": math.nan,
+                "output_len_mean": float(out_len)}
+    stages: list[ClientStage] = []
+    for i, (rate, duration) in enumerate(spec["stages"]):
+        where = f"{name} stage {i}"
+        n = math.floor(float(rate) * float(duration)) if math.isfinite(rate * duration) else 0
+        if n < 1:
+            raise ConfigError(f"{where}: rate x duration = {rate * duration:.6g} requests; "
+                              "a stage needs at least 1")
+        if n > MAX_REPLAY_REQUESTS:
+            if notes is not None:
+                notes.append(_window_note(where, n, "of the same arrival process"))
+            n = MAX_REPLAY_REQUESTS
+        st = ClientStage(run_id=str(name), stage=i, observed=dict(observed), rate=float(rate),
+                         count=int(n), prompt_len=sys_len + q_len, output_pdf={out_len: 1.0},
+                         system_prompt_len=sys_len, num_groups=int(spec["num_groups"]),
+                         users_per_group=int(spec["users_per_group"]),
+                         workload="spec", **common)
+        st.validate()
+        stages.append(st)
+    return stages
 
 
 def stages_table(stages: list[ClientStage]) -> pd.DataFrame:

@@ -174,8 +174,15 @@ def population_export(args: argparse.Namespace) -> int:
 
 
 def workload_stages(args: argparse.Namespace) -> list | None:
-    """The load stages of ``--workload`` (a client result, read as ``calibrate`` reads it), or
-    None without the option; read and checked before any posterior is loaded.
+    """The load stages of ``--workload``, or None without the option; read and checked before
+    any posterior is loaded.
+
+    ``--workload`` is a client result (read as ``calibrate`` reads it: the load the client
+    sent, with its measured means) or a workload spec (an inference-perf profile or a BLIS
+    workload spec with an ``inference_perf`` section,
+    :func:`~bayes_latency.data.client.lifecycle.read_workload_spec`: the load asked for). A
+    client result's prompts default to each user's whole prompt cached, a spec's to the system
+    prompt only (how BLIS expands it); ``--prompt-sharing`` overrides either.
 
     Raises
     ------
@@ -185,12 +192,18 @@ def workload_stages(args: argparse.Namespace) -> list | None:
     spec = getattr(args, "workload", None)
     if spec is None:
         return None
-    from bayes_latency.calibrate.stages import check_client_report, client_stages, default_kv_blocks
+    from bayes_latency.calibrate.stages import (
+        check_client_report,
+        client_stages,
+        default_kv_blocks,
+        spec_stages,
+    )
+    from bayes_latency.data.client.lifecycle import read_workload_spec
     from bayes_latency.data.client.read import read_client_results
     from bayes_latency.textfiles import refuse_special
 
     path = Path(spec)
-    refuse_special(path, "--workload (client result)", BayesLatencyError)
+    refuse_special(path, "--workload (client result or workload spec)", BayesLatencyError)
     if not path.exists():
         raise BayesLatencyError(f"--workload {path}: no such file or folder")
     for opt, name in (("--kv-blocks", "kv_blocks"), ("--max-num-seqs", "max_num_seqs"),
@@ -198,16 +211,45 @@ def workload_stages(args: argparse.Namespace) -> list | None:
         v = getattr(args, name, None)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise BayesLatencyError(f"{opt} {v!r}: must be a positive integer")
-    tables, report = read_client_results(path)
-    check_client_report(report, path)
     kv = int(args.kv_blocks) if getattr(args, "kv_blocks", None) else default_kv_blocks(
         args.model, args.gpu, int(args.tp))
-    stages = client_stages(tables, args.model, args.gpu, int(args.tp), kv, path=path,
-                           max_num_seqs=int(getattr(args, "max_num_seqs", 128) or 128),
-                           max_num_batched_tokens=int(getattr(args, "max_num_batched_tokens",
-                                                              2048) or 2048))
-    sharing = getattr(args, "prompt_sharing", None) or "prompt"
-    return [dataclasses.replace(st, prompt_sharing=sharing) for st in stages]
+    server = dict(max_num_seqs=int(getattr(args, "max_num_seqs", 128) or 128),
+                  max_num_batched_tokens=int(getattr(args, "max_num_batched_tokens", 2048)
+                                             or 2048))
+    sharing = getattr(args, "prompt_sharing", None)
+    if _yaml_workload_spec(path):
+        fields = read_workload_spec(path)
+        notes: list[str] = []
+        stages = spec_stages(fields, args.model, args.gpu, int(args.tp), kv, name="spec",
+                             prompt_sharing=sharing or "system", notes=notes, **server)
+        args.workload_notes = [f"--workload {path.name}: {fields['format']}; every stage "
+                               "replayed as open-loop Poisson arrivals at its rate"
+                               + ("; BLIS expands enable_multi_turn_chat as closed-loop "
+                                  "sessions whose offered load is below the rate, so its "
+                                  "batches run smaller than this operating point's"
+                                  if fields.get("multi_turn") else "")] + notes
+        return stages
+    tables, report = read_client_results(path)
+    check_client_report(report, path)
+    stages = client_stages(tables, args.model, args.gpu, int(args.tp), kv, path=path, **server)
+    return [dataclasses.replace(st, prompt_sharing=sharing or "prompt") for st in stages]
+
+
+def _yaml_workload_spec(path: Path) -> bool:
+    """Whether ``path`` is read as a workload spec: a YAML file that is not a TraceV2 header
+    (the one YAML client result); a file that does not parse goes to the spec reader, whose
+    error names it."""
+    import yaml
+
+    from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
+
+    if not path.is_file() or path.suffix.lower() not in (".yaml", ".yml"):
+        return False
+    try:
+        doc = load_yaml(read_text(path))
+    except (OSError, TextEncodingError, yaml.YAMLError):
+        return True
+    return not (isinstance(doc, dict) and "trace_version" in doc)
 
 
 def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
@@ -226,7 +268,8 @@ def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
              + (f", {', '.join(rates)} req/s" if rates else "") + f", {sharing}, replayed by the "
              "package's scheduler at the posterior-mean coefficients)")
     proj, _ = project_over_stages(coefs, stages, args.model, args.gpu, where)
-    return proj.coefs, [f"operating point: {where}"] + proj.notes
+    return proj.coefs, ([f"operating point: {where}"] + list(getattr(args, "workload_notes", []))
+                        + proj.notes)
 
 
 def _write_export(args: argparse.Namespace, out: Path, source: str | Path,

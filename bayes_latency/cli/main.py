@@ -291,15 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "blis: BLIS's trained_physics_coefficients YAML (default %(default)s)")
     s.add_argument("--priors", help=_PRIORS_OF_FILE_HELP)
     s.add_argument("--workload", default=None,
-                   help="a client result (what `calibrate` reads): replayed by the package's "
-                        "scheduler, its steps are the operating point at which the compute knees "
-                        "of a regime posterior are projected onto BLIS's prefill_compute "
-                        "(needed for --format blis of a posterior fitted with --terms regime)")
-    s.add_argument("--prompt-sharing", default="prompt", choices=["prompt", "system"],
+                   help="a client result (what `calibrate` reads) or a workload spec (an "
+                        "inference-perf profile.yaml, or a BLIS workload spec with an "
+                        "inference_perf section): replayed by the package's scheduler, its "
+                        "steps are the operating point at which the compute knees of a regime "
+                        "posterior are projected onto BLIS's prefill_compute (needed for "
+                        "--format blis of a posterior fitted with --terms regime)")
+    s.add_argument("--prompt-sharing", default=None, choices=["prompt", "system"],
                    help="--workload: prompt: a user's whole prompt repeats and is cached (the "
                         "prefix groups of the result's profile); system: only the system prompt "
                         "is shared, as BLIS's expansion of an inference-perf spec caches it "
-                        "(default %(default)s)")
+                        "(default: prompt for a client result, system for a spec)")
     s.add_argument("--kv-blocks", type=int, default=None,
                    help="--workload: KV-cache blocks per GPU (default: BLIS's formula)")
     s.add_argument("--max-num-seqs", type=int, default=128, help="--workload: the server's")

@@ -29,7 +29,8 @@ from bayes_latency.errors import TraceFormatError
 from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = ["LIFECYCLE_COLUMNS", "METRICS", "STATS", "read_lifecycle_dir", "read_lifecycle_file",
-           "read_exp_config", "read_profile"]
+           "WORKLOAD_SPEC_FORMATS", "read_exp_config", "read_profile",
+           "read_workload_spec"]
 
 #: Short metric name -> key under ``successes.latency``.
 METRICS: dict[str, str] = {
@@ -341,28 +342,20 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     doc = _load_yaml(path)
     if not isinstance(doc, dict):
         raise TraceFormatError("expected a mapping", file=str(path))
+    return _profile_fields(doc, path)
+
+
+def _profile_fields(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """:func:`read_profile`'s fields of a parsed inference-perf profile document."""
     data = doc.get("data")
     sp = data.get("shared_prefix") if isinstance(data, dict) else None
     if not isinstance(sp, dict):
         raise TraceFormatError("no shared_prefix workload", file=str(path),
                                field="data.shared_prefix")
-    out: dict[str, Any] = {}
-    for name, key in (("system_prompt_len", "system_prompt_len"),
-                      ("question_len", "question_len"), ("output_len", "output_len"),
-                      ("num_groups", "num_unique_system_prompts"),
-                      ("users_per_group", "num_users_per_system_prompt")):
-        out[name] = _pos_int(sp.get(key), path, f"data.shared_prefix.{key}")
+    out = _shared_prefix(sp, path, "data.shared_prefix")
     load = doc.get("load")
-    stages = load.get("stages") if isinstance(load, dict) else None
-    if not isinstance(stages, list) or not stages:
-        raise TraceFormatError("no load stages", file=str(path), field="load.stages")
-    out["stages"] = []
-    for i, st in enumerate(stages):
-        if not isinstance(st, dict):
-            raise TraceFormatError("stage is not a mapping", file=str(path),
-                                   field=f"load.stages[{i}]")
-        out["stages"].append((_pos_num(st.get("rate"), path, f"load.stages[{i}].rate"),
-                              _pos_num(st.get("duration"), path, f"load.stages[{i}].duration")))
+    out["stages"] = _stages(load.get("stages") if isinstance(load, dict) else None, path,
+                            "load.stages")
     api = doc.get("api") if isinstance(doc.get("api"), dict) else {}
     server = doc.get("server") if isinstance(doc.get("server"), dict) else {}
     out["data_type"] = data.get("type")
@@ -372,4 +365,87 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     out["ignore_eos"] = server.get("ignore_eos")
     out["model_name"] = server.get("model_name")
     out["multi_turn"] = sp.get("enable_multi_turn_chat")
+    return out
+
+
+def _shared_prefix(sp: dict[str, Any], path: Path, where: str) -> dict[str, Any]:
+    """The prompt shape of a ``shared_prefix`` mapping (``where`` names it in errors)."""
+    out: dict[str, Any] = {}
+    for name, key in (("system_prompt_len", "system_prompt_len"),
+                      ("question_len", "question_len"), ("output_len", "output_len"),
+                      ("num_groups", "num_unique_system_prompts"),
+                      ("users_per_group", "num_users_per_system_prompt")):
+        out[name] = _pos_int(sp.get(key), path, f"{where}.{key}")
+    return out
+
+
+def _stages(stages: Any, path: Path, where: str) -> list[tuple[float, float]]:
+    """``(rate, duration_s)`` of each constant-rate load stage of ``stages``."""
+    if not isinstance(stages, list) or not stages:
+        raise TraceFormatError("no load stages", file=str(path), field=where)
+    out = []
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            raise TraceFormatError("stage is not a mapping", file=str(path),
+                                   field=f"{where}[{i}]")
+        out.append((_pos_num(st.get("rate"), path, f"{where}[{i}].rate"),
+                    _pos_num(st.get("duration"), path, f"{where}[{i}].duration")))
+    return out
+
+
+#: The workload specs :func:`read_workload_spec` reads.
+WORKLOAD_SPEC_FORMATS = (
+    "an inference-perf profile (data.shared_prefix, load.stages) or a BLIS workload spec with "
+    "an inference_perf section (inference_perf.shared_prefix, inference_perf.stages)")
+
+
+def read_workload_spec(path: str | Path) -> dict[str, Any]:
+    """Read a workload spec: what a load generator or BLIS is told to send, no measurement.
+
+    Two formats (:data:`WORKLOAD_SPEC_FORMATS`): an inference-perf ``profile.yaml`` (read as
+    :func:`read_profile` reads it) and a BLIS workload spec whose ``inference_perf:`` section
+    holds the same fields (``stages``, ``shared_prefix``: what BLIS's ``InferencePerfSpec``
+    reads, ``sim/workload/inference_perf.go``). A BLIS spec of explicit ``clients`` is refused
+    (its arrival and length distributions are not read here).
+
+    Returns
+    -------
+    dict
+        :func:`read_profile`'s ``system_prompt_len, question_len, output_len, num_groups,
+        users_per_group, stages, multi_turn``, plus ``format`` (``"inference-perf profile"`` or
+        ``"BLIS inference_perf spec"``).
+
+    Raises
+    ------
+    TraceFormatError
+        Unreadable, not a mapping, neither format, or a field missing or invalid (named, e.g.
+        ``inference_perf.stages[1].rate``).
+    """
+    path = Path(path)
+    doc = _load_yaml(path)
+    if not isinstance(doc, dict):
+        raise TraceFormatError(f"expected a mapping ({WORKLOAD_SPEC_FORMATS})", file=str(path))
+    if "inference_perf" in doc:
+        sec = doc["inference_perf"]
+        if not isinstance(sec, dict):
+            raise TraceFormatError("expected a mapping", file=str(path), field="inference_perf")
+        sp = sec.get("shared_prefix")
+        if not isinstance(sp, dict):
+            raise TraceFormatError("no shared_prefix workload", file=str(path),
+                                   field="inference_perf.shared_prefix")
+        out = _shared_prefix(sp, path, "inference_perf.shared_prefix")
+        out["stages"] = _stages(sec.get("stages"), path, "inference_perf.stages")
+        out["multi_turn"] = sp.get("enable_multi_turn_chat")
+        out["format"] = "BLIS inference_perf spec"
+        return out
+    if "clients" in doc:
+        raise TraceFormatError(
+            "a BLIS workload spec of explicit clients is not read (its arrival and length "
+            f"distributions are BLIS's own); give {WORKLOAD_SPEC_FORMATS}, or a client result",
+            file=str(path), field="clients")
+    if not (isinstance(doc.get("data"), dict) and isinstance(doc.get("load"), dict)):
+        raise TraceFormatError(f"not a workload spec: expected {WORKLOAD_SPEC_FORMATS}",
+                               file=str(path))
+    out = _profile_fields(doc, path)
+    out["format"] = "inference-perf profile"
     return out

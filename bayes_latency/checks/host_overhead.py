@@ -35,8 +35,16 @@ model changes were measured and not kept (``priors/README.md``):
   17.0%;
 - an additive term per host-bound step: fitted at 21-40 µs
   (0.2% of an iteration), coverage within 0.009 of without (``later third`` 0.780 vs 0.778).
-What the flag marks is a busy host: the same stages' TTFT grows (the API server's work before a
-request reaches the engine), which BLIS's per-request alphas cannot follow.
+What the flag marks is a busy host. The same stages' TTFT grows, and on the real runs most of
+that growth is the engine's own queue, not the host: by Little's law (mean ``queue.waiting_depth``
+of the sampled steps over the arrival rate), the Llama-2-70B TP4 20 req/s stage waits 44 ms in
+vLLM's queue (the running batch at ``max_num_seqs`` = 128 in 11.7% of its steps) of its 64 ms
+TTFT growth over the 8 req/s stage; CodeLlama-34B TP2 at 20 req/s never fills the batch (0.0 ms)
+and its TTFT grows 8 ms. A simulator with the same cap queues too, but how long depends on the
+arrival realization: the package's replay of that 70B stage (three workload seeds at the
+calibrated coefficients) fills the batch in 3-9% of its steps and gives an engine TTFT of 39-58
+ms. What is left for the host is the few milliseconds ahead of the engine that BLIS's
+per-request alphas cannot follow.
 
 Pure pandas / numpy; no model.
 """

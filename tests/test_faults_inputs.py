@@ -229,7 +229,7 @@ def test_transposed_population_reads_like_the_original(tiny_population, tmp_path
     import numpy as np
     import pandas as pd
 
-    from bayes_latency.model.posterior.fleet import load_population
+    from bayes_latency.model.posterior.population_file import load_population
 
     a = load_population(tiny_population)
     b = load_population(_damaged_population(tiny_population, tmp_path / "t.nc", "transposed"))
@@ -243,7 +243,7 @@ def test_population_with_nan_is_not_written(tiny_population, tmp_path):
     import numpy as np
 
     from bayes_latency.errors import BayesLatencyError
-    from bayes_latency.model.posterior.fleet import load_population
+    from bayes_latency.model.posterior.population_file import load_population
 
     pop = load_population(tiny_population)
     mu = pop.draws["mu"].values.copy()

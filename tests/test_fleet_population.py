@@ -21,10 +21,10 @@ from bayes_latency.model.posterior.fleet import (
     client_noise,
     fleet_noise,
     leave_out,
-    load_population,
     parse_leave_out,
     population_from_result,
 )
+from bayes_latency.model.posterior.population_file import load_population
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_the_shipped_population_loads_under_this_model_version():
     """The population ``calibrate`` borrows from by default is readable by this package (model
     version, file format, embedded priors = the default priors) and holds the real fleet."""
     from bayes_latency import MODEL_VERSION
-    from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
+    from bayes_latency.model.posterior.population_file import SHIPPED_POPULATION, load_population
 
     pop = load_population(SHIPPED_POPULATION)
     d = pop.describe()

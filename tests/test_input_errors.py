@@ -93,7 +93,7 @@ def test_netcdf_of_another_tool_is_not_a_posterior(tmp_path, capsys):
 
 
 def test_a_population_file_where_a_posterior_belongs_is_named_as_such(tmp_path, capsys):
-    from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION
+    from bayes_latency.model.posterior.population_file import SHIPPED_POPULATION
 
     for cmd in (["check", str(SHIPPED_POPULATION)],
                 ["export", str(SHIPPED_POPULATION), "--model", "llama-2-7b", "--gpu", "H100",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bayes_latency.cli.main import main
-from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
+from bayes_latency.model.posterior.population_file import SHIPPED_POPULATION, load_population
 from bayes_latency.physics.basis import BLIS_BETA_ORDER
 
 MODELS = Path(__file__).resolve().parents[1] / "bayes_latency" / "physics" / "data" / "models"

@@ -257,7 +257,7 @@ def _calibrate_population(args: argparse.Namespace, terms: tuple[str, ...] | Non
     """The population ``calibrate`` fits under: ``--population`` (a file, or ``none``), else the
     shipped real-fleet population unless ``--tables`` or ``--priors`` is given (None: the
     roofline priors alone). Printed."""
-    from bayes_latency.model.posterior.fleet import resolve_population
+    from bayes_latency.model.posterior.population_file import resolve_population
 
     if args.population is None and (args.tables or args.priors):
         return None

@@ -142,7 +142,7 @@ def population_export(args: argparse.Namespace) -> int:
     from bayes_latency.export.document import file_sha256
     from bayes_latency.export.origin import population_notes
     from bayes_latency.io import check_output_path
-    from bayes_latency.model.posterior.fleet import SHIPPED_POPULATION, load_population
+    from bayes_latency.model.posterior.population_file import SHIPPED_POPULATION, load_population
     from bayes_latency.physics.hardware import load_gpu
 
     spec = getattr(args, "population", None)

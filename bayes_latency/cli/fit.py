@@ -144,7 +144,7 @@ def fit_command(args: argparse.Namespace) -> int:
     from bayes_latency.model.definition.likelihood import DEFAULT_NOISE_LOAD
 
     if pop:
-        from bayes_latency.model.posterior.fleet import load_population
+        from bayes_latency.model.posterior.population_file import load_population
 
         pop = load_population(pop)
         print(f"prior of the configurations: the population {pop.name!r} ({pop.describe()['configs']})")

@@ -125,7 +125,7 @@ def _quiet_pymc() -> Iterator[None]:
 
 def _as_population(population: object) -> object:
     """A :class:`~bayes_latency.model.posterior.fleet.Population` (read from its file when a path)."""
-    from bayes_latency.model.posterior.fleet import load_population
+    from bayes_latency.model.posterior.population_file import load_population
 
     return population if hasattr(population, "config_prior") else load_population(population)
 

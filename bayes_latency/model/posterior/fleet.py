@@ -8,8 +8,9 @@ shift common to every term) and the configuration residual ``sigma_config``.
 :func:`population_from_result` keeps these as thinned **joint** posterior draws (float32), with
 the level names, the terms, the fitted configurations and the priors (YAML, hash), in a
 :class:`Population`; :meth:`Population.save` writes it as a small compressed netCDF
-(``population.nc``) and :func:`load_population` reads it back, refusing another model
-version, another file format or terms that do not match.
+(``population.nc``) and :func:`~bayes_latency.model.posterior.population_file.load_population`
+reads it back, refusing another model version, another file format or terms that do not match
+(its draws checked by :func:`~bayes_latency.model.posterior.population_draws.checked_draws`).
 
 As a prior (:meth:`Population.config_prior`): for the configurations of new data, the joint
 draws of their population log-locations ``log m[c, k]`` are made as an unseen configuration's
@@ -33,8 +34,9 @@ with this prior is :func:`~bayes_latency.model.definition.hierarchy.build_model`
 
 :func:`leave_out` removes every row of one level (``model=llama-2-7b``, ``gpu=H100``,
 ``tp=2`` or ``config=<config id>``) from an observation table, for a population that has not
-seen it. :data:`SHIPPED_POPULATION` is the population of the real H100 fleet that the package
-ships (what it contains: its attrs, :meth:`Population.describe`).
+seen it. :data:`~bayes_latency.model.posterior.population_file.SHIPPED_POPULATION` is the
+population of the real H100 fleet that the package ships (what it contains: its attrs,
+:meth:`Population.describe`).
 
 Importing this module is light (no PyMC, PyTensor or ArviZ).
 """
@@ -50,16 +52,16 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from bayes_latency import MODEL_VERSION, __version__
+from bayes_latency import __version__
 from bayes_latency.data.observations.build import DEFAULT_STACK
-from bayes_latency.errors import BayesLatencyError, ConfigError, ModelMismatchError
+from bayes_latency.errors import BayesLatencyError, ConfigError
 from bayes_latency.model.definition.design import Design, level_dim, prior_arrays
+from bayes_latency.model.posterior.population_draws import FACTORS, checked_draws
 
 __all__ = ["DEFAULT_PRIOR_DRAWS", "DEFAULT_SAMPLES", "LEAVE_OUT_KEYS", "NOISE_LOG_SD_DEFAULT",
-           "NOISE_LOG_SD_MIN", "POPULATION_FORMAT", "SHIPPED_POPULATION", "ConfigPrior",
-           "Population", "client_noise", "fleet_noise", "leave_out", "load_population",
-           "noise_lognormal", "noise_priors",
-           "parse_leave_out", "population_from_result", "resolve_population"]
+           "NOISE_LOG_SD_MIN", "POPULATION_FORMAT", "ConfigPrior", "Population", "client_noise",
+           "fleet_noise", "leave_out", "noise_lognormal", "noise_priors", "parse_leave_out",
+           "population_from_result"]
 
 #: Version of the population file's layout (attrs ``population_format``).
 POPULATION_FORMAT = "1"
@@ -83,9 +85,6 @@ NOISE_LOG_SD_MIN = 0.25
 NOISE_LOG_SD_DEFAULT = 0.5
 #: The keys of ``--leave-out KEY=VALUE``.
 LEAVE_OUT_KEYS = ("model", "gpu", "tp", "config")
-#: The population the package ships: the real H100 fleet (see :meth:`Population.describe`).
-SHIPPED_POPULATION = Path(__file__).resolve().parents[1] / "data" / "population_h100.nc"
-_FACTORS = ("model", "gpu", "tp", "stack")
 
 
 @dataclass(frozen=True)
@@ -379,7 +378,7 @@ def _priors_yaml(priors: Any) -> str:
 #: Posterior variables a population keeps (``eff_<factor>`` and ``sigma_<factor>_common`` of
 #: every factor the fit has, besides these).
 _KEEP = ("mu", "sigma_config", "sigma_config_common",
-         *(f"sigma_{f}" for f in _FACTORS))
+         *(f"sigma_{f}" for f in FACTORS))
 
 
 def noise_lognormal(entry: dict[str, Any]) -> tuple[float, float]:
@@ -502,161 +501,6 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
                "n_samples": int(draws.sizes["sample"]),
                "fleet_noise": json.dumps(noise or {})})
     return pop
-
-
-def _draw_dims(name: str) -> tuple[str, ...] | None:
-    """The dimensions of a population variable in the order the readers take them (None for a
-    variable the readers do not use)."""
-    if name.startswith("eff_") and name[4:] in _FACTORS:
-        return (level_dim(name[4:]), "coef", "sample")
-    if name.startswith("sigma_") and name.endswith("_common"):
-        return ("sample",)
-    if name == "mu" or name.startswith("sigma_"):
-        return ("coef", "sample")
-    return None
-
-
-def checked_draws(draws: xr.Dataset, coefs: tuple[str, ...],
-                  configs: pd.DataFrame | None = None) -> xr.Dataset:
-    """A population's draws read by dimension name: its coefficients in the order ``coefs``,
-    each variable transposed to the order the readers take (``eff_<factor> (<level>, coef,
-    sample)``, ``mu`` and ``sigma_<factor> (coef, sample)``, ``sigma_<factor>_common
-    (sample)``), after checking shapes and values.
-
-    Parameters
-    ----------
-    draws
-        The draws (a file's variables, or :attr:`Population.draws`).
-    coefs
-        The population's beta terms then alpha terms.
-    configs
-        The fitted configurations (``model``, ``gpu``, ``tp``, ``stack``): each level must be
-        one of its factor's ``eff_<factor>`` levels.
-
-    Raises
-    ------
-    BayesLatencyError
-        Naming the variable: no ``coef`` or ``sample`` dimension, other coefficients than
-        ``coefs``, a variable of other dimensions, a configuration level missing from its
-        effects, a value that is not finite or a negative scale.
-    """
-    for dim in ("coef", "sample"):
-        if dim not in draws.dims or draws.sizes[dim] < 1:
-            raise BayesLatencyError(f"no {dim!r} dimension (or an empty one)")
-    from bayes_latency.model.posterior.persistence import _coord, _ordered
-
-    _coord(draws, "coef", list(coefs), "the population's terms and alpha terms",
-           owner="the population")
-    draws = draws.sel(coef=list(coefs))
-    out = {}
-    for name, var in draws.data_vars.items():
-        want = _draw_dims(str(name))
-        if want is None:
-            out[name] = var
-            continue
-        var = _ordered(var, want, f"variable {name}")
-        vals = np.asarray(var.values, dtype=float)
-        bad = int(np.size(vals) - np.count_nonzero(np.isfinite(vals)))
-        if bad:
-            raise BayesLatencyError(f"variable {name} has {bad:,} of {vals.size:,} values "
-                                    f"not finite (NaN or inf)")
-        if str(name).startswith("sigma_") and np.any(vals < 0):
-            raise BayesLatencyError(f"variable {name} (a scale) has negative values")
-        out[name] = var
-    draws = draws.assign(out)
-    if configs is not None:
-        for factor, col in (("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("stack", "stack")):
-            eff = draws.get(f"eff_{factor}")
-            if eff is None or col not in configs:
-                continue
-            levels = {str(v) for v in eff[level_dim(factor)].values}
-            lost = sorted({str(v) for v in configs[col]} - levels)
-            if lost:
-                raise BayesLatencyError(f"variable eff_{factor} has no level {lost} of the "
-                                        f"fitted configurations (dimension "
-                                        f"{level_dim(factor)!r} trimmed?)")
-    return draws
-
-
-def load_population(path: str | Path, terms: tuple[str, ...] | None = None) -> Population:
-    """Read a population file, checking its format, model version, embedded priors and, when
-    ``terms`` are given, that they are the population's.
-
-    The draws are read by dimension name and checked (:func:`checked_draws`).
-
-    Raises
-    ------
-    BayesLatencyError
-        Missing or unreadable file, not a population file, or damaged draws (naming the file
-        and the variable).
-    ModelMismatchError
-        Another model version or population format, altered priors, or other terms.
-    """
-    from bayes_latency.priors import load_priors
-    from bayes_latency.textfiles import load_yaml, refuse_special
-
-    path = Path(path)
-    refuse_special(path, "population file", BayesLatencyError, folders_ok=False)
-    if not path.is_file():
-        raise BayesLatencyError(f"population file {path} does not exist")
-    try:
-        ds = xr.open_dataset(path, engine="h5netcdf").load()
-    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file for the user
-        raise BayesLatencyError(f"cannot read population file {path} (truncated, or not a "
-                                f"netCDF file written by `bayes-latency population`?): {e}") from e
-    a = dict(ds.attrs)
-    if "population_format" not in a or "mu" not in ds:
-        raise BayesLatencyError(f"{path} is not a population file (no population_format "
-                                "attribute or no mu); write one with `bayes-latency population`")
-    if str(a["population_format"]) != POPULATION_FORMAT:
-        raise ModelMismatchError(f"{path}: population format {a['population_format']!r}, this "
-                                 f"bayes_latency reads format {POPULATION_FORMAT!r}; rebuild it")
-    if str(a.get("model_version")) != MODEL_VERSION:
-        from bayes_latency.model.posterior.persistence import newer_model_version
-
-        raise ModelMismatchError(
-            f"{path} was made by model version {a.get('model_version')!r}; this bayes_latency "
-            f"({__version__}) uses model version {MODEL_VERSION!r}. "
-            + ("Upgrade bayes-latency to read it, or rebuild" if newer_model_version(
-                a.get("model_version")) else "Rebuild")
-            + " the population (`bayes-latency population TABLES --out P`).")
-    priors = load_priors(load_yaml(a["priors_yaml"]))
-    if priors.hash != a.get("priors_hash"):
-        raise ModelMismatchError(f"{path}: the embedded priors hash to {priors.hash}, not to the "
-                                 f"recorded {a.get('priors_hash')}: the file was altered")
-    pop_terms = tuple(json.loads(a["terms"]))
-    if terms is not None and tuple(terms) != pop_terms:
-        raise ModelMismatchError(f"{path}: the population has terms {list(pop_terms)}, the fit "
-                                 f"asks for {list(terms)}; fit with --terms "
-                                 f"{','.join(pop_terms)} or rebuild the population")
-    configs = pd.DataFrame({"model": ds["config_llm"].values.astype(str),
-                            "gpu": ds["config_gpu"].values.astype(str),
-                            "tp": ds["config_tp"].values.astype(int),
-                            "stack": ds["config_stack"].values.astype(str)},
-                           index=pd.Index(ds["config"].values.astype(str), name="config_id"))
-    draws = ds.drop_vars(["config_llm", "config_gpu", "config_tp", "config_stack", "config"])
-    draws.attrs = {}
-    alpha_terms = tuple(json.loads(a["alpha_terms"]))
-    try:
-        draws = checked_draws(draws, pop_terms + alpha_terms, configs)
-    except BayesLatencyError as exc:
-        raise BayesLatencyError(f"population file {path}: {exc}; rebuild it with `bayes-latency "
-                                f"population`") from None
-    attrs = {k: v for k, v in a.items()
-             if k not in ("priors_yaml", "priors_hash", "terms", "alpha_terms",
-                          "population_format")}
-    attrs["priors_hash"] = priors.hash
-    return Population(draws=draws, configs=configs, terms=pop_terms,
-                      alpha_terms=alpha_terms, priors=priors, attrs=attrs)
-
-
-def resolve_population(spec: str | Path | None, terms: tuple[str, ...] | None = None
-                       ) -> Population | None:
-    """The population a command's ``--population`` names: a file, ``none`` (None: the
-    roofline priors alone) or, for None, the shipped population :data:`SHIPPED_POPULATION`."""
-    if spec is not None and str(spec).lower() == "none":
-        return None
-    return load_population(SHIPPED_POPULATION if spec is None else spec, terms)
 
 
 # ------------------------------------------------------------------------ leave-out

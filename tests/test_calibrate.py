@@ -213,3 +213,25 @@ def test_rows_past_capacity_are_replayed_not_fitted():
     assert role["workload_ttft"] == "ppc" and role["workload_e2e"] == "workload"
     assert (cal.history["n_unfitted"] == 1).all()
     assert cal.model.c == pytest.approx(1.0, abs=0.01)
+
+
+def _spec(stages: list[tuple[float, float]]) -> dict:
+    return {"system_prompt_len": 100, "question_len": 400, "output_len": 50, "num_groups": 3,
+            "users_per_group": 2, "stages": stages, "multi_turn": False}
+
+
+def test_spec_stages_draw_the_asked_load_bounded_and_refuse_an_empty_stage() -> None:
+    from bayes_latency.calibrate.stages import MAX_REPLAY_REQUESTS, spec_stages
+
+    notes: list[str] = []
+    st = spec_stages(_spec([(4.0, 30.0), (1000.0, 3600.0)]), "llama-2-7b", "H100", 1, 6886,
+                     notes=notes)
+    assert [s.count for s in st] == [120, MAX_REPLAY_REQUESTS]  # 3.6 million asked: bounded
+    assert len(notes) == 1 and "3,600,000 requests" in notes[0] and "spec stage 1" in notes[0]
+    a = st[0]
+    assert (a.rate, a.prompt_len, a.system_prompt_len, a.num_groups, a.users_per_group) == (
+        4.0, 500, 100, 3, 2)
+    assert a.output_pdf == {50: 1.0} and a.prompt_sharing == "system"
+    assert np.isnan(a.observed["ttft_mean_us"]) and a.observed["output_len_mean"] == 50.0
+    with pytest.raises(ConfigError, match="spec stage 0: rate x duration = 0.5 requests"):
+        spec_stages(_spec([(0.5, 1.0)]), "llama-2-7b", "H100", 1, 6886)

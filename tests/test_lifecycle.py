@@ -202,3 +202,19 @@ def test_workload_spec_errors_name_the_file_and_field(tmp_path: Path) -> None:
     p.write_text(yaml.safe_dump({"inference_perf": {"stages": [], "shared_prefix": {}}}))
     with pytest.raises(TraceFormatError, match="system_prompt_len"):
         read_workload_spec(p)
+
+
+def test_export_refuses_a_bad_workload_spec_in_one_line(tmp_path: Path, capsys) -> None:
+    from bayes_latency.cli.main import main
+
+    base = ["export", "--model", "llama-2-7b", "--gpu", "H100", "--tp", "1", "--format", "blis"]
+    out = tmp_path / "coeffs.yaml"
+    cases = {"utf16.yaml": (b"\xff\xfe\x00garbage", "UTF-16"),
+             "broken.yaml": (b"inference_perf: [1, 2", "not valid YAML"),
+             "empty.yaml": (b"", "expected a mapping")}
+    for name, (data, needle) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert main([*base, "--workload", str(tmp_path / name), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and name in err and needle in err, err
+    assert not out.exists()

@@ -114,7 +114,7 @@ def export_command(args: argparse.Namespace) -> int:
                                                          getattr(args, "workload", None))
                                        if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
-    stages = workload_stages(args)
+    workload = workload_stages(args)
     model = load_posterior(args.posterior, priors=getattr(args, "priors", None))
 
     def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
@@ -122,11 +122,11 @@ def export_command(args: argparse.Namespace) -> int:
         coefs = model.coefficients(args.model, args.gpu, int(args.tp), new_run=True)
         noise = step_noise_of(model, coefs)
         origin = None
-        if stages is not None:
+        if workload is not None:
             from bayes_latency.export.origin import config_notes
 
             origin = config_notes(coefs)
-            coefs, more = project_workload(coefs, stages, args)
+            coefs, more = project_workload(coefs, workload, args)
             origin += more
         return coefs, provenance(model.result.attrs, args.posterior), origin, noise
 
@@ -157,7 +157,7 @@ def population_export(args: argparse.Namespace) -> int:
     inputs = [path] + [Path(p) for p in (args.model, args.gpu, getattr(args, "workload", None))
                        if p and Path(p).exists()]
     out = check_output_path(args.out, inputs, kind="file")
-    stages = workload_stages(args)
+    workload = workload_stages(args)
     pop = load_population(path)
 
     def draws() -> tuple[xr.Dataset, dict, list[str] | None, dict | None]:
@@ -165,15 +165,23 @@ def population_export(args: argparse.Namespace) -> int:
         prov = {**provenance(pop.attrs), "population": pop.name,
                 "population_file": path.name, "population_sha256": file_sha256(path)}
         notes = population_notes(pop.describe(), coefs)
-        if stages is not None:
-            coefs, more = project_workload(coefs, stages, args)
+        if workload is not None:
+            coefs, more = project_workload(coefs, workload, args)
             notes = list(notes or []) + more
         return coefs, prov, notes, None
 
     return _write_export(args, out, path, draws, zero_shot=True)
 
 
-def workload_stages(args: argparse.Namespace) -> list | None:
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The load stages of ``--workload`` and the notes on how they were read."""
+
+    stages: list
+    notes: list[str]
+
+
+def workload_stages(args: argparse.Namespace) -> Workload | None:
     """The load stages of ``--workload``, or None without the option; read and checked before
     any posterior is loaded.
 
@@ -198,7 +206,7 @@ def workload_stages(args: argparse.Namespace) -> list | None:
         default_kv_blocks,
         spec_stages,
     )
-    from bayes_latency.data.client.lifecycle import read_workload_spec
+    from bayes_latency.data.client.lifecycle import read_workload_spec, workload_spec_fields
     from bayes_latency.data.client.read import read_client_results
     from bayes_latency.textfiles import refuse_special
 
@@ -217,50 +225,54 @@ def workload_stages(args: argparse.Namespace) -> list | None:
                   max_num_batched_tokens=int(getattr(args, "max_num_batched_tokens", 2048)
                                              or 2048))
     sharing = getattr(args, "prompt_sharing", None)
-    if _yaml_workload_spec(path):
-        fields = read_workload_spec(path)
-        notes: list[str] = []
+    notes: list[str] = []
+    is_spec, doc = _yaml_workload_spec(path)
+    if is_spec:
+        # a document that did not parse is read again by the reader, whose error names it
+        fields = read_workload_spec(path) if doc is None else workload_spec_fields(doc, path)
         stages = spec_stages(fields, args.model, args.gpu, int(args.tp), kv, name="spec",
                              prompt_sharing=sharing or "system", notes=notes, **server)
-        args.workload_notes = [f"--workload {path.name}: {fields['format']}; every stage "
-                               "replayed as open-loop Poisson arrivals at its rate"
-                               + ("; BLIS expands enable_multi_turn_chat as closed-loop "
-                                  "sessions whose offered load is below the rate, so its "
-                                  "batches run smaller than this operating point's"
-                                  if fields.get("multi_turn") else "")] + notes
-        return stages
+        notes.insert(0, f"--workload {path.name}: {fields['format']}; every stage replayed as "
+                        "open-loop Poisson arrivals at its rate"
+                        + ("; BLIS expands enable_multi_turn_chat as closed-loop sessions whose "
+                           "offered load is below the rate, so its batches run smaller than "
+                           "this operating point's" if fields.get("multi_turn") else ""))
+        return Workload(stages, notes)
     tables, report = read_client_results(path)
     check_client_report(report, path)
-    stages = client_stages(tables, args.model, args.gpu, int(args.tp), kv, path=path, **server)
-    return [dataclasses.replace(st, prompt_sharing=sharing or "prompt") for st in stages]
+    stages = client_stages(tables, args.model, args.gpu, int(args.tp), kv, path=path,
+                           notes=notes, **server)
+    return Workload([dataclasses.replace(st, prompt_sharing=sharing or "prompt")
+                     for st in stages], notes)
 
 
-def _yaml_workload_spec(path: Path) -> bool:
-    """Whether ``path`` is read as a workload spec: a YAML file that is not a TraceV2 header
-    (the one YAML client result); a file that does not parse goes to the spec reader, whose
-    error names it."""
+def _yaml_workload_spec(path: Path) -> tuple[bool, object]:
+    """Whether ``path`` is read as a workload spec (a YAML file that is not a TraceV2 header,
+    the one YAML client result), and its parsed document (None when it does not parse)."""
     import yaml
 
     from bayes_latency.textfiles import TextEncodingError, load_yaml, read_text
 
     if not path.is_file() or path.suffix.lower() not in (".yaml", ".yml"):
-        return False
+        return False, None
     try:
         doc = load_yaml(read_text(path))
     except (OSError, TextEncodingError, yaml.YAMLError):
-        return True
-    return not (isinstance(doc, dict) and "trace_version" in doc)
+        return True, None
+    return not (isinstance(doc, dict) and "trace_version" in doc), doc
 
 
-def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
+def project_workload(coefs: xr.Dataset, workload: Workload, args: argparse.Namespace
                      ) -> tuple[xr.Dataset, list[str]]:
-    """Replay ``stages`` at the posterior-mean coefficients of ``coefs`` (the package's
-    scheduler, :func:`~bayes_latency.schedule.replay.replay_stage`) and project the coefficients
-    onto BLIS's basis over the replayed steps
+    """Replay the ``workload``'s stages at the posterior-mean coefficients of ``coefs`` (the
+    package's scheduler, :func:`~bayes_latency.schedule.replay.replay_stage`) and project the
+    coefficients onto BLIS's basis over the replayed steps
     (:func:`~bayes_latency.export.projection.project_onto_blis`); returns the projected
-    coefficients and the notes naming the operating point and the projection's error there."""
+    coefficients and the notes naming the operating point, how the workload was read and the
+    projection's error there."""
     from bayes_latency.export.projection import project_over_stages
 
+    stages = workload.stages
     rates = [f"{r:.3g}" for r in sorted({st.arrival_rate for st in stages}) if np.isfinite(r)]
     sharing = {"prompt": "each user's whole prompt cached",
                "system": "only the system prompt shared"}[stages[0].prompt_sharing]
@@ -268,8 +280,7 @@ def project_workload(coefs: xr.Dataset, stages: list, args: argparse.Namespace
              + (f", {', '.join(rates)} req/s" if rates else "") + f", {sharing}, replayed by the "
              "package's scheduler at the posterior-mean coefficients)")
     proj, _ = project_over_stages(coefs, stages, args.model, args.gpu, where)
-    return proj.coefs, ([f"operating point: {where}"] + list(getattr(args, "workload_notes", []))
-                        + proj.notes)
+    return proj.coefs, [f"operating point: {where}"] + workload.notes + proj.notes
 
 
 def _write_export(args: argparse.Namespace, out: Path, source: str | Path,

@@ -30,7 +30,7 @@ from bayes_latency.textfiles import load_yaml, read_text
 
 __all__ = ["LIFECYCLE_COLUMNS", "METRICS", "STATS", "read_lifecycle_dir", "read_lifecycle_file",
            "WORKLOAD_SPEC_FORMATS", "read_exp_config", "read_profile",
-           "read_workload_spec"]
+           "read_workload_spec", "workload_spec_fields"]
 
 #: Short metric name -> key under ``successes.latency``.
 METRICS: dict[str, str] = {
@@ -348,14 +348,10 @@ def read_profile(path: str | Path) -> dict[str, Any]:
 def _profile_fields(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     """:func:`read_profile`'s fields of a parsed inference-perf profile document."""
     data = doc.get("data")
-    sp = data.get("shared_prefix") if isinstance(data, dict) else None
-    if not isinstance(sp, dict):
-        raise TraceFormatError("no shared_prefix workload", file=str(path),
-                               field="data.shared_prefix")
-    out = _shared_prefix(sp, path, "data.shared_prefix")
     load = doc.get("load")
-    out["stages"] = _stages(load.get("stages") if isinstance(load, dict) else None, path,
-                            "load.stages")
+    out = _shape_and_stages(data.get("shared_prefix") if isinstance(data, dict) else None,
+                            load.get("stages") if isinstance(load, dict) else None, path,
+                            "data.shared_prefix", "load.stages")
     api = doc.get("api") if isinstance(doc.get("api"), dict) else {}
     server = doc.get("server") if isinstance(doc.get("server"), dict) else {}
     out["data_type"] = data.get("type")
@@ -364,6 +360,17 @@ def _profile_fields(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     out["api_type"] = api.get("type")
     out["ignore_eos"] = server.get("ignore_eos")
     out["model_name"] = server.get("model_name")
+    return out
+
+
+def _shape_and_stages(sp: Any, stages: Any, path: Path, sp_where: str,
+                      stages_where: str) -> dict[str, Any]:
+    """The prompt shape of a ``shared_prefix`` mapping, its ``multi_turn`` flag and the
+    ``stages`` (``sp_where`` and ``stages_where`` name them in errors)."""
+    if not isinstance(sp, dict):
+        raise TraceFormatError("no shared_prefix workload", file=str(path), field=sp_where)
+    out = _shared_prefix(sp, path, sp_where)
+    out["stages"] = _stages(stages, path, stages_where)
     out["multi_turn"] = sp.get("enable_multi_turn_chat")
     return out
 
@@ -422,20 +429,21 @@ def read_workload_spec(path: str | Path) -> dict[str, Any]:
         ``inference_perf.stages[1].rate``).
     """
     path = Path(path)
-    doc = _load_yaml(path)
+    return workload_spec_fields(_load_yaml(path), path)
+
+
+def workload_spec_fields(doc: Any, path: str | Path) -> dict[str, Any]:
+    """:func:`read_workload_spec`'s fields of a document already parsed from ``path`` (named in
+    errors)."""
+    path = Path(path)
     if not isinstance(doc, dict):
         raise TraceFormatError(f"expected a mapping ({WORKLOAD_SPEC_FORMATS})", file=str(path))
     if "inference_perf" in doc:
         sec = doc["inference_perf"]
         if not isinstance(sec, dict):
             raise TraceFormatError("expected a mapping", file=str(path), field="inference_perf")
-        sp = sec.get("shared_prefix")
-        if not isinstance(sp, dict):
-            raise TraceFormatError("no shared_prefix workload", file=str(path),
-                                   field="inference_perf.shared_prefix")
-        out = _shared_prefix(sp, path, "inference_perf.shared_prefix")
-        out["stages"] = _stages(sec.get("stages"), path, "inference_perf.stages")
-        out["multi_turn"] = sp.get("enable_multi_turn_chat")
+        out = _shape_and_stages(sec.get("shared_prefix"), sec.get("stages"), path,
+                                "inference_perf.shared_prefix", "inference_perf.stages")
         out["format"] = "BLIS inference_perf spec"
         return out
     if "clients" in doc:

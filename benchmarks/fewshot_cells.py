@@ -161,13 +161,15 @@ def splitwise_cells(obs: pd.DataFrame) -> list[str]:
 
 
 def _fit(rows: pd.DataFrame, settings: Any, terms: tuple[str, ...], population: Any,
-         label: str, cell: str, noise_of: list[str]) -> tuple[Any, dict[str, Any]]:
-    """Fit ``rows``; the fit's row of the report, with the noise scale of each benchmark noise
-    class (:data:`NOISE_CLASS`), the median over the configurations ``noise_of``."""
+         label: str, cell: str, noise_of: list[str], kernels: Any = None
+         ) -> tuple[Any, dict[str, Any]]:
+    """Fit ``rows`` (with ``kernels`` evidence when given); the fit's row of the report, with
+    the noise scale of each benchmark noise class (:data:`NOISE_CLASS`), the median over the
+    configurations ``noise_of``."""
     from bayes_latency.study.cv import fit_ours
 
     t0, c0 = time.perf_counter(), time.process_time()
-    m, conv = fit_ours(rows, settings, terms, population=population)
+    m, conv = fit_ours(rows, settings, terms, population=population, kernels=kernels)
     row = {"cell": cell, "fit": label, "rows": len(rows), "passed": bool(conv.get("passed")),
            "max_rhat": float(conv["max_rhat"]), "min_ess_bulk": float(conv["min_ess_bulk"]),
            "divergences": int(conv["divergences"]), "draws": int(conv["draws"]),

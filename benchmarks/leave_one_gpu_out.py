@@ -10,10 +10,14 @@ For each GPU of the fleet's Splitwise benchmark cells (A100-80GB, H100-SXM):
 2. **zero-shot**: every benchmark row of the held-out cells predicted by that fit, each cell
    drawn as an unseen configuration (a level the fit saw takes its fitted effect, an unseen
    level its factor's population draw: with the A100's cells out, the A100 is an unseen GPU);
-3. **BLIS's vector**: the same rows timed by BLIS's published ``trained-physics`` coefficients
+3. **zero-shot with kernels** (when ``aiconfigurator-core`` is installed): the same with
+   AIConfigurator's measured GEMM efficiency per GPU in the fit (``fit --kernels``,
+   :mod:`bayes_latency.model.definition.kernels`): the held-out GPU's effect is its population
+   conditioned on its kernels, plus a draw of its GPU x stack interaction;
+4. **BLIS's vector**: the same rows timed by BLIS's published ``trained-physics`` coefficients
    (one global vector, fitted by BLIS on vLLM runs; no band), through the same features, which
    carry each GPU's datasheet;
-4. beside them, when ``results/benchmarks/fewshot_cells.json`` was measured on the same fleet,
+5. beside them, when ``results/benchmarks/fewshot_cells.json`` was measured on the same fleet,
    its zero-shot scores (one cell out at a time, the GPU's other cells kept).
 
 Scores per GPU and phase (prefill, decode) over the held-out rows: MdAPE of the predictive
@@ -66,7 +70,8 @@ from benchmarks.fewshot_cells_scores import (  # noqa: E402
 )
 
 #: The settings of the rows of the report, in order.
-SETTINGS = ("zero-shot, GPU out", "BLIS's vector", "zero-shot, cell out")
+SETTINGS = ("zero-shot, GPU out", "zero-shot, GPU out, kernels", "BLIS's vector",
+            "zero-shot, cell out")
 
 
 def gpu_of(cell: str) -> str:
@@ -89,9 +94,10 @@ def blis_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_gpu(obs: pd.DataFrame, mb: pd.DataFrame, gpu: str, work: Path, settings: Any,
-            log: Any = print) -> None:
+            kernels: Any = None, log: Any = print) -> None:
     """Fit the fleet without ``gpu``'s Splitwise cells and predict them (see the module
-    docstring); writes ``work/<gpu>/held.csv`` and ``fits.csv``."""
+    docstring), also with ``kernels`` evidence when given; writes ``work/<gpu>/held.csv`` and
+    ``fits.csv``."""
     from bayes_latency.physics.basis import DEFAULT_TERMS
 
     d = work / gpu
@@ -101,16 +107,23 @@ def run_gpu(obs: pd.DataFrame, mb: pd.DataFrame, gpu: str, work: Path, settings:
     rest = obs[~out].reset_index(drop=True)
     log(f"[gpu] {gpu}: {int(out.sum())} rows of {len(cells)} cells out, fitting the fleet's "
         f"{len(rest)} rows")
-    m, f = _fit(rest, settings, tuple(DEFAULT_TERMS), None, f"fleet without {gpu}'s Splitwise "
-                "cells", gpu, splitwise_cells(rest))
-    log(f"[gpu]   fit {f['wall_s']:.0f} s, passed {f['passed']}")
-    held = []
+    held, fits = [], []
+    for setting, ev in ((SETTINGS[0], None), (SETTINGS[1], kernels)):
+        if setting == SETTINGS[1] and kernels is None:
+            continue
+        m, f = _fit(rest, settings, tuple(DEFAULT_TERMS), None, f"fleet without {gpu}'s "
+                    f"Splitwise cells{', kernels' if ev is not None else ''}", gpu,
+                    splitwise_cells(rest), kernels=ev)
+        log(f"[gpu]   fit ({setting}) {f['wall_s']:.0f} s, passed {f['passed']}")
+        fits.append({**f, "setting": setting})
+        for c in cells:
+            rows = attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb)
+            held.append(_predict(m, rows).assign(cell=c, setting=setting))
     for c in cells:
         rows = attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb)
-        held.append(_predict(m, rows).assign(cell=c, setting=SETTINGS[0]))
-        held.append(blis_rows(rows).assign(cell=c, setting=SETTINGS[1]))
+        held.append(blis_rows(rows).assign(cell=c, setting=SETTINGS[2]))
     pd.concat(held, ignore_index=True).assign(gpu=gpu).to_csv(d / "held.csv", index=False)
-    pd.DataFrame([f]).to_csv(d / "fits.csv", index=False)
+    pd.DataFrame(fits).to_csv(d / "fits.csv", index=False)
 
 
 def cell_out_scores(fleet_text: str) -> list[dict[str, Any]]:
@@ -149,7 +162,7 @@ def summarise(work: Path, fleet_text: str) -> dict[str, Any]:
                 by_cell.append({"gpu": gpu, "cell": cell, "setting": setting, "phase": ph, **s})
     cell_out = cell_out_scores(fleet_text)
     for r in cell_out:
-        by_cell.append({"gpu": gpu_of(r["cell"]), "cell": r["cell"], "setting": SETTINGS[2],
+        by_cell.append({"gpu": gpu_of(r["cell"]), "cell": r["cell"], "setting": SETTINGS[3],
                         **{k: r[k] for k in ("phase", "n", "mdape_pct", "coverage90",
                                              "band_rel_width", "obs_over_pred")}})
     return {**meta, "by_gpu": by_gpu, "by_cell": by_cell,
@@ -175,6 +188,11 @@ def render(res: dict[str, Any], machine: str) -> str:
              "- `zero-shot, GPU out`: every Splitwise cell of the GPU out of the fit, each "
              "predicted as an unseen configuration (the GPU's effect on the Splitwise stack "
              "unseen);",
+             "- `zero-shot, GPU out, kernels`: the same with the kernel evidence of "
+             f"{res.get('kernels') or 'AIConfigurator (not installed: not measured)'} in the "
+             "fit (`fit --kernels`): the held-out GPU's effect is drawn from its population "
+             "conditioned on its kernels, plus a draw of its GPU x stack interaction (the "
+             "kernels are vLLM's, the cells Splitwise's);",
              "- `BLIS's vector`: BLIS's published `trained-physics` coefficients through the same "
              "features (one global vector; no band);",
              "- `zero-shot, cell out`: `fewshot_cells.md`'s zero-shot (one cell out at a time, "
@@ -194,17 +212,19 @@ def render(res: dict[str, Any], machine: str) -> str:
               "| cell | setting | phase | rows | MdAPE | 90% coverage | band width | "
               "observed / predicted |", "|---|---|---|---|---|---|---|---|"]
     order = {s: i for i, s in enumerate(SETTINGS)}
-    cells = sorted({r["cell"] for r in res["by_cell"] if r["setting"] != SETTINGS[2]})
+    cells = sorted({r["cell"] for r in res["by_cell"] if r["setting"] != SETTINGS[3]})
     for c in cells:
         for r in sorted((r for r in res["by_cell"] if r["cell"] == c),
                         key=lambda r: (PHASES.index(r["phase"]), order[r["setting"]])):
             lines.append(f"| {c} | {r['setting']} | {r['phase']} | {r['n']} | "
                          f"{_pct(r['mdape_pct'])} | {_num(r['coverage90'])} | "
                          f"{_num(r['band_rel_width'])} | {_num(r['obs_over_pred'], '.3f')} |")
-    lines += ["", "## Fits", "", "| GPU out | rows | passed | max R-hat | min bulk ESS | "
-              "divergences | draws | wall s |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Fits", "", "| GPU out | setting | rows | passed | max R-hat | "
+              "min bulk ESS | divergences | draws | wall s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for f in res["fits"]:
-        lines.append(f"| {f['cell']} | {f['rows']} | {f['passed']} | {f['max_rhat']:.4f} | "
+        lines.append(f"| {f['cell']} | {f.get('setting', SETTINGS[0])} | {f['rows']} | "
+                     f"{f['passed']} | {f['max_rhat']:.4f} | "
                      f"{f['min_ess_bulk']:.0f} | {f['divergences']} | {f['draws']} | "
                      f"{f['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -221,6 +241,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
 
+    from bayes_latency.data.kernel_evidence import kernel_evidence
+    from bayes_latency.data.kernels import kernel_data_root
     from bayes_latency.data.microbench import read_splitwise
     from bayes_latency.io import atomic_write_text, check_output_path
     from bayes_latency.physics.basis import DEFAULT_TERMS
@@ -240,17 +262,22 @@ def main() -> None:
     if bad := sorted(set(gpus) - set(all_gpus)):
         sys.exit(f"--gpus: unknown {bad}; the fleet's Splitwise GPUs are {all_gpus}")
     settings = QUICK if args.quick else CLI_FIT
+    kernels = None
+    if kernel_data_root() is not None:
+        kernels = kernel_evidence()
+    else:
+        print("aiconfigurator-core is not installed: the kernel setting is not measured")
     args.work.mkdir(parents=True, exist_ok=True)
     record_machine(args.work, "start" if not (args.work / "machine.json").exists()
                    else time.strftime("resumed %Y-%m-%d %H:%M"))
     (args.work / "run.json").write_text(json.dumps(
         {"fleet": fleet_text, "settings": settings.describe(), "gpus": gpus,
-         "dropped_rows": dropped}, indent=1))
+         "dropped_rows": dropped, "kernels": kernels.source if kernels else None}, indent=1))
     for gpu in gpus:
         if (args.work / gpu / "held.csv").exists():
             print(f"[gpu] {gpu}: kept from {args.work}")
             continue
-        run_gpu(obs, mb, gpu, args.work, settings)
+        run_gpu(obs, mb, gpu, args.work, settings, kernels)
         record_machine(args.work, f"{gpu} end")
     res = summarise(args.work, fleet_text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

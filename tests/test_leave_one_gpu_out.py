@@ -52,4 +52,4 @@ def test_scores_per_gpu_and_cell_and_a_band_less_baseline(tmp_path: Path) -> Non
     md = logo.render(res, "Measured on a CPU.")
     assert "| A100-80GB | zero-shot, GPU out | decode | 2 | 26.0% | 0.50 |" in md
     assert "| A100-80GB | BLIS's vector | prefill | 2 | 50.0% |  |  | 2.000 |" in md
-    assert "| A100-80GB | 900 | True | 1.0040 | 450 | 0 | 4000 | 90 |" in md
+    assert "| A100-80GB | zero-shot, GPU out | 900 | True | 1.0040 | 450 | 0 | 4000 | 90 |" in md

@@ -150,7 +150,8 @@ def fit_command(args: argparse.Namespace) -> int:
         print(f"prior of the configurations: the population {pop.name!r} ({pop.describe()['configs']})")
     m = LatencyModel(priors=args.priors, terms=terms, method=args.method, sampler=args.sampler,
                      scheduler=getattr(args, "scheduler", None), population=pop or None,
-                     noise_load=getattr(args, "noise_load", None) or DEFAULT_NOISE_LOAD)
+                     noise_load=getattr(args, "noise_load", None) or DEFAULT_NOISE_LOAD,
+                     kernels=True if getattr(args, "kernels", False) else None)
     m, report = gated.fit(
         obs, requests, model=m, out=out_path, on_failure="ignore",
         gates={"max_rhat": args.max_rhat}, seed=args.seed,

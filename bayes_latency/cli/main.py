@@ -122,7 +122,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return study_client(Path(args.out), blis=args.blis, quick=args.quick,
                             n_draws=args.draws, resume=args.resume,
                             parts=None if args.parts is None
-                            else [p_ for p_ in args.parts.split(",") if p_])
+                            else [p_ for p_ in args.parts.split(",") if p_],
+                            kernels=args.kernels)
     from bayes_latency.study.real import main as study_real
 
     return study_real(Path(args.out), quick=args.quick)
@@ -208,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--population", default=None,
                    help="population file (`bayes-latency population`): the configurations of "
                         "the tables take the fleet's population as their prior")
+    s.add_argument("--kernels", action="store_true",
+                   help="read AIConfigurator's measured GEMM tables (the optional extra kernels) as "
+                        "evidence on each GPU's effect in vLLM, with a GPU x stack interaction "
+                        "for other serving stacks (prior file: hierarchy.kernel, "
+                        "hierarchy.gpu_stack)")
     s.set_defaults(func=_cmd_fit)
 
     from bayes_latency.cli.population import add_parser as add_population
@@ -350,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parts", default=None,
                    help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
                         "'' with --resume: only render the README from the saved tables)")
+    s.add_argument("--kernels", action="store_true",
+                   help="(client) every fit takes AIConfigurator's measured GEMM tables as "
+                        "evidence on the GPU effects, as `fit --kernels` (the optional extra "
+                        "kernels)")
     s.add_argument("--models", default=None,
                    help="(fewshot) comma-separated held-out models (default: all)")
     s.add_argument("--shots", type=int, default=None,

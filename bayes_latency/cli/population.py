@@ -47,6 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)
     s.add_argument("--target-accept", type=float, default=0.99)
+    s.add_argument("--kernels", action="store_true",
+                   help="read AIConfigurator's measured GEMM tables (the optional extra kernels) as "
+                        "evidence on each GPU's effect in vLLM, with a GPU x stack interaction "
+                        "for other serving stacks (prior file: hierarchy.kernel, "
+                        "hierarchy.gpu_stack)")
     s.set_defaults(func=population_command)
 
 
@@ -111,7 +116,8 @@ def population_command(args: argparse.Namespace) -> int:
             left = args.leave_out
             print(f"--leave-out {left}: {n:,} rows removed, {len(obs):,} left")
         m = LatencyModel(priors=args.priors, terms=parse_terms(args.terms) or DEFAULT_TERMS,
-                         method=args.method, sampler=args.sampler)
+                         method=args.method, sampler=args.sampler,
+                         kernels=True if args.kernels else None)
         m, report = gated.fit(obs, None, model=m, on_failure="ignore",
                               gates={"max_rhat": args.max_rhat}, seed=args.seed,
                               draws=args.draws, tune=args.tune, chains=args.chains,

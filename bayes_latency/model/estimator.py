@@ -186,12 +186,19 @@ class LatencyModel:
         Load covariate of the noise scale (:data:`~bayes_latency.model.definition.likelihood.NOISE_LOADS`;
         default :data:`~bayes_latency.model.definition.likelihood.DEFAULT_NOISE_LOAD`): the scale of a
         step's noise grows with it at a fitted rate (:mod:`~bayes_latency.model.definition.likelihood`).
+    kernels
+        Measured kernel efficiency per GPU
+        (:func:`~bayes_latency.data.kernel_evidence.kernel_evidence`, or ``True`` to read the
+        installed tables): data on each GPU's effect in the tables' serving stack, and a GPU x
+        stack interaction for the other stacks (:mod:`bayes_latency.model.definition.kernels`).
+        Recorded in the result (attribute ``kernels``).
     """
 
     def __init__(self, priors: object = None, terms: tuple = DEFAULT_TERMS,
                  method: str = "laplace-hierarchy", sampler: str = "nutpie",
                  variant: str = "hierarchy", scheduler: object = None,
-                 population: object = None, noise_load: str = DEFAULT_NOISE_LOAD) -> None:
+                 population: object = None, noise_load: str = DEFAULT_NOISE_LOAD,
+                 kernels: object = None) -> None:
         if population is not None:
             population = _as_population(population)
             priors, terms, variant = _with_population(population, priors, terms)
@@ -218,6 +225,15 @@ class LatencyModel:
         #: per configuration, the levels the population did not see (after a build)
         self.population_unseen: dict[str, list[str]] = {}
         self.noise_load = check_noise_load(noise_load)
+        if kernels is True:
+            from bayes_latency.data.kernel_evidence import kernel_evidence
+
+            kernels = kernel_evidence()
+        if kernels is not None and variant not in ("hierarchy", "no_ard"):
+            raise ConfigError(f"kernel evidence acts on the crossed GPU effects: variant "
+                              f"{variant!r} has none")
+        #: measured kernel efficiency per GPU (:mod:`bayes_latency.model.definition.kernels`)
+        self.kernels = kernels or None
         #: where stage 1 runs (:func:`bayes_latency.model.definition.summaries.summarize`); stage 2 runs here
         self.scheduler = scheduler
         self.result: xr.DataTree | None = None
@@ -288,7 +304,8 @@ class LatencyModel:
             self.population_unseen = dict(prior.unseen)
         return _build.build_pymc_model(self.design, self.priors, rows, variant=self.variant,
                                        ident=self.identifiability, summaries=summaries,
-                                       population_prior=prior, noise_load=self.noise_load)
+                                       population_prior=prior, noise_load=self.noise_load,
+                                       kernels=self.kernels)
 
     def _sum_groups(self) -> list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]]:
         """:func:`~bayes_latency.model.inference.build.sum_groups` of the fitted rows."""
@@ -352,6 +369,8 @@ class LatencyModel:
                                             settings=self._settings)
         if drawn.extension is not None:
             self.result.attrs["extension"] = json.dumps(drawn.extension)
+        if self.kernels is not None:
+            self.result.attrs["kernels"] = self.kernels.to_json()
         if self.population is not None:
             self.result.attrs["population"] = json.dumps(
                 {**self.population.describe(), "unseen_levels": self.population_unseen})
@@ -591,6 +610,10 @@ class LatencyModel:
         restored = _persistence.restored_attrs(saved.result)
         m._data_hash, m.timings = restored["data_hash"], restored["timings"]
         m._settings = restored["settings"]
+        if "kernels" in saved.result.attrs:
+            from bayes_latency.data.kernel_evidence import KernelEvidence
+
+            m.kernels = KernelEvidence.from_json(str(saved.result.attrs["kernels"]))
         if restored["identifiability"] is not None:
             m.identifiability = restored["identifiability"]
         m._noise_from_result()

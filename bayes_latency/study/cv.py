@@ -31,15 +31,18 @@ def error_metrics(observed: np.ndarray, point: np.ndarray, lo: np.ndarray,
 
 # --------------------------------------------------------------------------------- ours
 def fit_ours(observations: pd.DataFrame, settings: FitSettings,
-             terms: Sequence[str] = REAL_TERMS, population: Any = None
+             terms: Sequence[str] = REAL_TERMS, population: Any = None, kernels: Any = None
              ) -> tuple[Any, dict[str, Any]]:
-    """Fit ``LatencyModel(terms=terms)`` (under a fleet's ``population`` when given) and return
+    """Fit ``LatencyModel(terms=terms)`` (under a fleet's ``population`` when given, with
+    ``kernels`` evidence when given, or when ``settings.kernels`` and no population) and return
     it with its convergence report and runtime."""
     from bayes_latency.model.estimator import LatencyModel
 
     t0 = time.perf_counter()
+    if kernels is None and settings.kernels and population is None:
+        kernels = True
     m = LatencyModel(terms=tuple(terms), population=population,
-                     noise_load=settings.noise_load).fit(
+                     noise_load=settings.noise_load, kernels=kernels).fit(
         observations, draws=settings.draws, tune=settings.tune, chains=settings.chains,
         seed=settings.seed, target_accept=settings.target_accept, max_draws=settings.max_draws)
     conv = m.convergence()

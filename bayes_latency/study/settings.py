@@ -56,13 +56,17 @@ class FitSettings:
     max_draws: int | None = None
     #: Load covariate of the noise scale (``bayes_latency.model.definition.likelihood.NOISE_LOADS``).
     noise_load: str = DEFAULT_NOISE_LOAD
+    #: The installed kernel tables as evidence on the GPU effects (``fit --kernels``,
+    #: :mod:`bayes_latency.model.definition.kernels`).
+    kernels: bool = False
 
     def describe(self) -> str:
         """The settings in words, as the study READMEs print them."""
         ext = (f", sampling on until the convergence gates pass (at most {self.max_draws} draws)"
                if self.max_draws and self.max_draws > self.draws else "")
+        kern = ", with the kernel tables as evidence on the GPU effects" if self.kernels else ""
         return (f"{self.chains} chains x {self.draws} draws after {self.tune} tuning steps, "
-                f"target_accept {self.target_accept}, seed {self.seed}{ext}")
+                f"target_accept {self.target_accept}, seed {self.seed}{ext}{kern}")
 
 
 #: What ``bayes-latency fit`` does with no flags: 2 x 2000 draws after 1000 tuning steps,

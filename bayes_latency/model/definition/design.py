@@ -39,6 +39,10 @@ class PriorArrays:
     #: per factor, ``(K,)`` 1.0 where the factor has an effect on the coefficient and 0.0 for the
     #: terms of ``hierarchy.<f>.without`` (no effect of that factor at all)
     keep: dict[str, np.ndarray] = field(default_factory=dict)
+    #: scale of the GPU x stack interaction of a fit with kernel evidence (``hierarchy.gpu_stack``)
+    sigma_gpu_stack: float = 0.25
+    #: sd of a GPU's step-level effect around its kernels' (``hierarchy.kernel``)
+    kernel_sigma: float = 0.15
 
     def factor_keep(self, factor: str) -> np.ndarray:
         """``(K,)`` 1.0 where ``factor`` has an effect on the coefficient, 0.0 for the terms of
@@ -96,6 +100,8 @@ def prior_arrays(priors: object, coefs: tuple[str, ...], gpus: list[str]) -> Pri
                 for f in ("model", "gpu", "tp", "stack", "config")},
         keep={f: np.asarray([c not in _without(hier.get(f)) for c in coefs], dtype=float)
               for f in ("model", "gpu", "tp", "stack")},
+        sigma_gpu_stack=_half_scale(hier.get("gpu_stack"), 0.25),
+        kernel_sigma=_half_scale(hier.get("kernel"), 0.15),
     )
 
 

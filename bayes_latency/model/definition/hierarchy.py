@@ -137,6 +137,7 @@ from bayes_latency.model.definition.runs import LEVELS, SIGMA_PRIOR, contrast_ar
 from bayes_latency.model.definition.summaries import ConfigSummary, feature_columns
 
 if TYPE_CHECKING:  # pragma: no cover
+    from bayes_latency.data.kernel_evidence import KernelEvidence
     from bayes_latency.model.posterior.fleet import ConfigPrior
 
 VARIANTS = ("hierarchy", "no_ard", "complete_pooling", "no_pooling", "population")
@@ -146,7 +147,8 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
                 summaries: list[ConfigSummary] | None = None, rows: pd.DataFrame | None = None,
                 no_gate: tuple[str, ...] = (), noise_load: str = DEFAULT_NOISE_LOAD,
                 sum_groups: list[tuple[list[str], np.ndarray, dict[str, np.ndarray]]] | None = None,
-                population_prior: ConfigPrior | None = None) -> pm.Model:
+                population_prior: ConfigPrior | None = None,
+                kernels: KernelEvidence | None = None) -> pm.Model:
     """The PyMC model of one fit.
 
     Parameters
@@ -175,6 +177,10 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
         The prior of the configurations from a fitted fleet's population (variant
         ``population`` only; :meth:`~bayes_latency.model.posterior.fleet.Population.config_prior`), its
         rows in the order of ``design.configs``.
+    kernels
+        Measured kernel efficiency per GPU (:mod:`bayes_latency.model.definition.kernels`):
+        data on the GPU effects of the tables' stack, and a GPU x stack interaction for the
+        other stacks. Variants with crossed effects only.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -223,6 +229,10 @@ def build_model(design: Design, priors: object, *, variant: str = "hierarchy",
             for idx, _ in groups:
                 rep[idx] = idx[0]
             loc = loc + _crossed_effects(factors, design, pa, rep if groups else None)
+            if kernels is not None:
+                from bayes_latency.model.definition.kernels import kernel_effects
+
+                loc = loc + kernel_effects(kernels, design, pa, rep if groups else None)
         loc = loc + _sum_shift(mu, design, sum_groups or [])
         sig_prior = pm.LogNormal.dist(mu=np.log(pa.sigma_config["median"]),
                                       sigma=pa.sigma_config["sigma"])

@@ -135,10 +135,12 @@ def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant
                      ident: IdentifiabilityReport | None,
                      summaries: list[ConfigSummary] | None = None,
                      population_prior: Any = None,
-                     noise_load: str = DEFAULT_NOISE_LOAD) -> pm.Model:
+                     noise_load: str = DEFAULT_NOISE_LOAD, kernels: Any = None) -> pm.Model:
     """The PyMC model of ``rows``: on the summaries when given (fast path), else on every row;
     variant ``population`` under ``population_prior``
-    (:meth:`~bayes_latency.model.posterior.fleet.Population.config_prior` of ``design.configs``)."""
+    (:meth:`~bayes_latency.model.posterior.fleet.Population.config_prior` of ``design.configs``);
+    ``kernels``: :class:`~bayes_latency.data.kernel_evidence.KernelEvidence` of the hierarchy
+    (:mod:`bayes_latency.model.definition.kernels`)."""
     from bayes_latency.model.definition.hierarchy import build_model
 
     if variant == "population":
@@ -146,7 +148,7 @@ def build_pymc_model(design: Design, priors: Any, rows: pd.DataFrame, *, variant
                            rows=None if summaries is not None else rows,
                            population_prior=population_prior)
     kw = {"no_gate": no_gate(ident, rows, design.coefs),
-          "sum_groups": sum_groups(rows, design.coefs)}
+          "sum_groups": sum_groups(rows, design.coefs), "kernels": kernels}
     if summaries is not None:
         return build_model(design, priors, variant=variant, summaries=summaries, **kw)
     return build_model(design, priors, variant=variant, rows=rows, noise_load=noise_load, **kw)

@@ -375,10 +375,15 @@ def _priors_yaml(priors: Any) -> str:
     return embed(priors)
 
 
+#: What a fit with kernel evidence adds to a population (an unseen GPU's draw is conditioned on
+#: its kernels, a configuration of another stack takes its GPU x stack interaction:
+#: :mod:`bayes_latency.model.definition.kernels`; ``eff_gpu_stack`` is kept as an effect).
+KERNEL_VARIABLES = ("kernel_offset", "kernel_log_time", "kernel_sigma", "kernel_stack",
+                    "sigma_gpu_stack")
 #: Posterior variables a population keeps (``eff_<factor>`` and ``sigma_<factor>_common`` of
 #: every factor the fit has, besides these).
 _KEEP = ("mu", "sigma_config", "sigma_config_common",
-         *(f"sigma_{f}" for f in FACTORS))
+         *(f"sigma_{f}" for f in FACTORS), *KERNEL_VARIABLES)
 
 
 def noise_lognormal(entry: dict[str, Any]) -> tuple[float, float]:

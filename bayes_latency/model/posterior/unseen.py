@@ -3,7 +3,10 @@
 :func:`~bayes_latency.model.posterior.predict.coefficient_draws` uses the fitted configuration's draws
 when it has them; :func:`unseen_config_theta` draws the others: the population mean, the
 fitted effects of the levels (model, GPU, TP degree, serving stack) the fit saw, and for each
-unseen level an effect drawn from its population, ``N(0, sigma_level^2 (1 + 1/n))``.
+unseen level an effect drawn from its population, ``N(0, sigma_level^2 (1 + 1/n))``. In a fit
+with kernel evidence (:mod:`bayes_latency.model.definition.kernels`) an unseen GPU that the
+kernel tables hold is drawn from that population conditioned on its kernels, and a
+configuration of a stack other than the tables' adds its GPU x stack interaction.
 
 Importing this module is light (no PyMC or PyTensor).
 """
@@ -97,13 +100,82 @@ def config_log_location(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
             sig = post[f"sigma_{level}"].values.T[:, rep] * inflate  # (S, K)
             # terms without this factor's effect (hierarchy.<level>.without): none drawn
             keep = pa.factor_keep(level)[None, :]
-            draw = sig * rng.standard_normal((S, K))[:, rep] * keep
+            z = rng.standard_normal((S, K))
+            common = np.zeros((S, 1))
             if f"sigma_{level}_common" in post:  # plus the shift common to all terms
                 sc_c = post[f"sigma_{level}_common"].values.ravel() * inflate
-                draw = draw + (sc_c * rng.standard_normal(S))[:, None] * keep
-            shared[key] = draw
+                common = (sc_c * rng.standard_normal(S))[:, None]
+            if level == "gpu":
+                draw = _kernel_conditioned(post, design, value, sig, z, rep, common)
+            else:
+                draw = sig * z[:, rep]
+            shared[key] = (draw + common) * keep
         logt = logt + shared[key]
-    return logt, unseen
+    return logt + _gpu_stack_effect(post, design, gpu, stack, rng, pa, shared), unseen
+
+
+def _kernel_conditioned(post: xr.Dataset, design: Any, gpu: str, sig: np.ndarray, z: np.ndarray,
+                        rep: np.ndarray, common: np.ndarray) -> np.ndarray:
+    """``(sample, coef)`` per-term effects of an unseen GPU: ``sig * z`` (its population), or,
+    for the terms whose kernels the fit's tables measured on this GPU
+    (:mod:`bayes_latency.model.definition.kernels`), the population conditioned on them per draw:
+    with prior variance ``v = sig^2``, the measurement ``r = log_time - kernel_offset - common``
+    of sd ``s`` (``kernel_sigma``; several terms of one sum-only group average theirs),
+
+        effect | r ~ N(v / (v + s^2) r, v s^2 / (v + s^2)).
+
+    The GPU's common shift (when the fit has one) is drawn from its population first."""
+    draw = sig * z[:, rep]
+    if "kernel_log_time" not in post or "kernel_offset" not in post:
+        return draw
+    from bayes_latency.data.kernel_evidence import canonical_gpu
+
+    names = [canonical_gpu(str(g)) for g in post["kernel_gpu"].values]
+    if canonical_gpu(gpu) not in names:
+        return draw
+    y = post["kernel_log_time"].isel(kernel_gpu=names.index(canonical_gpu(gpu))).transpose(
+        "kernel_term", ...).values
+    off = post["kernel_offset"].transpose("kernel_term", ...).values
+    s2 = float(np.ravel(post["kernel_sigma"].values)[0]) ** 2
+    r = (y - off).reshape(len(off), -1).T - common  # (S, T)
+    coefs = list(design.coefs)
+    terms = [str(t) for t in post["kernel_term"].values]
+    for j in sorted({int(rep[coefs.index(t)]) for t in terms if t in coefs}):
+        cols = [i for i, t in enumerate(terms) if t in coefs and rep[coefs.index(t)] == j]
+        obs, s2j = r[:, cols].mean(axis=1), s2 / len(cols)
+        v = sig[:, j] ** 2
+        mean = v / (v + s2j) * obs
+        sd = np.sqrt(v * s2j / (v + s2j))
+        col = mean + sd * z[:, j]
+        draw[:, rep == j] = col[:, None]
+    return draw
+
+
+def _gpu_stack_effect(post: xr.Dataset, design: Any, gpu: str, stack: str,
+                      rng: np.random.Generator, pa: Any,
+                      shared: dict[tuple[str, Any], np.ndarray]) -> np.ndarray | float:
+    """``(sample, coef)`` GPU x stack interaction of a configuration of a stack other than
+    the kernel tables' (:mod:`bayes_latency.model.definition.kernels`): the fitted one of a seen
+    GPU, a draw from its population (``N(0, sigma_gpu_stack^2 (1 + 1/n))``) for an unseen one;
+    0.0 for the tables' stack or a fit without it."""
+    if "eff_gpu_stack" not in post or "kernel_stack" not in post:
+        return 0.0
+    ks = post["kernel_stack"]
+    if stack in [str(v) for v in ks["stack"].values] and float(
+            np.ravel(ks.sel(stack=stack).values)[0]) == 1.0:
+        return 0.0
+    eff = post["eff_gpu_stack"].transpose("gpu", "coef", "sample")
+    if gpu in [str(g) for g in eff["gpu"].values]:
+        return eff.sel(gpu=gpu).values.T
+    key = ("gpu_stack", gpu)
+    if key not in shared:
+        S, K = post.sizes["sample"], len(design.coefs)
+        rep = _shared_effects(eff.values)
+        sig = post["sigma_gpu_stack"].transpose("coef", "sample").values.T[:, rep]
+        inflate = np.sqrt(1.0 + 1.0 / eff.sizes["gpu"])
+        shared[key] = sig * inflate * rng.standard_normal((S, K))[:, rep] \
+            * pa.factor_keep("gpu")[None, :]
+    return shared[key]
 
 
 def _shared_effects(eff: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -106,7 +107,8 @@ def calibrated_fit(base: pd.DataFrame, stages: Sequence[ClientStage], settings: 
         start = config_means(start_model, stages, replay_terms(terms))
     elif population is not None:
         start = population_start(population, stages, replay_terms(terms))
-    fast = _fitter(FAST_FIT, terms, population) if fast_iter else None
+    fast = _fitter(replace(FAST_FIT, kernels=settings.kernels), terms, population) \
+        if fast_iter else None
     cal = calibrate(base, stages, _fitter(settings, terms, population), terms=replay_terms(terms),
                     start=start,
                     tol=tol, max_iter=max_iter, log=log, fast_fit=fast,

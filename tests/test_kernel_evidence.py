@@ -259,3 +259,20 @@ def test_population_of_a_kernel_fit_keeps_the_evidence(kernel_fit, tmp_path):
     k = back.coefs.index("weight_loading")
     # the L40S conditioned on its kernels, the L4 (no table) from the population alone
     assert draws[:, 0, k].std() < 0.8 * draws[:, 1, k].std()
+    assert back.coefficients("llama-2-7b", "L40S", 1, n_draws=20).attrs["kernel_terms"] \
+        == ",".join(TERMS)
+
+
+def test_export_notes_name_the_kernel_tables_of_an_unseen_gpu(kernel_fit):
+    from bayes_latency.export.document import export_notes
+
+    _, loaded = kernel_fit
+    held = loaded.coefficients("llama-2-7b", "L40S", 1, n_draws=50, seed=0)
+    free = loaded.coefficients("llama-2-7b", "L4", 1, n_draws=50, seed=0)
+    assert held.attrs["kernel_terms"] == ",".join(TERMS) and "kernel_terms" not in free.attrs
+    assert any("conditioned on its vLLM GEMM efficiency" in n and "weight_loading" in n
+               for n in export_notes(held))
+    assert not any("GEMM" in n for n in export_notes(free))
+    # a seen GPU takes its fitted effect: no such note
+    seen = loaded.coefficients("llama-2-7b", "A100", 1, n_draws=50, seed=0)
+    assert "kernel_terms" not in seen.attrs

@@ -29,7 +29,9 @@ def config_notes(coefs: xr.Dataset) -> list[str]:
     :meth:`~bayes_latency.model.estimator.LatencyModel.coefficients`), one note says it is unseen
     and how its draws were made, one names each unseen level (model, GPU, TP, stack) whose
     effect was drawn from its population scale ``sigma_<level>`` (``N(0, sigma^2 (1 + 1/n))``
-    over the ``n`` seen levels), and one the seen levels whose fitted effects were used.
+    over the ``n`` seen levels), one for an unseen GPU whose draw was conditioned on the fit's
+    kernel tables (``coefs.attrs["kernel_terms"]``), and one the seen levels whose fitted
+    effects were used.
     """
     attrs = coefs.attrs
     unseen = [u for u in str(attrs.get("unseen_levels", "")).split(",") if u]
@@ -50,6 +52,11 @@ def config_notes(coefs: xr.Dataset) -> list[str]:
                      + ": each effect drawn from its population scale ("
                      + ", ".join(f"sigma_{u}" for u in levels)
                      + "; N(0, sigma^2 (1 + 1/n)) over the n levels the fit saw)")
+    kernel_terms = [t for t in str(attrs.get("kernel_terms", "")).split(",") if t]
+    if "gpu" in levels and kernel_terms:
+        notes.append(f"{named['gpu']}: its effect on {', '.join(kernel_terms)} drawn from that "
+                     "population conditioned on its vLLM GEMM efficiency in the fit's kernel "
+                     "tables (AIConfigurator; `fit --kernels`)")
     else:
         notes.append("every level was seen, in other configurations: only the configuration "
                      "residual is drawn")

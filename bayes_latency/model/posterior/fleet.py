@@ -307,7 +307,7 @@ class Population:
         """
         from bayes_latency.data.observations.build import config_id
         from bayes_latency.model.posterior.predict import coefficient_dataset
-        from bayes_latency.model.posterior.unseen import unseen_config_theta
+        from bayes_latency.model.posterior.unseen import kernel_terms_of, unseen_config_theta
 
         design = self.design
         model = _level(design.models, str(model), "model")
@@ -317,10 +317,13 @@ class Population:
         theta, unseen = unseen_config_theta(self.draws, pa, model, gpu, int(tp), stack, rng,
                                             design=design,
                                             variant=str(self.attrs.get("variant", "hierarchy")))
+        extra = {}
+        if "gpu" in unseen and (kt := kernel_terms_of(self.draws, gpu)):
+            extra["kernel_terms"] = ",".join(kt)
         return coefficient_dataset(theta, self.terms, self.alpha_terms, rng, n_draws,
                                    model=model, gpu=gpu, tp=int(tp), stack=stack,
                                    unseen_levels=",".join(unseen),
-                                   config_id=config_id(model, gpu, int(tp), stack))
+                                   config_id=config_id(model, gpu, int(tp), stack), **extra)
 
     # -------------------------------------------------------------------- file
     def to_dataset(self) -> xr.Dataset:

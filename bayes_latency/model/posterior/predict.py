@@ -79,7 +79,7 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
     ``new_run``: each draw times the factor of a new run of the configuration
     (:func:`~bayes_latency.model.posterior.shifts.new_run_factor`; attrs ``run``)."""
     from bayes_latency.model.definition.design import prior_arrays
-    from bayes_latency.model.posterior.unseen import unseen_config_theta
+    from bayes_latency.model.posterior.unseen import kernel_terms_of, unseen_config_theta
 
     model, gpu = canonical_levels(state.design, model, gpu)
     post = post.stack(sample=("chain", "draw"))
@@ -100,6 +100,8 @@ def coefficient_draws(state: FitState, post: xr.Dataset, model: str, gpu: str, t
         theta, unseen = unseen_config_theta(post, pa, model, gpu, int(tp), stack, rng,
                                             design=state.design, variant=state.variant)
     run: dict[str, object] = {"run": "configuration"}
+    if "gpu" in unseen and (kt := kernel_terms_of(post, gpu)):
+        run["kernel_terms"] = ",".join(kt)
     if new_run and state.runs is not None and "sigma_run" in post:
         theta = theta * new_run_factor(state.runs, post, cid, theta.shape[0], seed=seed)[:, None]
         run = {"run": "new run", "sigma_run": float(post["sigma_run"].mean()),

@@ -114,6 +114,17 @@ def config_log_location(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
     return logt + _gpu_stack_effect(post, design, gpu, stack, rng, pa, shared), unseen
 
 
+def kernel_terms_of(post: xr.Dataset, gpu: str) -> list[str]:
+    """The terms on which an unseen ``gpu``'s effect is conditioned on its kernels (the fit's
+    kernel tables hold it, :func:`_kernel_conditioned`); empty otherwise."""
+    from bayes_latency.data.kernel_evidence import canonical_gpu
+
+    if "kernel_log_time" not in post or "kernel_offset" not in post:
+        return []
+    names = {canonical_gpu(str(g)) for g in post["kernel_gpu"].values}
+    return [str(t) for t in post["kernel_term"].values] if canonical_gpu(gpu) in names else []
+
+
 def _kernel_conditioned(post: xr.Dataset, design: Any, gpu: str, sig: np.ndarray, z: np.ndarray,
                         rep: np.ndarray, common: np.ndarray) -> np.ndarray:
     """``(sample, coef)`` per-term effects of an unseen GPU: ``sig * z`` (its population), or,

@@ -52,6 +52,14 @@ WINDOW_STEPS = 2000
 #: fit failed its gates (the departure pair bimodal: ``alpha_post_decode`` chain medians 849 and
 #: 350,576 us, R-hat 1.79); with the small runs sharing one shift it passes (6,000 draws) and its
 #: in-sample BLIS errors are those of the fit without run effects (E2E 0.4%, worst 3.6%).
+#: Tried and not kept: the client runs' contrasts as data on ``sigma_run`` alone (a flat pass
+#: with a shift for every run of 2 rows, the fit's shifts as here). ``sigma_run`` fell from
+#: 0.034 (90%: 0.006-0.080) to 0.012-0.017 (8 contrasts instead of 2), and one traced run held out
+#: (``benchmarks/heldout_runs.py``), Llama-2-70B's iterations as a new run went from 0.894 of
+#: them inside the 90% band at width 13.4% to 0.841 at 10.1%: a client run's mean sits off the
+#: others less than a traced run's steps sit off the configuration. Without CodeLlama-34B's traced
+#: run the calibration then ended with 8 client means still moving, predicting its steps 1.8x
+#: too fast (0.955 inside before).
 MIN_RUN_ROWS = 10
 #: Fewest rows of a window that gets a shift of its own (the rows of smaller windows belong to
 #: their run only). One or two heavy-tailed rows fit their window's shift exactly, and the

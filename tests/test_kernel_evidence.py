@@ -261,6 +261,7 @@ def test_population_of_a_kernel_fit_keeps_the_evidence(kernel_fit, tmp_path):
     assert draws[:, 0, k].std() < 0.8 * draws[:, 1, k].std()
     assert back.coefficients("llama-2-7b", "L40S", 1, n_draws=20).attrs["kernel_terms"] \
         == ",".join(TERMS)
+    assert back.describe()["kernels"] == "test"  # the evidence's source, for reports
 
 
 def test_export_notes_name_the_kernel_tables_of_an_unseen_gpu(kernel_fit):

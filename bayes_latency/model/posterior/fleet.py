@@ -214,7 +214,9 @@ class Population:
                 "client_noise": self.client_noise, "fleet_noise": self.fleet_noise,
                 "model_version": self.attrs.get("model_version"),
                 "priors_hash": self.attrs.get("priors_hash"),
-                "data_hash": self.attrs.get("data_hash")}
+                "data_hash": self.attrs.get("data_hash"),
+                "kernels": (json.loads(self.attrs["kernels"]).get("source")
+                            if "kernels" in self.attrs else None)}
 
     # -------------------------------------------------------------------- as a prior
     def location_draws(self, configs: pd.DataFrame, n_draws: int = DEFAULT_PRIOR_DRAWS,
@@ -507,7 +509,9 @@ def population_from_result(result: xr.DataTree, *, n_samples: int = DEFAULT_SAMP
                "bayes_latency_version": __version__, "data_hash": str(a.get("data_hash", "")),
                "variant": variant, "left_out": left_out, "source": source,
                "n_samples": int(draws.sizes["sample"]),
-               "fleet_noise": json.dumps(noise or {})})
+               "fleet_noise": json.dumps(noise or {}),
+               # the kernel tables of a fit with kernel evidence (model.definition.kernels)
+               **({"kernels": str(a["kernels"])} if "kernels" in a else {})})
     return pop
 
 

@@ -274,6 +274,8 @@ def test_export_notes_name_the_kernel_tables_of_an_unseen_gpu(kernel_fit):
     assert any("conditioned on its vLLM GEMM efficiency" in n and "weight_loading" in n
                for n in export_notes(held))
     assert not any("GEMM" in n for n in export_notes(free))
+    # an unseen GPU is an unseen level, with or without kernels: never "every level was seen"
+    assert not any("every level was seen" in n for n in export_notes(held) + export_notes(free))
     # a seen GPU takes its fitted effect: no such note
     seen = loaded.coefficients("llama-2-7b", "A100", 1, n_draws=50, seed=0)
     assert "kernel_terms" not in seen.attrs

@@ -52,14 +52,14 @@ def config_notes(coefs: xr.Dataset) -> list[str]:
                      + ": each effect drawn from its population scale ("
                      + ", ".join(f"sigma_{u}" for u in levels)
                      + "; N(0, sigma^2 (1 + 1/n)) over the n levels the fit saw)")
+    else:
+        notes.append("every level was seen, in other configurations: only the configuration "
+                     "residual is drawn")
     kernel_terms = [t for t in str(attrs.get("kernel_terms", "")).split(",") if t]
     if "gpu" in levels and kernel_terms:
         notes.append(f"{named['gpu']}: its effect on {', '.join(kernel_terms)} drawn from that "
                      "population conditioned on its vLLM GEMM efficiency in the fit's kernel "
                      "tables (AIConfigurator; `fit --kernels`)")
-    else:
-        notes.append("every level was seen, in other configurations: only the configuration "
-                     "residual is drawn")
     if seen:
         notes.append("seen levels: " + ", ".join(named[k] for k in seen)
                      + ": their fitted effects")

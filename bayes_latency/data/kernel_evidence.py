@@ -130,15 +130,12 @@ class KernelEvidence:
 
 
 def canonical_gpu(name: str) -> str:
-    """The datasheet name of ``name`` (:func:`~bayes_latency.physics.hardware.load_gpu`), or
-    ``name`` itself when no datasheet knows it."""
-    from bayes_latency.errors import UnknownGPUError
-    from bayes_latency.physics.hardware import load_gpu
+    """The shipped datasheet name of ``name`` (an alias, any case:
+    :func:`~bayes_latency.physics.hardware.resolve_gpu_name`), or ``name`` itself when no
+    shipped datasheet knows it."""
+    from bayes_latency.physics.hardware import resolve_gpu_name
 
-    try:
-        return load_gpu(str(name)).name
-    except (UnknownGPUError, OSError, ValueError):
-        return str(name)
+    return resolve_gpu_name(str(name)) or str(name)
 
 
 def kernel_evidence(root: str | Path | None = None, framework: str = "vllm",

@@ -77,8 +77,7 @@ def kernel_effects(kernels: KernelEvidence, design: Design, pa: PriorArrays,
     _fixed("kernel_stack", np.asarray([float(st == ev.stack) for st in design.stacks]),
            dims=level_dim("stack"))
     # 1. the measurement of the tables' stack's GPU effects
-    both = [(i, ev.index_of(g)) for i, g in enumerate(design.gpus)
-            if ev.index_of(g) is not None]
+    both = [(i, j) for i, g in enumerate(design.gpus) if (j := ev.index_of(g)) is not None]
     terms = [t for t in ev.terms if keep[design.coefs.index(t)] == 1.0]
     if both and terms:
         eff = model["eff_gpu"]

@@ -114,15 +114,24 @@ def config_log_location(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
     return logt + _gpu_stack_effect(post, design, gpu, stack, rng, pa, shared), unseen
 
 
-def kernel_terms_of(post: xr.Dataset, gpu: str) -> list[str]:
-    """The terms on which an unseen ``gpu``'s effect is conditioned on its kernels (the fit's
-    kernel tables hold it, :func:`_kernel_conditioned`); empty otherwise."""
+def _kernel_row(post: xr.Dataset, gpu: str) -> int | None:
+    """The row of ``gpu`` in the fit's kernel tables (``kernel_gpu``, aliases resolved), or
+    None when the fit has no kernel measurement of it."""
     from bayes_latency.data.kernel_evidence import canonical_gpu
 
     if "kernel_log_time" not in post or "kernel_offset" not in post:
+        return None
+    names = [canonical_gpu(str(g)) for g in post["kernel_gpu"].values]
+    name = canonical_gpu(gpu)
+    return names.index(name) if name in names else None
+
+
+def kernel_terms_of(post: xr.Dataset, gpu: str) -> list[str]:
+    """The terms on which an unseen ``gpu``'s effect is conditioned on its kernels (the fit's
+    kernel tables hold it, :func:`_kernel_conditioned`); empty otherwise."""
+    if _kernel_row(post, gpu) is None:
         return []
-    names = {canonical_gpu(str(g)) for g in post["kernel_gpu"].values}
-    return [str(t) for t in post["kernel_term"].values] if canonical_gpu(gpu) in names else []
+    return [str(t) for t in post["kernel_term"].values]
 
 
 def _kernel_conditioned(post: xr.Dataset, design: Any, gpu: str, sig: np.ndarray, z: np.ndarray,
@@ -137,15 +146,10 @@ def _kernel_conditioned(post: xr.Dataset, design: Any, gpu: str, sig: np.ndarray
 
     The GPU's common shift (when the fit has one) is drawn from its population first."""
     draw = sig * z[:, rep]
-    if "kernel_log_time" not in post or "kernel_offset" not in post:
+    row = _kernel_row(post, gpu)
+    if row is None:
         return draw
-    from bayes_latency.data.kernel_evidence import canonical_gpu
-
-    names = [canonical_gpu(str(g)) for g in post["kernel_gpu"].values]
-    if canonical_gpu(gpu) not in names:
-        return draw
-    y = post["kernel_log_time"].isel(kernel_gpu=names.index(canonical_gpu(gpu))).transpose(
-        "kernel_term", ...).values
+    y = post["kernel_log_time"].isel(kernel_gpu=row).transpose("kernel_term", ...).values
     off = post["kernel_offset"].transpose("kernel_term", ...).values
     s2 = float(np.ravel(post["kernel_sigma"].values)[0]) ** 2
     r = (y - off).reshape(len(off), -1).T - common  # (S, T)

@@ -266,8 +266,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
 
-    from bayes_latency.data.kernel_evidence import kernel_evidence
-    from bayes_latency.data.kernels import kernel_data_root
+    from bayes_latency.data.kernel_evidence import evidence_from_tables
+    from bayes_latency.data.kernels import kernel_data_root, read_gemm_tables
     from bayes_latency.io import atomic_write, atomic_write_text, check_output_path
     from bayes_latency.physics.basis import DEFAULT_TERMS
     from bayes_latency.study.settings import CLI_FIT, QUICK
@@ -283,13 +283,12 @@ def main() -> None:
     record_machine(args.work, "start")
     tracemalloc.start()
     t0 = time.perf_counter()
-    ev = kernel_evidence()
+    tables = read_gemm_tables()
+    ev = evidence_from_tables(tables)
     read_s = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    from bayes_latency.data.kernels import read_gemm_tables
-
-    gemms = len(read_gemm_tables().table)
+    gemms = len(tables.table)
     fits, models = {}, {}
     for name in FITS:
         models[name], fits[name] = _fit(obs, settings, ev if name == "kernels" else None,

@@ -31,16 +31,18 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bayes_latency.data.kernels import read_gemm_tables, roofline_efficiency
+from bayes_latency.data.kernels import GemmTables, read_gemm_tables, roofline_efficiency
 from bayes_latency.errors import BayesLatencyError
 
-__all__ = ["KERNEL_TERMS", "KernelEvidence", "canonical_gpu", "kernel_evidence"]
+__all__ = ["KERNEL_TERMS", "KernelEvidence", "canonical_gpu", "evidence_from_tables",
+           "kernel_evidence"]
 
 #: The terms the GEMM tables measure, and the regime of :func:`roofline_efficiency` that
 #: measures each. ``decode_compute`` is not one: decode GEMMs are memory-bound, so its
@@ -138,9 +140,13 @@ def canonical_gpu(name: str) -> str:
     return resolve_gpu_name(str(name)) or str(name)
 
 
+@lru_cache(maxsize=8)
 def kernel_evidence(root: str | Path | None = None, framework: str = "vllm",
                     dtype: str = "bfloat16") -> KernelEvidence:
     """The GEMM tables of ``framework`` reduced to :class:`KernelEvidence` (``dtype`` GEMMs).
+
+    The tables are read once per process (every fit of a study asks for them): the installed
+    package's files do not change while it runs.
 
     Raises
     ------
@@ -148,7 +154,13 @@ def kernel_evidence(root: str | Path | None = None, framework: str = "vllm",
         ``aiconfigurator-core`` is not installed (and no ``root`` given), no table of
         ``framework``, or no GPU has bound GEMMs of ``dtype`` in both regimes.
     """
-    tables = read_gemm_tables(root, framework=framework)
+    return evidence_from_tables(read_gemm_tables(root, framework=framework), framework, dtype)
+
+
+def evidence_from_tables(tables: GemmTables, framework: str = "vllm",
+                         dtype: str = "bfloat16") -> KernelEvidence:
+    """:func:`kernel_evidence` of GEMM tables already read (:func:`read_gemm_tables` of
+    ``framework``)."""
     eff = roofline_efficiency(tables.table)
     rows = [(gpu, r) for (gpu, dt), r in eff.iterrows() if dt == dtype]
     gpus, logt, n = [], [], []

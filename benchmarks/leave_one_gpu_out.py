@@ -107,21 +107,19 @@ def run_gpu(obs: pd.DataFrame, mb: pd.DataFrame, gpu: str, work: Path, settings:
     rest = obs[~out].reset_index(drop=True)
     log(f"[gpu] {gpu}: {int(out.sum())} rows of {len(cells)} cells out, fitting the fleet's "
         f"{len(rest)} rows")
+    cell_rows = {c: attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb)
+                 for c in cells}
+    fitted = [(SETTINGS[0], None)] + ([(SETTINGS[1], kernels)] if kernels is not None else [])
     held, fits = [], []
-    for setting, ev in ((SETTINGS[0], None), (SETTINGS[1], kernels)):
-        if setting == SETTINGS[1] and kernels is None:
-            continue
+    for setting, ev in fitted:
         m, f = _fit(rest, settings, tuple(DEFAULT_TERMS), None, f"fleet without {gpu}'s "
                     f"Splitwise cells{', kernels' if ev is not None else ''}", gpu,
                     splitwise_cells(rest), kernels=ev)
         log(f"[gpu]   fit ({setting}) {f['wall_s']:.0f} s, passed {f['passed']}")
         fits.append({**f, "setting": setting})
-        for c in cells:
-            rows = attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb)
-            held.append(_predict(m, rows).assign(cell=c, setting=setting))
-    for c in cells:
-        rows = attach_points(obs[obs["config_id"] == c].reset_index(drop=True), mb)
-        held.append(blis_rows(rows).assign(cell=c, setting=SETTINGS[2]))
+        held += [_predict(m, rows).assign(cell=c, setting=setting)
+                 for c, rows in cell_rows.items()]
+    held += [blis_rows(rows).assign(cell=c, setting=SETTINGS[2]) for c, rows in cell_rows.items()]
     pd.concat(held, ignore_index=True).assign(gpu=gpu).to_csv(d / "held.csv", index=False)
     pd.DataFrame(fits).to_csv(d / "fits.csv", index=False)
 

@@ -124,27 +124,23 @@ def effect_contrasts(m: Any, ev: Any, terms: tuple[str, ...] = ("weight_loading"
     from bayes_latency.model.posterior.persistence import posterior_with_fixed
     from bayes_latency.model.posterior.unseen import config_log_location
 
-    fit = m
-    post = posterior_with_fixed(fit.result).stack(sample=("chain", "draw")).transpose(
+    post = posterior_with_fixed(m.result).stack(sample=("chain", "draw")).transpose(
         ..., "sample")
-    out = []
     rng = np.random.default_rng(0)
-    locs = {}
+    locs = []
     for gpu in ev.gpus:
-        pa = prior_arrays(fit.priors, fit.coefs, [gpu])
+        pa = prior_arrays(m.priors, m.coefs, [gpu])
         logt, _ = config_log_location(post, pa, MODEL, gpu, TP, "vllm", rng,
-                                      design=fit.design, variant=fit.variant)
-        locs[gpu] = logt - pa.gpu_offset[0][None, :]
-    ref = locs[next(g for g in ev.gpus if g.startswith("H100"))]
-    for gpu in ev.gpus:
+                                      design=m.design, variant=m.variant)
+        locs.append(logt - pa.gpu_offset[0][None, :])
+    h = ev.index_of("H100")
+    out = []
+    for g, gpu in enumerate(ev.gpus):
         for term in terms:
-            k = fit.coefs.index(term)
-            t = ev.terms.index(term)
-            d = locs[gpu][:, k] - ref[:, k]
+            k, t = m.coefs.index(term), ev.terms.index(term)
             out.append({"gpu": gpu, "term": term,
-                        "kernel_contrast": float(ev.log_time[ev.gpus.index(gpu), t]
-                                                 - ev.log_time[ev.index_of("H100"), t]),
-                        **{f"effect_{k2}": v for k2, v in _q(d).items()}})
+                        "kernel_contrast": float(ev.log_time[g, t] - ev.log_time[h, t]),
+                        **{f"effect_{q}": v for q, v in _q(locs[g][:, k] - locs[h][:, k]).items()}})
     return out
 
 

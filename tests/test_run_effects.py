@@ -189,6 +189,7 @@ def fitted_runs(three_runs: pd.DataFrame, tmp_path_factory) -> tuple:
     other, _ = make_observations([("llama-2-7b", "H100", 1)], n_iter=300, n_win=30, n_alpha=30,
                                  seed=4, sigma=0.03)
     obs = pd.concat([three_runs, fit_rows(other)], ignore_index=True)
+    obs["obs_id"] = np.arange(len(obs))
     m = LatencyModel(sampler="laplace").fit(obs, draws=200, seed=0, progress=False)
     path = tmp_path_factory.mktemp("runs") / "posterior.nc"
     m.save(path)
@@ -230,6 +231,40 @@ def test_export_draws_are_a_new_run(fitted_runs: tuple) -> None:
     # a configuration of one run: its new run draws from the same sigma_run, 1 + 1/1
     one = m.coefficients("llama-2-7b", "H100", 1, new_run=True)
     assert one.attrs["n_runs"] == 1
+
+
+def test_fitted_rows_are_scored_about_their_run(fitted_runs: tuple) -> None:
+    """The saved log-likelihood and posterior predictive groups, ``pointwise_loglik`` and the
+    adequacy gate's LOO-PIT score a fitted run's rows about its fitted shift: the runs sit
+    +-0.06 off the average run under a 0.03 noise, so about the configuration alone run-a's
+    LOO-PIT would pile up near 1 and run-c's near 0."""
+    from bayes_latency.checks.adequacy import loo_pit_rows
+    from bayes_latency.model.posterior.groups import OBS_VAR
+    from bayes_latency.model.posterior.shifts import fitted_log_shifts
+
+    obs, _, loaded = fitted_runs
+    shift = fitted_log_shifts(loaded.run_table, obs)
+    run = obs["experiment_id"].to_numpy()
+    for name, truth in SHIFTS.items():
+        assert abs(shift[run == name].mean() - truth) < 0.02, name
+    assert not shift[~np.isin(run, list(SHIFTS))].any()  # one run: no shift
+    assert not fitted_log_shifts(None, obs).any()
+    rows = obs[np.isin(run, ["run-a", "run-c"]) & (obs["kind"] == "iteration").to_numpy()]
+    rows = rows.reset_index(drop=True)
+    pit, _ = loo_pit_rows(loaded, rows, n_draws=200)
+    for name in ("run-a", "run-c"):
+        mean = float(pit[rows["experiment_id"].to_numpy() == name].mean())
+        assert abs(mean - 0.5) < 0.1, (name, mean)
+    # the saved groups are about the same shifts
+    ref = loaded.result["log_likelihood"][OBS_VAR]
+    ll = loaded.pointwise_loglik(obs.assign(obs_id=obs["obs_id"].astype(str)))
+    np.testing.assert_allclose(ll.sel(obs=ref["obs"].values).values, ref.values, atol=1e-4)
+    pp = loaded.result["posterior_predictive"][OBS_VAR]
+    o = pd.Series(np.arange(len(obs)), index=obs["obs_id"].astype(str))
+    sel = o.loc[pp["obs"].values.astype(str)].to_numpy()
+    sel_a = run[sel] == "run-a"
+    gap = (pp.mean(("chain", "draw")).values - np.log(obs["value_us"].to_numpy()[sel]))
+    assert abs(float(np.median(gap[sel_a]))) < 0.02
 
 
 def test_too_many_runs_fit_as_one(monkeypatch, three_runs: pd.DataFrame) -> None:

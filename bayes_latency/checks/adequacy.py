@@ -121,8 +121,8 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     """LOO-PIT of observation rows and their log-scale predictive draws.
 
     Per configuration: draws of its coefficients from the posterior (``n_draws``), predictive
-    values (Student-t on the log scale with the fitted noise) and pointwise log-likelihoods on
-    the same draws, with PSIS weights: :func:`bayes_latency.checks.psis.loo_pit`, the result of
+    values (Student-t on the log scale with the fitted noise, a fitted run's rows about its
+    fitted shift) and pointwise log-likelihoods on the same draws, with PSIS weights: :func:`bayes_latency.checks.psis.loo_pit`, the result of
     :func:`arviz_stats.loo_pit` computed for all rows of a configuration at once.
 
     Returns
@@ -137,11 +137,14 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
     from bayes_latency.data.observations.build import DEFAULT_STACK
     from bayes_latency.model.definition.likelihood import row_loglik
     from bayes_latency.model.definition.summaries import feature_columns
+    from bayes_latency.model.posterior.shifts import fitted_log_shifts
 
     X = rows[feature_columns(model.coefs)].to_numpy(dtype=float)
     log_y = np.log(rows["value_us"].to_numpy(dtype=float))
-    # off: multi-step rows, the median of a sum above the sum of medians
+    # off: multi-step rows, the median of a sum above the sum of medians; a fitted run's rows
+    # about its fitted shift, as the fit scored them
     scale, nu, off = model._row_noise(rows)
+    off = off + fitted_log_shifts(getattr(model, "run_table", None), rows)
     rng = np.random.default_rng(seed + 3)
     pit = np.full(len(rows), np.nan)
     log_draws = np.full((n_draws, len(rows)), np.nan)

@@ -263,6 +263,13 @@ class LatencyModel:
                         data_hash=self._data_hash, noise_load=self.noise_load,
                         runs=self._run_table())
 
+    @property
+    def run_table(self) -> RunTable | None:
+        """The fitted runs' and windows' log shifts with their standard errors
+        (:class:`~bayes_latency.model.posterior.shifts.RunTable`; None for a fit without run
+        effects or before a fit)."""
+        return self._run_table()
+
     def _run_table(self) -> RunTable | None:
         """The fitted run and window shifts (:class:`~bayes_latency.model.posterior.shifts.RunTable`),
         read once per result from its ``summaries`` group."""
@@ -555,11 +562,13 @@ class LatencyModel:
         return _predict.replicate_rows(mu, self._noise, observations, seed=seed)
 
     def pointwise_loglik(self, observations: pd.DataFrame, seed: int = 0) -> xr.DataArray:
-        """``log p(y_i | theta)`` for every posterior draw (chain, draw, obs)."""
+        """``log p(y_i | theta)`` for every posterior draw (chain, draw, obs): a fitted run's
+        rows about its fitted shift, any other row about its configuration."""
         post = self._post()
         if not self._noise:
             self._noise_from_result()
-        return _predict.pointwise_loglik(post, self.coefs, self._noise, observations)
+        return _predict.pointwise_loglik(post, self.coefs, self._noise, observations,
+                                         runs=self.run_table)
 
     # ------------------------------------------------------------------ checks
     def convergence(self, gates: dict | None = None) -> dict:

@@ -52,6 +52,7 @@ from bayes_latency.model.definition.design import filled
 from bayes_latency.model.definition.likelihood import row_loglik
 from bayes_latency.model.definition.noise import row_noise
 from bayes_latency.model.definition.rows import feature_columns
+from bayes_latency.model.posterior.shifts import fitted_log_shifts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pymc as pm
@@ -208,10 +209,13 @@ def observed_data(rows: pd.DataFrame, n_fitted: int, subsample: bool) -> xr.Data
     return annotate(ds)
 
 
-def _row_inputs(state: FitState, rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
+def _row_inputs(state: FitState, rows: pd.DataFrame, shifted: bool = True
+                ) -> tuple[np.ndarray, ...]:
     X = rows[feature_columns(state.coefs)].to_numpy(dtype=float)
     # the offset of multi-step rows (.likelihood) shifts log y like the observed values
     scale, nu, off = row_noise(state.noise, rows)
+    if shifted:  # a fitted run's rows sit off the configuration by its fitted shift
+        off = off + fitted_log_shifts(state.runs, rows)
     return X, scale, nu, rows["config_id"].astype(str).to_numpy(), off
 
 
@@ -239,13 +243,14 @@ def log_likelihood(state: FitState, rows: pd.DataFrame, post: xr.Dataset,
                             **_obs_coords(rows)})
     ds.attrs.update(_group_attrs(rows, n_fitted, subsample))
     ds.attrs["computed"] = ("after sampling, from the conditional configuration draws beta/alpha "
-                            "and the Student-t row likelihood on the log scale")
+                            "and the Student-t row likelihood on the log scale, a fitted run's "
+                            "rows about its fitted shift")
     return annotate(ds, "log_density")
 
 
 def _replicate(state: FitState, rows: pd.DataFrame, theta_of: Any, S: int,
-               rng: np.random.Generator) -> np.ndarray:
-    X, scale, nu, cfg, off = _row_inputs(state, rows)
+               rng: np.random.Generator, shifted: bool = True) -> np.ndarray:
+    X, scale, nu, cfg, off = _row_inputs(state, rows, shifted)
     out = np.empty((S, len(rows)), dtype=np.float32)
     for c in pd.unique(cfg):
         m = cfg == c
@@ -268,7 +273,8 @@ def posterior_predictive(state: FitState, rows: pd.DataFrame, post: xr.Dataset, 
     ds.attrs.update(_group_attrs(rows, n_fitted, subsample))
     ds.attrs.update({"n_samples": C * D, "draws": "every posterior draw (chain x draw): ArviZ's "
                      "loo_pit needs the predictive and log-likelihood draws to match",
-                     "noise": "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)"})
+                     "noise": "fitted Student-t noise on the log scale per (config, noise class: kind, prefill steps apart)",
+                     "runs": "a fitted run's rows about its fitted shift"})
     return annotate(ds)
 
 
@@ -320,7 +326,7 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
                             "variables, by pm.sample_prior_predictive")
     C, D = full.sizes["chain"], full.sizes["draw"]
     cfg_of = {c: _theta(full, c, nb) for c in d.configs.index}
-    vals = _replicate(state, rows, lambda c: cfg_of[c], C * D, rng)
+    vals = _replicate(state, rows, lambda c: cfg_of[c], C * D, rng, shifted=False)
     pp = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
                     coords={"chain": full["chain"].values, "draw": full["draw"].values,
                             **_obs_coords(rows)})

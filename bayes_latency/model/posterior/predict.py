@@ -27,7 +27,12 @@ from bayes_latency.errors import BayesLatencyError, ConfigError
 from bayes_latency.model.definition.likelihood import row_loglik, student_t_draws
 from bayes_latency.model.definition.noise import NoiseTable, row_noise
 from bayes_latency.model.definition.rows import feature_columns
-from bayes_latency.model.posterior.shifts import new_run_factor, row_shifts
+from bayes_latency.model.posterior.shifts import (
+    RunTable,
+    fitted_log_shifts,
+    new_run_factor,
+    row_shifts,
+)
 from bayes_latency.model.posterior.state import FitState
 
 #: Run status of rows predicted by a fit without run effects (the full path).
@@ -196,13 +201,16 @@ def replicate_rows(mu: xr.DataArray, noise: NoiseTable, observations: pd.DataFra
 
 
 def pointwise_loglik(post: xr.Dataset, coefs: tuple[str, ...], noise: NoiseTable,
-                     observations: pd.DataFrame) -> xr.DataArray:
+                     observations: pd.DataFrame, runs: RunTable | None = None) -> xr.DataArray:
     """``log p(log y_i | theta)`` for every posterior draw: ``log_duration (chain, draw, obs)``,
-    the layout of the result's ``log_likelihood`` group."""
+    the layout of the result's ``log_likelihood`` group. Rows of a run in ``runs`` (the fit's
+    :class:`~bayes_latency.model.posterior.shifts.RunTable`) are scored about its fitted shift,
+    the others about their configuration."""
     C, D = post.sizes["chain"], post.sizes["draw"]
     X = observations[feature_columns(coefs)].to_numpy(dtype=float)
     log_y = np.log(observations["value_us"].to_numpy(dtype=float))
     scale, nu, off = row_noise(noise, observations)
+    off = off + fitted_log_shifts(runs, observations)
     cfg = observations["config_id"].to_numpy()
     ll = np.empty((C * D, len(observations)), dtype=np.float32)
     for c in pd.unique(cfg):

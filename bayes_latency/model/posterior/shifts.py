@@ -12,7 +12,9 @@ window.
 
 :class:`RunTable` holds the fitted shifts (from the result's ``summaries`` group,
 :func:`bayes_latency.model.posterior.persistence.run_effects_dataset`); :func:`row_shifts` draws
-the log shifts of observation rows and says which rows are fitted runs.
+the log shifts of observation rows and says which rows are fitted runs; :func:`fitted_log_shifts`
+gives the fitted rows the shifts the fit conditioned on, for the saved ``log_likelihood`` and
+``posterior_predictive`` groups and the adequacy gate's LOO-PIT.
 
 Importing this module is light (NumPy, pandas, xarray).
 """
@@ -131,6 +133,31 @@ def row_shifts(table: RunTable, post: xr.Dataset, observations: pd.DataFrame, S:
                 sd = np.sqrt(new_shift_var(s_win, m_fit))
                 out[:, j] += (sd * rng.standard_normal(S))[:, None]
     return out, status.astype(str)
+
+
+def fitted_log_shifts(table: RunTable | None, observations: pd.DataFrame) -> np.ndarray:
+    """``(n,)`` log shift of each row at the fit's estimates: its run's, plus its window's,
+    where the fit saw them; 0 for every other row (and for every row of a fit without run
+    effects).
+
+    Stage 1 profiles the shifts out at these estimates, so the row likelihood of the fitted
+    coefficients is the Student-t around ``log(x . theta) + shift``: the pointwise
+    log-likelihood, the replicated rows and the LOO-PIT of fitted rows use it.
+    """
+    out = np.zeros(len(observations))
+    if table is None or not table.runs:
+        return out
+    cfg = observations["config_id"].astype(str).to_numpy()
+    runs = run_keys(observations)
+    wins = window_keys(observations, runs)
+    for i, (c, r, w) in enumerate(zip(cfg, runs, wins, strict=True)):
+        fitted = table.runs.get((c, r)) if r else None
+        if fitted is None:
+            continue
+        out[i] = fitted[0]
+        if w and (c, w) in table.windows:
+            out[i] += table.windows[(c, w)][0]
+    return out
 
 
 def new_run_factor(table: RunTable, post: xr.Dataset, config: str, S: int,

@@ -39,7 +39,9 @@ def test_default_loads() -> None:
     assert 1000 <= p.prior_median("alpha_arrival") <= 20000
     for eff, s in (("model", 0.25), ("gpu", 0.3), ("tp", 0.3)):
         assert p.hierarchy_scale(eff) == {"dist": "halfnormal", "sigma": s}
-    assert p.hierarchy_without("tp") == ("weight_loading",) and p.hierarchy_without("model") == ()
+    assert p.hierarchy_without("tp") == ("weight_loading", "alpha_arrival", "alpha_post_decode",
+                                         "alpha_per_token")
+    assert p.hierarchy_without("model") == ()
     assert p.ard == {"dist": "logistic_gate", "loc": -1.5, "scale": 1.0, "sharpness": 4.0}
     for k in REQUIRED_NOISE_KINDS:
         n = p.noise_prior(k)

@@ -26,6 +26,20 @@ def source_sha256(root: Path = ROOT) -> str:
     return h.hexdigest()[:12]
 
 
+def fit_key(rows: object, *parts: str, root: Path = ROOT) -> str:
+    """A key of a cached fit: the sha256 of the sources and priors (:func:`source_sha256`), the
+    rows' values (``pandas.util.hash_pandas_object``) and ``parts`` (settings, evidence). A
+    benchmark reuses a fit of its work folder only under the same key: a fit of another fleet,
+    prior or code is refitted, not reported as this one."""
+    import pandas as pd
+
+    h = hashlib.sha256(source_sha256(root).encode())
+    h.update(pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes())
+    for p in parts:
+        h.update(p.encode())
+    return h.hexdigest()[:16]
+
+
 def code_provenance(root: Path = ROOT) -> str:
     """``package VERSION, model version N, source sha256 HEX`` for the code under ``root``."""
     from bayes_latency import MODEL_VERSION, __version__

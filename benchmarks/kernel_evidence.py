@@ -25,7 +25,8 @@ Usage::
 
 ``--fleet`` as ``benchmarks/fewshot_cells.py`` (default: the calibrated real fleet of ``study
 client``). ``--work`` (default ``/tmp/kernel_evidence``) keeps the two fits (``none.nc``,
-``kernels.nc``), reused when there. Outputs ``PREFIX.md``, ``PREFIX.json`` and ``PREFIX.png``
+``kernels.nc``), reused when fitted to the same rows with the same settings, evidence and code
+(``_provenance.fit_key``), else refitted. Outputs ``PREFIX.md``, ``PREFIX.json`` and ``PREFIX.png``
 (default ``results/benchmarks/kernel_evidence``). Needs ``aiconfigurator-core`` (the optional
 extra ``kernels``).
 """
@@ -46,7 +47,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._provenance import machine_line, record_machine  # noqa: E402
+from benchmarks._provenance import fit_key, machine_line, record_machine  # noqa: E402
 from benchmarks.fewshot_cells import DEFAULT_FLEET, drop_unphysical, load_fleet  # noqa: E402
 
 #: The fits, in report order.
@@ -150,8 +151,11 @@ def _fit(obs: pd.DataFrame, settings: Any, kernels: Any, path: Path) -> tuple[An
     from bayes_latency.study.cv import fit_ours
 
     info = path.with_suffix(".json")
+    key = fit_key(obs, settings.describe(), kernels.hash if kernels is not None else "")
     if path.exists() and info.exists():
-        return LatencyModel.load(path), json.loads(info.read_text())
+        row = json.loads(info.read_text())
+        if row.get("key") == key:  # the same rows, settings, evidence and code
+            return LatencyModel.load(path), row
     m, conv = fit_ours(obs, settings, tuple(DEFAULT_TERMS), kernels=kernels)
     post = m.result["posterior"]
     n_free = int(sum(int(np.prod(post[v].shape[2:])) for v in post.data_vars
@@ -159,7 +163,7 @@ def _fit(obs: pd.DataFrame, settings: Any, kernels: Any, path: Path) -> tuple[An
     row = {"passed": bool(conv["passed"]), "max_rhat": float(conv["max_rhat"]),
            "min_ess_bulk": float(conv["min_ess_bulk"]), "divergences": int(conv["divergences"]),
            "draws": int(conv["draws"]), "wall_s": float(conv["runtime_s"]),
-           "free_values": n_free}
+           "free_values": n_free, "key": key}
     m.save(path)
     info.write_text(json.dumps(row))
     return m, row

@@ -30,3 +30,19 @@ def test_one_code_is_named_once_and_no_record_gives_no_line(tmp_path):
         "start": _record(1.0, "code A"), "end": _record(1.2, "code A")}))
     assert prov.machine_line(tmp_path).endswith("load average 1.0-1.2 (read during the run; the "
                                                 "cores are shared with other jobs); code: code A.")
+
+
+def test_a_cached_fit_is_keyed_by_its_rows_settings_and_code(tmp_path):
+    """``fit_key``: the same rows and settings give the same key; another row value, another
+    setting or other code another one (a benchmark then refits instead of reusing)."""
+    import pandas as pd
+
+    rows = pd.DataFrame({"value_us": [1.0, 2.0], "kind": ["iteration", "iteration"]})
+    (tmp_path / "bayes_latency").mkdir()
+    (tmp_path / "bayes_latency" / "a.py").write_text("x = 1\n")
+    key = prov.fit_key(rows, "draws 2000", root=tmp_path)
+    assert key == prov.fit_key(rows.copy(), "draws 2000", root=tmp_path)
+    assert key != prov.fit_key(rows.assign(value_us=[1.0, 2.5]), "draws 2000", root=tmp_path)
+    assert key != prov.fit_key(rows, "draws 4000", root=tmp_path)
+    (tmp_path / "bayes_latency" / "a.py").write_text("x = 2\n")
+    assert key != prov.fit_key(rows, "draws 2000", root=tmp_path)

@@ -268,7 +268,7 @@ def test_run_level_scale_borrows_the_fleet_scatter_of_client_means():
 
 def test_the_shipped_population_loads_under_this_model_version():
     """The population ``calibrate`` borrows from by default is readable by this package (model
-    version, file format, embedded priors = the default priors) and holds the real fleet."""
+    version, file format, terms, its own embedded priors) and holds the real fleet."""
     from bayes_latency import MODEL_VERSION
     from bayes_latency.model.posterior.population_file import SHIPPED_POPULATION, load_population
 

@@ -279,3 +279,25 @@ def test_export_notes_name_the_kernel_tables_of_an_unseen_gpu(kernel_fit):
     # a seen GPU takes its fitted effect: no such note
     seen = loaded.coefficients("llama-2-7b", "A100", 1, n_draws=50, seed=0)
     assert "kernel_terms" not in seen.attrs
+
+
+def test_study_client_takes_the_kernels_by_default(monkeypatch, tmp_path):
+    """``study client`` fits with the kernel tables unless ``--no-kernels``; without the
+    optional extra it stops before any fit, naming ``--no-kernels``."""
+    import bayes_latency.data.kernel_evidence as ke
+    from bayes_latency.cli.main import build_parser
+    from bayes_latency.study.client import blis as study
+
+    assert build_parser().parse_args(["study", "client"]).kernels is True
+    assert build_parser().parse_args(["study", "client", "--no-kernels"]).kernels is False
+
+    def missing(*_a, **_k):
+        raise BayesLatencyError("AIConfigurator's kernel tables are not installed")
+
+    monkeypatch.setattr(ke, "kernel_evidence", missing)
+    import bayes_latency.study.realdata as realdata
+
+    monkeypatch.setattr(realdata, "real_data_dir", lambda: tmp_path)
+    with pytest.raises(BayesLatencyError, match="--no-kernels"):
+        study.main(tmp_path / "out")
+    assert not (tmp_path / "out").exists()

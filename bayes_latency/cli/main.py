@@ -356,10 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parts", default=None,
                    help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
                         "'' with --resume: only render the README from the saved tables)")
-    s.add_argument("--kernels", action="store_true",
+    s.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                    help="(client) every fit takes AIConfigurator's measured GEMM tables as "
                         "evidence on the GPU effects, as `fit --kernels` (the optional extra "
-                        "kernels)")
+                        "kernels; the default); --no-kernels: without them")
     s.add_argument("--models", default=None,
                    help="(fewshot) comma-separated held-out models (default: all)")
     s.add_argument("--shots", type=int, default=None,

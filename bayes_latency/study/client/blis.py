@@ -40,7 +40,7 @@ from bayes_latency.calibrate.loop import (
     run_level_coefficients,
     ttft_alpha_share,
 )
-from bayes_latency.errors import ConfigError
+from bayes_latency.errors import BayesLatencyError, ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.model.inference.convergence import DISAGREEMENT_ADVICE, DISAGREEMENT_PREFIX
 from bayes_latency.physics.basis import replay_terms
@@ -413,7 +413,7 @@ _FIT_PREFIX = {"loro": "without run ", "lomo": "without model "}
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          loro: bool = True, lomo: bool = True, n_draws: int = N_DRAWS, resume: bool = False,
          terms: Sequence[str] = REAL_TERMS, log: Callable[[str], None] = print,
-         parts: Sequence[str] | None = None, kernels: bool = False) -> int:
+         parts: Sequence[str] | None = None, kernels: bool = True) -> int:
     """Run the study (see the module docstring); 0 on success or when data / BLIS are absent,
     1 when a fit it ran failed the convergence gates (after writing every table and the README,
     which names the failed fits in their part's section).
@@ -424,8 +424,9 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     parts can run in separate processes and the README holds them all.
     ``parts``: which of :data:`PARTS` to run (default: all, minus ``loro`` / ``lomo`` when
     those are False).
-    ``kernels``: every fit takes the installed kernel tables as evidence on the GPU effects
-    (``fit --kernels``): the exports of GPUs nobody traced follow what their kernels reach.
+    ``kernels`` (default): every fit takes the installed kernel tables as evidence on the GPU
+    effects (``fit --kernels``): the exports of GPUs nobody traced follow what their kernels
+    reach; without the optional extra the study stops before its first fit.
     """
     if parts is not None and set(parts) - set(PARTS):
         raise ConfigError(f"unknown study parts {sorted(set(parts) - set(PARTS))}; "
@@ -447,6 +448,13 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         log("[client] real data not found: nothing to do")
         return 0
     setup = check_blis(blis) if blis else None
+    if kernels:  # before any fit: the tables are an optional extra
+        from bayes_latency.data.kernel_evidence import kernel_evidence
+
+        try:
+            kernel_evidence()
+        except BayesLatencyError as e:
+            raise BayesLatencyError(f"{e} (or --no-kernels: every fit without them)") from e
     out = Path(out) / "client"
     out.mkdir(parents=True, exist_ok=True)
     settings = replace(QUICK_FIT if quick else CLIENT_FIT, kernels=kernels)
@@ -511,7 +519,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
                            "point_seeds": POINT_SEEDS,
                            "unfitted": unfitted,
                            "settings": settings_label,
-                           "flags": " --kernels" if kernels else "",
+                           "flags": "" if kernels else " --no-kernels",
                            "cv_settings": cv_settings.describe(),
                            "replay_s": float(history["replay_s"].iloc[-1]),
                            "calibrate_s": calibrate_s,

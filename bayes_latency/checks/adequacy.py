@@ -122,8 +122,9 @@ def loo_pit_rows(model: Any, rows: pd.DataFrame, n_draws: int = 400, seed: int =
 
     Per configuration: draws of its coefficients from the posterior (``n_draws``), predictive
     values (Student-t on the log scale with the fitted noise, a fitted run's rows about its
-    fitted shift) and pointwise log-likelihoods on the same draws, with PSIS weights: :func:`bayes_latency.checks.psis.loo_pit`, the result of
-    :func:`arviz_stats.loo_pit` computed for all rows of a configuration at once.
+    fitted shift) and pointwise log-likelihoods on the same draws, with PSIS weights:
+    :func:`bayes_latency.checks.psis.loo_pit`, the result of :func:`arviz_stats.loo_pit`
+    computed for all rows of a configuration at once.
 
     Returns
     -------

@@ -49,9 +49,9 @@ import pandas as pd
 import xarray as xr
 
 from bayes_latency.model.definition.design import filled
-from bayes_latency.model.definition.likelihood import row_loglik
 from bayes_latency.model.definition.noise import row_noise
 from bayes_latency.model.definition.rows import feature_columns
+from bayes_latency.model.posterior.predict import config_theta, pointwise_loglik
 from bayes_latency.model.posterior.shifts import fitted_log_shifts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -219,26 +219,11 @@ def _row_inputs(state: FitState, rows: pd.DataFrame, shifted: bool = True
     return X, scale, nu, rows["config_id"].astype(str).to_numpy(), off
 
 
-def _theta(post: xr.Dataset, cfg: str, nb: int) -> np.ndarray:
-    """(chain * draw, K) coefficients of configuration ``cfg``."""
-    b = post["beta"].sel(config=cfg).transpose("chain", "draw", "term").values
-    a = post["alpha"].sel(config=cfg).transpose("chain", "draw", "alpha_term").values
-    C, D = b.shape[:2]
-    return np.concatenate([b.reshape(C * D, nb), a.reshape(C * D, -1)], axis=1)
-
-
 def log_likelihood(state: FitState, rows: pd.DataFrame, post: xr.Dataset,
                    n_fitted: int, subsample: bool) -> xr.Dataset:
     """``log_likelihood``: pointwise row log-likelihood at every posterior draw (float32)."""
-    C, D = post.sizes["chain"], post.sizes["draw"]
-    X, scale, nu, cfg, off = _row_inputs(state, rows)
-    log_y = np.log(rows["value_us"].to_numpy(dtype=float))
-    ll = np.empty((C * D, len(rows)), dtype=np.float32)
-    nb = len(state.terms)
-    for c in pd.unique(cfg):
-        m = cfg == c
-        ll[:, m] = row_loglik(log_y[m], X[m], _theta(post, c, nb), scale[m], nu[m], off[m])
-    ds = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), ll.reshape(C, D, -1))},
+    ll = pointwise_loglik(post, state.coefs, state.noise, rows, runs=state.runs)
+    ds = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), ll.values)},
                     coords={"chain": post["chain"].values, "draw": post["draw"].values,
                             **_obs_coords(rows)})
     ds.attrs.update(_group_attrs(rows, n_fitted, subsample))
@@ -264,8 +249,7 @@ def posterior_predictive(state: FitState, rows: pd.DataFrame, post: xr.Dataset, 
                          n_fitted: int, subsample: bool) -> xr.Dataset:
     """``posterior_predictive``: one replicated log duration per row and posterior draw."""
     C, D = post.sizes["chain"], post.sizes["draw"]
-    nb = len(state.terms)
-    vals = _replicate(state, rows, lambda c: _theta(post, c, nb), C * D,
+    vals = _replicate(state, rows, lambda c: config_theta(post, c), C * D,
                       np.random.default_rng(seed + 11))
     ds = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
                     coords={"chain": post["chain"].values, "draw": post["draw"].values,
@@ -325,7 +309,7 @@ def prior_groups(state: FitState, pm_model: pm.Model, rows: pd.DataFrame, seed: 
     prior.attrs["draws"] = (f"{prior.sizes['draw']} draws of the prior of the population "
                             "variables, by pm.sample_prior_predictive")
     C, D = full.sizes["chain"], full.sizes["draw"]
-    cfg_of = {c: _theta(full, c, nb) for c in d.configs.index}
+    cfg_of = {c: config_theta(full, c) for c in d.configs.index}
     vals = _replicate(state, rows, lambda c: cfg_of[c], C * D, rng, shifted=False)
     pp = xr.Dataset({OBS_VAR: (("chain", "draw", OBS_DIM), vals.reshape(C, D, -1))},
                     coords={"chain": full["chain"].values, "draw": full["draw"].values,

@@ -200,6 +200,15 @@ def replicate_rows(mu: xr.DataArray, noise: NoiseTable, observations: pd.DataFra
     return mu.copy(data=vals).rename("y_us")
 
 
+def config_theta(post: xr.Dataset, config: str) -> np.ndarray:
+    """``(chain * draw, K)`` draws of configuration ``config``'s coefficients: its ``beta``
+    terms, then its ``alpha`` terms."""
+    b = post["beta"].sel(config=config).transpose("chain", "draw", "term").values
+    a = post["alpha"].sel(config=config).transpose("chain", "draw", "alpha_term").values
+    C, D = b.shape[:2]
+    return np.concatenate([b.reshape(C * D, -1), a.reshape(C * D, -1)], axis=1)
+
+
 def pointwise_loglik(post: xr.Dataset, coefs: tuple[str, ...], noise: NoiseTable,
                      observations: pd.DataFrame, runs: RunTable | None = None) -> xr.DataArray:
     """``log p(log y_i | theta)`` for every posterior draw: ``log_duration (chain, draw, obs)``,
@@ -211,13 +220,11 @@ def pointwise_loglik(post: xr.Dataset, coefs: tuple[str, ...], noise: NoiseTable
     log_y = np.log(observations["value_us"].to_numpy(dtype=float))
     scale, nu, off = row_noise(noise, observations)
     off = off + fitted_log_shifts(runs, observations)
-    cfg = observations["config_id"].to_numpy()
+    cfg = observations["config_id"].astype(str).to_numpy()
     ll = np.empty((C * D, len(observations)), dtype=np.float32)
     for c in pd.unique(cfg):
         m = cfg == c
-        th = np.concatenate([post["beta"].sel(config=c).values.reshape(C * D, -1),
-                             post["alpha"].sel(config=c).values.reshape(C * D, -1)], axis=1)
-        ll[:, m] = row_loglik(log_y[m], X[m], th, scale[m], nu[m], off[m])
+        ll[:, m] = row_loglik(log_y[m], X[m], config_theta(post, c), scale[m], nu[m], off[m])
     # the layout of the result's log_likelihood group: same variable and dimension names
     return xr.DataArray(ll.reshape(C, D, -1), dims=("chain", "draw", "obs"),
                         coords={"chain": post["chain"].values, "draw": post["draw"].values,

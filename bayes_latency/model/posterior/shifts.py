@@ -150,13 +150,14 @@ def fitted_log_shifts(table: RunTable | None, observations: pd.DataFrame) -> np.
     cfg = observations["config_id"].astype(str).to_numpy()
     runs = run_keys(observations)
     wins = window_keys(observations, runs)
-    for i, (c, r, w) in enumerate(zip(cfg, runs, wins, strict=True)):
-        fitted = table.runs.get((c, r)) if r else None
-        if fitted is None:
+    for (c, r), idx in pd.DataFrame({"c": cfg, "r": runs}).groupby(["c", "r"], sort=False).indices.items():
+        if not r or (c, r) not in table.runs:
             continue
-        out[i] = fitted[0]
-        if w and (c, w) in table.windows:
-            out[i] += table.windows[(c, w)][0]
+        out[idx] = table.runs[(c, r)][0]
+        w_of = wins[idx]
+        for w in pd.unique(w_of[w_of != ""]):
+            if (c, w) in table.windows:
+                out[idx[w_of == w]] += table.windows[(c, w)][0]
     return out
 
 

@@ -12,7 +12,7 @@ made of (:func:`~bayes_latency.data.kernels.roofline_efficiency`):
 :func:`kernel_evidence` gives, per GPU and term of :data:`KERNEL_TERMS`, ``log_time = -log
 share`` (the median over the bound GEMMs of that regime). The hierarchy reads it as one
 measurement of the GPU's effect on that term in the framework's serving stack
-(:mod:`bayes_latency.model.definition.kernel_prior`):
+(:mod:`bayes_latency.model.definition.kernels`):
 
     log_time[g, t] = kernel_offset[t] + eff_gpu[g, t] + e,   e ~ N(0, kernel_sigma^2)
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -41,7 +42,7 @@ import numpy as np
 from bayes_latency.data.kernels import GemmTables, read_gemm_tables, roofline_efficiency
 from bayes_latency.errors import BayesLatencyError
 
-__all__ = ["KERNEL_TERMS", "KernelEvidence", "canonical_gpu", "evidence_from_tables",
+__all__ = ["KERNEL_TERMS", "KernelEvidence", "canonical_gpu", "evidence_from_tables", "gpu_row",
            "kernel_evidence"]
 
 #: The terms the GEMM tables measure, and the regime of :func:`roofline_efficiency` that
@@ -119,11 +120,8 @@ class KernelEvidence:
                    np.asarray(d["n"], float), str(d["stack"]), str(d["source"]))
 
     def index_of(self, gpu: str) -> int | None:
-        """The row of ``gpu`` (any name :func:`~bayes_latency.physics.hardware.load_gpu`
-        knows, e.g. ``A100`` for ``A100-80GB``), or None when the tables lack it."""
-        names = [canonical_gpu(g) for g in self.gpus]
-        name = canonical_gpu(gpu)
-        return names.index(name) if name in names else None
+        """The row of ``gpu`` (:func:`gpu_row`), or None when the tables lack it."""
+        return gpu_row(self.gpus, gpu)
 
     @property
     def hash(self) -> str:
@@ -138,6 +136,14 @@ def canonical_gpu(name: str) -> str:
     from bayes_latency.physics.hardware import resolve_gpu_name
 
     return resolve_gpu_name(str(name)) or str(name)
+
+
+def gpu_row(gpus: Sequence[str], gpu: str) -> int | None:
+    """The position of ``gpu`` in ``gpus``, either named by any alias a shipped datasheet
+    knows (``A100`` for ``A100-80GB``: :func:`canonical_gpu`), or None when it is not there."""
+    names = [canonical_gpu(g) for g in gpus]
+    name = canonical_gpu(gpu)
+    return names.index(name) if name in names else None
 
 
 @lru_cache(maxsize=8)

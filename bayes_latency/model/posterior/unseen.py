@@ -117,13 +117,11 @@ def config_log_location(post: xr.Dataset, pa: Any, model: str, gpu: str, tp: int
 def _kernel_row(post: xr.Dataset, gpu: str) -> int | None:
     """The row of ``gpu`` in the fit's kernel tables (``kernel_gpu``, aliases resolved), or
     None when the fit has no kernel measurement of it."""
-    from bayes_latency.data.kernel_evidence import canonical_gpu
+    from bayes_latency.data.kernel_evidence import gpu_row
 
     if "kernel_log_time" not in post or "kernel_offset" not in post:
         return None
-    names = [canonical_gpu(str(g)) for g in post["kernel_gpu"].values]
-    name = canonical_gpu(gpu)
-    return names.index(name) if name in names else None
+    return gpu_row([str(g) for g in post["kernel_gpu"].values], gpu)
 
 
 def kernel_terms_of(post: xr.Dataset, gpu: str) -> list[str]:

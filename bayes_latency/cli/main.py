@@ -209,14 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--population", default=None,
                    help="population file (`bayes-latency population`): the configurations of "
                         "the tables take the fleet's population as their prior")
-    s.add_argument("--kernels", action="store_true",
-                   help="read AIConfigurator's measured GEMM tables (the optional extra kernels) as "
-                        "evidence on each GPU's effect in vLLM, with a GPU x stack interaction "
-                        "for other serving stacks (prior file: hierarchy.kernel, "
-                        "hierarchy.gpu_stack)")
-    s.set_defaults(func=_cmd_fit)
-
+    from bayes_latency.cli.population import KERNELS_HELP
     from bayes_latency.cli.population import add_parser as add_population
+
+    s.add_argument("--kernels", action="store_true", help=KERNELS_HELP)
+    s.set_defaults(func=_cmd_fit)
 
     add_population(sub)
 

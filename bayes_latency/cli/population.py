@@ -15,6 +15,11 @@ from pathlib import Path
 
 from bayes_latency.errors import BayesLatencyError, ConvergenceError
 
+#: Help of ``--kernels`` on ``fit`` and ``population``.
+KERNELS_HELP = ("read AIConfigurator's measured GEMM tables (the optional extra kernels) as "
+                "evidence on each GPU's effect in vLLM, with a GPU x stack interaction for other "
+                "serving stacks (prior file: hierarchy.kernel, hierarchy.gpu_stack)")
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``population`` subcommand's arguments (those of ``fit`` for the fit)."""
@@ -47,11 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-rhat", type=float, default=1.01)
     s.add_argument("--target-accept", type=float, default=0.99)
-    s.add_argument("--kernels", action="store_true",
-                   help="read AIConfigurator's measured GEMM tables (the optional extra kernels) as "
-                        "evidence on each GPU's effect in vLLM, with a GPU x stack interaction "
-                        "for other serving stacks (prior file: hierarchy.kernel, "
-                        "hierarchy.gpu_stack)")
+    s.add_argument("--kernels", action="store_true", help=KERNELS_HELP)
     s.set_defaults(func=population_command)
 
 

@@ -65,10 +65,13 @@ STEPS = {"decode, 8 requests": (0, 8), "decode, 64 requests": (0, 64),
 def step_batches() -> pd.DataFrame:
     """One batch row per step of :data:`STEPS` (decode requests at :data:`CONTEXT` tokens of
     context; a prefill chunk from an empty cache)."""
+    from bayes_latency.physics import prefill_chunk_stats
+
     rows = []
     for p, d in STEPS.values():
+        pairs, kv = prefill_chunk_stats([p], [0])
         rows.append({"num_prefill_reqs": int(p > 0), "prefill_tokens": p,
-                     "prefill_attn_pairs": p * (p + 1) / 2, "prefill_kv_tokens": p,
+                     "prefill_attn_pairs": pairs, "prefill_kv_tokens": kv,
                      "num_decode_reqs": d, "decode_tokens": d, "decode_ctx_tokens": d * CONTEXT})
     return pd.DataFrame(rows)
 

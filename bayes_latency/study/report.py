@@ -340,7 +340,9 @@ def write_readme(out: Path, *, data: RealData, settings: FitSettings, quick: boo
         L.append(
             "`decode interval` = (mean E2E - mean TTFT) / (mean output length - 1) from the "
             "client's lifecycle metrics (the per-token ITL/TPOT fields are about half the real "
-            "interval, see the data README). Each decode token of a request costs one engine "
+            "interval, see the data README), with the output length the server generated (every "
+            "profile sets `ignore_eos`: the profile's `output_len`, where the client's count of "
+            "the re-tokenized text is ~20% short for Llama-2-7B). Each decode token of a request costs one engine "
             "step, so the interval should be close to the mean step time *seen by decoding "
             "requests*, i.e. weighted by the decode tokens of each step (`tok-w`).\n\n"
             "- `obs step` (general runs only): observed mean iteration time over the sampled step "

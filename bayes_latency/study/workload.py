@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bayes_latency.calibrate.stages import generated_output_len
 from bayes_latency.data.client.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
 from bayes_latency.data.observations.build import DEFAULT_STACK, config_id
 from bayes_latency.physics.basis import ALPHA_TERMS, DEFAULT_TERMS, basis_matrix
@@ -77,7 +78,8 @@ def workload_table(data: RealData, model: Any, cv_models: dict[str, Any],
     """Observed mean decode interval per token of the 16 lifecycle runs vs predicted step times.
 
     Columns (times in ms): ``decode_interval_ms`` (client: (mean E2E - mean TTFT) / (mean output
-    len - 1)); for the two runs with step summaries ``step_obs_ms`` / ``step_obs_tokw_ms`` (mean
+    len - 1), with the generated output length, :func:`~bayes_latency.calibrate.stages.
+    generated_output_len`, where the profile sets ``ignore_eos``); for the two runs with step summaries ``step_obs_ms`` / ``step_obs_tokw_ms`` (mean
     observed iteration time over the sampled step pairs, plain and weighted by decode tokens) and
     ``step_pred_ms`` / ``step_pred_tokw_ms`` (+ ``_lo``/``_hi``: 90% interval) predicted by the
     full fit for the same batches, ``step_pred_heldout_tokw_ms`` by the fit that held the run out;
@@ -112,6 +114,11 @@ def workload_table(data: RealData, model: Any, cv_models: dict[str, Any],
                                 max_model_len=cfg.get("max_model_len", 4096),
                                 prefix_caching=True)
         summ = lc[lc["stage"] == "summary"].iloc[0]
+        gen = generated_output_len(prof)
+        if gen is not None:     # ignore_eos: every request ran the profile's output_len
+            lc = lc.assign(output_len_mean=float(gen),
+                           decode_interval_s=(lc["e2e_mean_s"] - lc["ttft_mean_s"]) / (gen - 1.0))
+            summ = lc[lc["stage"] == "summary"].iloc[0]
         workload = d.name.rsplit("-", 1)[-1]
         cfg_id = config_id(arch.name, gpu.name, tp, DEFAULT_STACK)
         unseen = model.coefficients(arch.name, gpu.name, tp, n_draws=2,

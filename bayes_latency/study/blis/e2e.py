@@ -11,7 +11,7 @@ workload specs), ``blis run --latency-model trained-physics`` with
 
 Each load stage is one BLIS invocation per expansion (:data:`~bayes_latency.study.blis.spec.
 EXPANSIONS`): ``prefix`` (open-loop Poisson arrivals at the rate the real client achieved, the
-stage's request count, each user's whole prompt cached, real output lengths) and
+stage's request count, each user's whole prompt cached, the generated output lengths) and
 ``inference-perf`` (the profile's ``inference_perf:`` fields expanded by BLIS: closed-loop
 sessions, the system prompt shared), both with explicit per-GPU KV blocks and the same workload
 seeds; the per-request records of the stages (``--metrics-path`` JSON, ``requests``) are pooled

@@ -134,7 +134,10 @@ def render_markdown(res: StudyResult) -> str:
             f"the whole prompt (`system_prompt_len + question_len - {SUFFIX_TOKENS}`, input "
             f"{SUFFIX_TOKENS} token: each user resends the same prompt, and the real server "
             "computed 2-4 prefill tokens per step, median)" + longer + "; output lengths = the "
-            "stage's real `successes.output_len` distribution (an empirical PDF through its 13 "
+            "tokens the server generated: the profile's `output_len` under its "
+            "`ignore_eos: true` (the client's `successes.output_len` counts the re-tokenized "
+            "text, ~20% short for Llama-2-7B, whose latencies show every request ran the full "
+            "length), else the client's distribution (an empirical PDF through its 13 "
             "quantiles, tilted to its mean).")
     if "inference-perf" in exps:
         lines.append(
@@ -145,9 +148,8 @@ def render_markdown(res: StudyResult) -> str:
             "(think time) after the previous one completes, so the offered load is below the "
             "profile's rate and the stage lasts longer than its duration; the users of a "
             "system prompt share its `system_prompt_len`-token cached prefix and every request "
-            "prefills `question_len` fresh tokens; output length = the stage's real mean, "
-            "rounded (the section takes a constant only; the profile's `output_len` overstates "
-            "the Llama-2-7B runs' by about 20%).")
+            "prefills `question_len` fresh tokens; output length = the generated mean, rounded "
+            "(the section takes a constant only).")
     lines += [
         "",
         "Per-request results of the stages are pooled like the client's summary; "

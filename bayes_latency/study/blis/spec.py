@@ -9,9 +9,10 @@ Half of the BLIS end-to-end harness (:mod:`bayes_latency.study.blis.e2e` runs an
   system prompt x user, as inference-perf's shared-prefix generator), OPEN-LOOP Poisson arrivals
   at the rate the real client achieved in that stage, exactly the stage's request count, the
   profile's prompt length (each user's whole prompt is its client's cached prefix, as the real
-  server cached it: :data:`SUFFIX_TOKENS`) and the stage's
-  REAL output lengths as an ``empirical`` distribution rebuilt from the quantiles of
-  ``successes.output_len``: the ``prefix`` expansion.
+  server cached it: :data:`SUFFIX_TOKENS`) and the output lengths the server generated
+  (:func:`~bayes_latency.calibrate.stages.generated_output_pdf`: every run's profile sets
+  ``ignore_eos``, so each request ran the profile's ``output_len`` tokens, whatever the client
+  counted): the ``prefix`` expansion.
 - :func:`inference_perf_spec` writes one BLIS workload spec per load stage whose
   ``inference_perf:`` section carries the run's own ``profile.yaml`` fields, for BLIS's own
   expansion (``sim/workload/inference_perf.go``: closed-loop sessions, the system prompt shared
@@ -42,6 +43,7 @@ from bayes_latency.calibrate.stages import (  # noqa: F401  (moved there; re-exp
     QUANTILE_LEVELS,
     _tilt,
     empirical_pdf,
+    generated_output_pdf,
     pdf_mean,
 )
 from bayes_latency.data.client.lifecycle import read_exp_config, read_lifecycle_dir, read_profile
@@ -124,9 +126,12 @@ class StageWorkload:
     count
         Requests sent in the stage (``load_summary.count``; successes + failures).
     output_pdf
-        Real output lengths (successes) as ``{tokens: probability}``, see :func:`empirical_pdf`.
+        Output lengths the server generated for the stage's successes as ``{tokens:
+        probability}`` (:func:`~bayes_latency.calibrate.stages.generated_output_pdf`: the
+        profile's ``output_len`` under ``ignore_eos``, else the client's counts through
+        :func:`empirical_pdf`).
     output_len_mean
-        Real mean output length of the stage's successes.
+        Their mean.
     """
 
     index: int
@@ -229,9 +234,11 @@ def _read_run(run_dir: Path, model_configs: Path) -> RealRun:
         rate, count = float(row["achieved_rate"]), row["count"]
         if not (rate > 0 and math.isfinite(count) and count >= 1):
             raise TraceFormatError("stage without achieved_rate / count", file=str(path))
+        pdf, generated = generated_output_pdf(out, prof)
         stages.append(StageWorkload(index=i, duration_s=float(duration), rate=rate,
-                                    count=int(count), output_pdf=empirical_pdf(out),
-                                    output_len_mean=float(row["output_len_mean"])))
+                                    count=int(count), output_pdf=pdf,
+                                    output_len_mean=pdf_mean(pdf) if generated
+                                    else float(row["output_len_mean"])))
     s = summary.iloc[0]
     real = {"e2e_mean_s": s["e2e_mean_s"], "e2e_p90_s": s["e2e_p90_s"],
             "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
@@ -485,9 +492,9 @@ def inference_perf_spec(run: RealRun, stage: StageWorkload, seed: int = 42,
     seed
         Workload seed (the ``seed`` of the spec).
     output_len
-        ``"real-mean"`` (default): the stage's real mean output length of successes, rounded,
-        as the constant (the Llama-2-7B runs stopped early, 195-209 tokens on average against
-        the profile's 247-251: the profile's value overstates their decode load by about 20%);
+        ``"real-mean"`` (default): the stage's mean generated output length
+        (:attr:`StageWorkload.output_len_mean`), rounded, as the constant: the profile's
+        ``output_len`` under ``ignore_eos``, else the mean the client counted;
         ``"profile"``: the profile's ``output_len``.
 
     Raises

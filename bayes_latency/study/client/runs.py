@@ -4,7 +4,9 @@
 read by :func:`~bayes_latency.study.blis.spec.find_runs`) into a
 :class:`~bayes_latency.schedule.replay.ClientStage`: the stage's achieved rate, request count, the
 profile's shared-prefix prompts (11 system prompts x 4 users; each user's prompt repeats), the
-stage's real output-length distribution, KV blocks per GPU as BLIS computes them, and the
+output lengths the server generated (the profile's ``output_len``: ``ignore_eos``, see
+:func:`~bayes_latency.calibrate.stages.generated_output_pdf`), KV blocks per GPU as BLIS
+computes them, and the
 stage's measured means of TTFT and E2E (successes). The 4 overloaded ``reasoning`` runs are
 stress cases and stay out of every fit.
 
@@ -60,7 +62,7 @@ def client_stages(runs: Sequence[RealRun], include_stress: bool = False) -> list
                 run_id=r.short_id, stage=int(s.index), model=r.model, gpu="H100", tp=r.tp,
                 observed={"ttft_mean_us": float(row["ttft_mean_s"]) * 1e6,
                           "e2e_mean_us": float(row["e2e_mean_s"]) * 1e6,
-                          "output_len_mean": float(row["output_len_mean"])},
+                          "output_len_mean": float(s.output_len_mean)},
                 kv_blocks=kv, rate=s.rate, count=s.count, prompt_len=prompt,
                 output_pdf=s.output_pdf, system_prompt_len=r.system_prompt_len,
                 num_groups=r.num_groups, users_per_group=r.users_per_group,

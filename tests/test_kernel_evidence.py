@@ -282,14 +282,17 @@ def test_export_notes_name_the_kernel_tables_of_an_unseen_gpu(kernel_fit):
 
 
 def test_study_client_takes_the_kernels_by_default(monkeypatch, tmp_path):
-    """``study client`` fits with the kernel tables unless ``--no-kernels``; without the
-    optional extra it stops before any fit, naming ``--no-kernels``."""
+    """``study client`` and ``study fewshot`` fit with the kernel tables unless
+    ``--no-kernels``; without the optional extra they stop before any fit, naming
+    ``--no-kernels``."""
     import bayes_latency.data.kernel_evidence as ke
     from bayes_latency.cli.main import build_parser
     from bayes_latency.study.client import blis as study
+    from bayes_latency.study.client import fewshot
 
-    assert build_parser().parse_args(["study", "client"]).kernels is True
-    assert build_parser().parse_args(["study", "client", "--no-kernels"]).kernels is False
+    for name in ("client", "fewshot"):
+        assert build_parser().parse_args(["study", name]).kernels is True
+        assert build_parser().parse_args(["study", name, "--no-kernels"]).kernels is False
 
     def missing(*_a, **_k):
         raise BayesLatencyError("AIConfigurator's kernel tables are not installed")
@@ -300,4 +303,6 @@ def test_study_client_takes_the_kernels_by_default(monkeypatch, tmp_path):
     monkeypatch.setattr(realdata, "real_data_dir", lambda: tmp_path)
     with pytest.raises(BayesLatencyError, match="--no-kernels"):
         study.main(tmp_path / "out")
+    with pytest.raises(BayesLatencyError, match="--no-kernels"):
+        fewshot.main(tmp_path / "out", blis=tmp_path / "no-blis")
     assert not (tmp_path / "out").exists()

@@ -115,7 +115,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         return study_fewshot(Path(args.out), blis=args.blis or os.environ.get("BLIS_BIN"),
                              quick=args.quick, n_draws=args.draws,
                              models=[m_ for m_ in (args.models or "").split(",") if m_] or None,
-                             shots=args.shots)
+                             shots=args.shots, kernels=args.kernels)
     if args.name == "client":
         from bayes_latency.study.client.blis import main as study_client
 
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(client) comma-separated parts to run: insample,loro,lomo (default all; "
                         "'' with --resume: only render the README from the saved tables)")
     s.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
-                   help="(client) every fit takes AIConfigurator's measured GEMM tables as "
+                   help="(client, fewshot) every fit takes AIConfigurator's measured GEMM tables as "
                         "evidence on the GPU effects, as `fit --kernels` (the optional extra "
                         "kernels; the default); --no-kernels: without them")
     s.add_argument("--models", default=None,

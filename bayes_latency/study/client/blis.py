@@ -40,7 +40,7 @@ from bayes_latency.calibrate.loop import (
     run_level_coefficients,
     ttft_alpha_share,
 )
-from bayes_latency.errors import BayesLatencyError, ConfigError
+from bayes_latency.errors import ConfigError
 from bayes_latency.io import atomic_write, atomic_write_text
 from bayes_latency.model.inference.convergence import DISAGREEMENT_ADVICE, DISAGREEMENT_PREFIX
 from bayes_latency.physics.basis import replay_terms
@@ -437,7 +437,13 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     from bayes_latency.checks.host_overhead import host_overhead
     from bayes_latency.study.blis.e2e import POINT_SEEDS, check_blis, run_study
     from bayes_latency.study.blis.spec import find_runs
-    from bayes_latency.study.client.runs import calibrated_fit, client_stages, drop_model, drop_run
+    from bayes_latency.study.client.runs import (
+        calibrated_fit,
+        client_stages,
+        drop_model,
+        drop_run,
+        require_kernels,
+    )
     from bayes_latency.study.cv import fit_ours
     from bayes_latency.study.real_exports import REAL_RUN_CONFIGS, export_name, write_real_exports
     from bayes_latency.study.realdata import load_real_data, real_data_dir
@@ -449,12 +455,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
         return 0
     setup = check_blis(blis) if blis else None
     if kernels:  # before any fit: the tables are an optional extra
-        from bayes_latency.data.kernel_evidence import kernel_evidence
-
-        try:
-            kernel_evidence()
-        except BayesLatencyError as e:
-            raise BayesLatencyError(f"{e} (or --no-kernels: every fit without them)") from e
+        require_kernels()
     out = Path(out) / "client"
     out.mkdir(parents=True, exist_ok=True)
     settings = replace(QUICK_FIT if quick else CLIENT_FIT, kernels=kernels)

@@ -14,6 +14,9 @@ model in turn, every row of that model out of the fleet:
   and the model's other normal runs predicted;
 * **one-shot, roofline priors**: the same run calibrated with the roofline priors alone.
 
+Every fit takes AIConfigurator's kernel tables as evidence on the GPU effects (``--no-kernels``:
+without them), as ``study client`` and the shipped population do.
+
 BLIS simulates every predicted run (open loop, as ``study client``: :func:`~bayes_latency.study.
 blis.e2e.run_study`), with 90% bands from the run-level draws an export carries
 (:func:`~bayes_latency.study.client.blis.sources_for`); BLIS's published coefficients run on
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,19 +154,25 @@ def _conv(model: Any, label: str, fit_s: float, extra: dict[str, Any] | None = N
 def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
          n_draws: int = N_DRAWS, models: Sequence[str] | None = None,
          shots: int | None = None, terms: Sequence[str] = REAL_TERMS,
-         log: Callable[[str], None] = print) -> int:
+         kernels: bool = True, log: Callable[[str], None] = print) -> int:
     """Run the study (see the module docstring); 0 on success or when data / BLIS are absent.
 
     ``models``: only these held-out models (default: every real model); ``shots``: at most this
     many one-shot runs per model (default: each normal run); ``quick``: short fits, 4 draws, one
-    model and one shot unless given.
+    model and one shot unless given; ``kernels`` (default): every fit takes the kernel tables as
+    evidence on the GPU effects, as ``study client`` and the shipped population do.
     """
     from bayes_latency.calibrate.loop import client_predictions
     from bayes_latency.physics.basis import replay_terms
     from bayes_latency.study.blis.e2e import check_blis, run_study
     from bayes_latency.study.blis.spec import find_runs
     from bayes_latency.study.client.blis import GPU, sources_for
-    from bayes_latency.study.client.runs import calibrated_fit, client_stages, drop_model
+    from bayes_latency.study.client.runs import (
+        calibrated_fit,
+        client_stages,
+        drop_model,
+        require_kernels,
+    )
     from bayes_latency.study.cv import fit_ours
     from bayes_latency.study.demo import _Progress
     from bayes_latency.study.realdata import real_data_dir
@@ -176,6 +186,8 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if blis is None:
         log("[fewshot] no BLIS binary (--blis or $BLIS_BIN): nothing to do")
         return 0
+    if kernels:  # before any fit: the tables are an optional extra
+        require_kernels()
     setup = check_blis(blis)
     out = Path(out) / "client"
     obs_path = out / "observations.parquet"
@@ -190,7 +202,7 @@ def main(out: str | Path, blis: str | Path | None = None, quick: bool = False,
     if bad:
         raise ConfigError(f"unknown held-out models {bad}; the real runs have {all_models}")
     shots = shots if shots is not None else (1 if quick else None)
-    settings = QUICK_FIT if quick else CLI_FIT
+    settings = replace(QUICK_FIT if quick else CLI_FIT, kernels=kernels)
     n_draws = 4 if quick else n_draws
     stages = client_stages(runs)
     parts, fits, cal_s = [], [], []

@@ -37,11 +37,24 @@ from bayes_latency.schedule.replay import ClientStage
 from bayes_latency.study.blis.spec import RealRun, kv_blocks_per_gpu
 from bayes_latency.study.settings import FitSettings
 
-__all__ = ["FAST_FIT", "calibrated_fit", "client_stages", "drop_model", "drop_run"]
+__all__ = ["FAST_FIT", "calibrated_fit", "client_stages", "drop_model", "drop_run",
+           "require_kernels"]
 
 #: The calibration's first iterations: 2 x 250 draws after 250 tuning steps (the loop needs only
 #: posterior means while the rows move; the last fits use the caller's settings).
 FAST_FIT = FitSettings(draws=250, tune=250)
+
+
+def require_kernels() -> None:
+    """Stop before any fit when the kernel tables (the optional extra) are absent, naming
+    ``--no-kernels``: a study whose fits take them by default."""
+    from bayes_latency.data.kernel_evidence import kernel_evidence
+    from bayes_latency.errors import BayesLatencyError
+
+    try:
+        kernel_evidence()
+    except BayesLatencyError as e:
+        raise BayesLatencyError(f"{e} (or --no-kernels: every fit without them)") from e
 
 
 def client_stages(runs: Sequence[RealRun], include_stress: bool = False) -> list[ClientStage]:

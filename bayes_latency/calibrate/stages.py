@@ -135,7 +135,7 @@ def generated_output_pdf(measured: Mapping[str, Any], profile: Mapping[str, Any]
     but the tokens a model emits after its end-of-sequence token decode to little or no text,
     so the client counts fewer: the real Llama-2-7B runs count a mean of 194-210 tokens (10% of
     requests 26-64 or fewer) where 247-251 were generated. Their latencies show it: E2E's p10 is
-    within 7-11% of its median (1.69 vs 1.80 s, codegen stage 0), where a request of 26 decode
+    within 6-11% of its median (1.69 vs 1.80 s, codegen stage 0), where a request of 26 decode
     steps at the stage's 7.3 ms interval would take about 0.2 s. A replay of the client's
     counts runs ~20% too few decode steps, and a fit reads the missing time as host overhead.
 

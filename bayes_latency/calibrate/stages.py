@@ -484,7 +484,9 @@ def client_stages(tables: Mapping[str, pd.DataFrame], model: str, gpu: str, tp: 
         Seed of gamma arrivals and of output lengths drawn from a distribution.
     notes
         When given, a note is appended for each stage replayed as a window of its requests
-        (more than :data:`MAX_REPLAY_REQUESTS`).
+        (more than :data:`MAX_REPLAY_REQUESTS`), and for each stage whose generated output
+        length (``ignore_eos``, :func:`generated_output_pdf`) differs from the client's count
+        by more than 2%.
 
     Raises
     ------

@@ -98,12 +98,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
     check_client_report(report, result)
     kv = int(args.kv_blocks) if args.kv_blocks else default_kv_blocks(args.model, args.gpu,
                                                                       args.tp)
-    windows: list[str] = []
+    stage_notes: list[str] = []
     stages = client_stages(tables, args.model, args.gpu, args.tp, kv, path=result,
                            max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
-                           notes=windows)
-    for note in windows:
+                           notes=stage_notes)
+    for note in stage_notes:
         print(f"note: {note}")
     print(f"{len(stages)} load stage(s) to replay on {arch.name} / {gpu.name} / TP {args.tp}, "
           f"{kv} KV blocks per GPU" + ("" if args.kv_blocks else " (BLIS's formula)"))

@@ -29,8 +29,10 @@ Usage::
 
     python benchmarks/regime_blis.py [--blis BIN] [--work DIR] [--out PREFIX] [--runs SUBSTR]
 
-``--work`` (default ``/tmp/regime_blis``) keeps the fits and the BLIS tables; what is there is
-not run again. Outputs ``PREFIX.md`` and ``PREFIX.csv`` (default
+``--work`` (default ``/tmp/regime_blis``) keeps the fits and the BLIS tables. A kept fit is reused
+only when it was calibrated on the same rows and client stages by the same code
+(``_provenance.fit_key``), else refitted and its BLIS rows simulated again; BLIS rows of a
+reused fit are not run again. Outputs ``PREFIX.md`` and ``PREFIX.csv`` (default
 ``results/real/client/regime_blis``).
 """
 
@@ -49,7 +51,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._provenance import machine_line, record_machine  # noqa: E402
+from benchmarks._provenance import fit_key, machine_line, record_machine  # noqa: E402
 
 MODELS = ("additive", "regime")
 EXPANSION_SHARING = {"prefix": "prompt", "inference-perf": "system"}
@@ -66,9 +68,9 @@ def model_terms(name: str) -> tuple[str, ...]:
 
 
 def calibrate_model(name: str, data: Any, stages: list, work: Path, log: Any = print
-                    ) -> tuple[Any, pd.DataFrame, dict]:
-    """The calibrated fit of ``name`` (from ``work`` when there), its replayed client means and
-    its convergence record."""
+                    ) -> tuple[Any, pd.DataFrame, dict, bool]:
+    """The calibrated fit of ``name`` (from ``work`` when kept there under the same key), its
+    replayed client means, its convergence record and whether it was kept."""
     from bayes_latency.calibrate.loop import client_predictions
     from bayes_latency.model.estimator import LatencyModel
     from bayes_latency.physics.basis import replay_terms
@@ -78,9 +80,14 @@ def calibrate_model(name: str, data: Any, stages: list, work: Path, log: Any = p
     post, pred_path, info_path = (work / f"{name}.nc", work / f"{name}_replay.csv",
                                   work / f"{name}.json")
     terms = model_terms(name)
+    # the rows, the client stages (their requests and output lengths), the terms and the code
+    key = fit_key(data.observations, name, ",".join(terms), repr(stages))
     if post.exists() and pred_path.exists() and info_path.exists():
-        log(f"[regime-blis] {name}: kept from {post}")
-        return LatencyModel.load(post), pd.read_csv(pred_path), json.loads(info_path.read_text())
+        info = json.loads(info_path.read_text())
+        if info.get("key") == key:
+            log(f"[regime-blis] {name}: kept from {post}")
+            return LatencyModel.load(post), pd.read_csv(pred_path), info, True
+        log(f"[regime-blis] {name}: {post} was fitted to other rows, stages or code: refitted")
     t0 = time.perf_counter()
     cal = calibrated_fit(data.observations, stages, CLIENT_FIT, terms, start_settings=START_FIT,
                          log=log)
@@ -89,12 +96,12 @@ def calibrate_model(name: str, data: Any, stages: list, work: Path, log: Any = p
             "max_rhat": float(conv["max_rhat"]), "min_ess_bulk": float(conv["min_ess_bulk"]),
             "divergences": int(conv["divergences"]), "converged": bool(cal.converged),
             "wall_s": time.perf_counter() - t0,
-            "dropped": {k: int(v) for k, v in cal.model.report.dropped.items() if v}}
+            "dropped": {k: int(v) for k, v in cal.model.report.dropped.items() if v}, "key": key}
     pred = client_predictions(cal.model, stages, cal.replays, replay_terms(terms))
     cal.model.save(post)
     pred.to_csv(pred_path, index=False)
     info_path.write_text(json.dumps(info, indent=1))
-    return cal.model, pred, info
+    return cal.model, pred, info, False
 
 
 def point(model: Any, run: Any, stages: list, expansion: str) -> tuple[Any, dict]:
@@ -254,9 +261,16 @@ def main() -> None:
     data = load_real_data(d, terms=REGIME_TERMS)
     runs = [r for r in find_runs(d) if not r.stress]
     stages = client_stages(runs)
-    models, preds, fits = {}, {}, {}
+    models, preds, fits, refit = {}, {}, {}, []
     for name in MODELS:
-        models[name], preds[name], fits[name] = calibrate_model(name, data, stages, args.work)
+        models[name], preds[name], fits[name], kept = calibrate_model(name, data, stages,
+                                                                      args.work)
+        if not kept:
+            refit.append(name)
+    kept_rows = args.work / "blis.csv"
+    if refit and kept_rows.exists():  # simulated with the fits just replaced
+        done = pd.read_csv(kept_rows)
+        done[~done["fit"].isin(refit)].to_csv(kept_rows, index=False)
     record_machine(args.work, "fits done")
     sim_runs = [r for r in runs if args.runs is None or args.runs in r.short_id]
     table = simulate(models, sim_runs, stages, setup, args.work)

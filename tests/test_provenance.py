@@ -46,3 +46,43 @@ def test_a_cached_fit_is_keyed_by_its_rows_settings_and_code(tmp_path):
     assert key != prov.fit_key(rows, "draws 4000", root=tmp_path)
     (tmp_path / "bayes_latency" / "a.py").write_text("x = 2\n")
     assert key != prov.fit_key(rows, "draws 2000", root=tmp_path)
+
+
+def test_regime_blis_refits_a_kept_calibration_of_other_stages(tmp_path, monkeypatch):
+    """``benchmarks/regime_blis.py`` reuses a kept calibration only for the same rows and client
+    stages: after the stages change (e.g. the output lengths they replay), it refits."""
+    import types
+
+    import pandas as pd
+
+    import bayes_latency.calibrate.loop as loop
+    import bayes_latency.model.estimator as est
+    import bayes_latency.study.client.runs as runs
+
+    rb = load_benchmark("regime_blis")
+    calls: list[int] = []
+
+    class Fake:
+        report = types.SimpleNamespace(dropped={})
+
+        def convergence(self):
+            return {"passed": True, "max_rhat": 1.0, "min_ess_bulk": 500.0, "divergences": 0}
+
+        def save(self, path):
+            path.write_text("fit")
+
+    def calibrated_fit(obs, stages, *a, **k):
+        calls.append(len(stages))
+        return types.SimpleNamespace(model=Fake(), converged=True, replays={})
+
+    monkeypatch.setattr(runs, "calibrated_fit", calibrated_fit)
+    monkeypatch.setattr(loop, "client_predictions", lambda *a, **k: pd.DataFrame({"x": [1]}))
+    monkeypatch.setattr(est.LatencyModel, "load", classmethod(lambda cls, p: Fake()))
+    data = types.SimpleNamespace(observations=pd.DataFrame({"value_us": [1.0, 2.0]}))
+    quiet = dict(log=lambda *_: None)
+    *_, kept = rb.calibrate_model("additive", data, ["stage A"], tmp_path, **quiet)
+    assert not kept and calls == [1]
+    *_, kept = rb.calibrate_model("additive", data, ["stage A"], tmp_path, **quiet)
+    assert kept and calls == [1]                      # same rows and stages: reused
+    *_, kept = rb.calibrate_model("additive", data, ["stage A'"], tmp_path, **quiet)
+    assert not kept and calls == [1, 1]               # other stages: refitted

@@ -283,7 +283,7 @@ def _stage_files(path: Path | None) -> tuple[Path | None, dict[str, Any] | None]
 
 
 def _inference_perf_pdf(results: Path | None, stage: str, profile: Mapping[str, Any] | None
-                        ) -> tuple[dict[int, float], bool] | None:
+                        ) -> dict[int, float] | None:
     """:func:`generated_output_pdf` of an inference-perf stage (or summary) file, when
     readable."""
     if results is None:
@@ -296,7 +296,7 @@ def _inference_perf_pdf(results: Path | None, stage: str, profile: Mapping[str, 
     try:
         doc = json.loads(f.read_text(encoding="utf-8"))
         return generated_output_pdf((doc.get("successes") or {}).get("output_len") or {},
-                                    profile)
+                                    profile)[0]
     except (OSError, ValueError, TraceFormatError, AttributeError):
         return None
 
@@ -367,11 +367,10 @@ def _summary_stage(row: Mapping[str, Any], i: int, common: dict[str, Any],
                           "total_input_tokens)")
     prompt = int(round(float(plen)))
     olen = row.get("output_len_mean")
-    got = _inference_perf_pdf(results, str(row["stage"]), profile) if src == "inference_perf" \
+    pdf = _inference_perf_pdf(results, str(row["stage"]), profile) if src == "inference_perf" \
         else None
-    pdf = got[0] if got is not None else None
-    if got is not None and got[1]:
-        generated = next(iter(got[0]))
+    generated = generated_output_len(profile) if pdf is not None else None
+    if generated is not None:      # pdf is {generated: 1.0}
         if notes is not None and _finite(olen) \
                 and abs(float(olen) - generated) > 0.02 * generated:
             notes.append(f"{where}: the profile sets ignore_eos, so every request generated "

@@ -113,12 +113,11 @@ def workload_table(data: RealData, model: Any, cv_models: dict[str, Any],
                                 max_num_seqs=cfg.get("max_num_seqs", 128),
                                 max_model_len=cfg.get("max_model_len", 4096),
                                 prefix_caching=True)
-        summ = lc[lc["stage"] == "summary"].iloc[0]
         gen = generated_output_len(prof)
         if gen is not None:     # ignore_eos: every request ran the profile's output_len
             lc = lc.assign(output_len_mean=float(gen),
                            decode_interval_s=(lc["e2e_mean_s"] - lc["ttft_mean_s"]) / (gen - 1.0))
-            summ = lc[lc["stage"] == "summary"].iloc[0]
+        summ = lc[lc["stage"] == "summary"].iloc[0]
         workload = d.name.rsplit("-", 1)[-1]
         cfg_id = config_id(arch.name, gpu.name, tp, DEFAULT_STACK)
         unseen = model.coefficients(arch.name, gpu.name, tp, n_draws=2,

@@ -40,6 +40,16 @@ def fit_key(rows: object, *parts: str, root: Path = ROOT) -> str:
     return h.hexdigest()[:16]
 
 
+def kept_fit_info(info_path: Path, key: str, *kept: Path) -> dict | None:
+    """The record of a fit kept in a work folder (``info_path``, JSON holding ``key``) when it
+    and the files ``kept`` exist and it was made under ``key`` (:func:`fit_key`), else None
+    (refit)."""
+    if not (info_path.exists() and all(p.exists() for p in kept)):
+        return None
+    info = json.loads(info_path.read_text())
+    return info if info.get("key") == key else None
+
+
 def code_provenance(root: Path = ROOT) -> str:
     """``package VERSION, model version N, source sha256 HEX`` for the code under ``root``."""
     from bayes_latency import MODEL_VERSION, __version__

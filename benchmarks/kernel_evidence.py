@@ -47,7 +47,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._provenance import fit_key, machine_line, record_machine  # noqa: E402
+from benchmarks._provenance import (  # noqa: E402
+    fit_key,
+    kept_fit_info,
+    machine_line,
+    record_machine,
+)
 from benchmarks.fewshot_cells import DEFAULT_FLEET, drop_unphysical, load_fleet  # noqa: E402
 
 #: The fits, in report order.
@@ -155,10 +160,9 @@ def _fit(obs: pd.DataFrame, settings: Any, kernels: Any, path: Path) -> tuple[An
 
     info = path.with_suffix(".json")
     key = fit_key(obs, settings.describe(), kernels.hash if kernels is not None else "")
-    if path.exists() and info.exists():
-        row = json.loads(info.read_text())
-        if row.get("key") == key:  # the same rows, settings, evidence and code
-            return LatencyModel.load(path), row
+    row = kept_fit_info(info, key, path)  # the same rows, settings, evidence and code
+    if row is not None:
+        return LatencyModel.load(path), row
     m, conv = fit_ours(obs, settings, tuple(DEFAULT_TERMS), kernels=kernels)
     post = m.result["posterior"]
     n_free = int(sum(int(np.prod(post[v].shape[2:])) for v in post.data_vars

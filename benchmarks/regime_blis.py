@@ -51,7 +51,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._provenance import fit_key, machine_line, record_machine  # noqa: E402
+from benchmarks._provenance import (  # noqa: E402
+    fit_key,
+    kept_fit_info,
+    machine_line,
+    record_machine,
+)
 
 MODELS = ("additive", "regime")
 EXPANSION_SHARING = {"prefix": "prompt", "inference-perf": "system"}
@@ -82,11 +87,11 @@ def calibrate_model(name: str, data: Any, stages: list, work: Path, log: Any = p
     terms = model_terms(name)
     # the rows, the client stages (their requests and output lengths), the terms and the code
     key = fit_key(data.observations, name, ",".join(terms), repr(stages))
+    info = kept_fit_info(info_path, key, post, pred_path)
+    if info is not None:
+        log(f"[regime-blis] {name}: kept from {post}")
+        return LatencyModel.load(post), pd.read_csv(pred_path), info, True
     if post.exists() and pred_path.exists() and info_path.exists():
-        info = json.loads(info_path.read_text())
-        if info.get("key") == key:
-            log(f"[regime-blis] {name}: kept from {post}")
-            return LatencyModel.load(post), pd.read_csv(pred_path), info, True
         log(f"[regime-blis] {name}: {post} was fitted to other rows, stages or code: refitted")
     t0 = time.perf_counter()
     cal = calibrated_fit(data.observations, stages, CLIENT_FIT, terms, start_settings=START_FIT,
